@@ -1,0 +1,378 @@
+"""One tree of frozen dataclasses for every stage, named presets, YAML files and `--set` overrides.
+
+A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`), then an optional YAML
+file (a nested mapping with the same keys), then `--set a.b=value` overrides. Every layer is
+type-checked against the dataclass fields; an unknown key or a wrong type raises `ConfigError`
+naming the key, the value and the allowed form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EMBEDDED_TINY = "embedded:tiny"
+"""`model.name_or_path` / `data.source` value that selects the embedded tiny world."""
+
+
+class ConfigError(ValueError):
+    """A config key, value or file is not valid; the message names it and the allowed form."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The verifier: hub id, local directory, or `embedded:tiny`."""
+
+    name_or_path: str = EMBEDDED_TINY
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    attn_implementation: str = "sdpa"  # sdpa | eager
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+@dataclass(frozen=True)
+class TinyWorldConfig:
+    """How the embedded tiny world (corpus, tokenizer, verifier) is built; deterministic from `seed`."""
+
+    seed: int = 0
+    corpus_rows: int = 5000
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_position_embeddings: int = 1024
+    train_steps: int = 600
+    train_batch_size: int = 16
+    train_seq_len: int = 128
+    lr: float = 3e-3
+    heldout_fraction: float = 0.05
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from and the artifact's length limits and split sizes."""
+
+    source: str = EMBEDDED_TINY  # embedded:tiny | hub id | *.parquet | *.jsonl | spec-bench:PATH
+    hub_split: str = "train"
+    max_prompt_len: int = 512
+    max_new_tokens: int = 256
+    train_size: int = 50_000
+    val_size: int = 1_000
+    test_size: int = 1_000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Ray Data generation: verifier actors and their batch size and resources."""
+
+    num_actors: int = 2
+    batch_size: int = 16
+    num_cpus_per_actor: float = 1.0
+    num_gpus_per_actor: float = 0.0
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and schedule of one training job."""
+
+    lr: float = 2e-4
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    scheduler: str = "cosine"  # cosine | constant
+    global_batch_size: int = 64
+    max_steps: int = 10_000
+    eval_every: int = 500
+    checkpoint_every: int = 500
+    eval_batches: int = 16
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """The PEFT-BD drafter: LoRA adapter, block size, denoising and its training objective."""
+
+    block_size: int = 16
+    denoise_steps: int = 1
+    anchored: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )
+    mask_ratio_min: float = 0.3
+    mask_ratio_max: float = 1.0
+    prefix_gamma: float = 0.9
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    """The FastMTP head: recursive steps and per-step loss weights."""
+
+    num_steps: int = 3
+    loss_weights: tuple[float, ...] = (0.51, 0.31, 0.18)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=5e-5, warmup_ratio=0.05, weight_decay=0.1)
+    )
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Ray Train + DeepSpeed settings shared by both training jobs."""
+
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    zero_stage: int = 0
+    precision: str = "fp32"  # fp32 | bf16
+    seed: int = 0
+    max_failures: int = 2
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """Benchmark decoding: how many prompts, how many tokens, how many repeats."""
+
+    max_new_tokens: int = 256
+    num_prompts: int = 1_000
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Ray Serve limits and placement."""
+
+    max_prompt_tokens: int = 512
+    max_tokens_cap: int = 256
+    max_body_bytes: int = 1_000_000
+    drafter_replicas: int = 1
+    verifier_replicas: int = 1
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """Where the embedded world is cached and where jobs write artifacts."""
+
+    cache_dir: str = "~/.cache/peftbd"
+    out_dir: str = "outputs"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration tree."""
+
+    preset: str = "tiny"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tiny_world: TinyWorldConfig = field(default_factory=TinyWorldConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (tuples as lists), for manifests and YAML."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _tiny_optim(lr: float, **kw: Any) -> OptimConfig:
+    return OptimConfig(
+        lr=lr, global_batch_size=16, max_steps=300, eval_every=100, checkpoint_every=100,
+        eval_batches=4, **kw,
+    )
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "preset": "tiny",
+        "model": {"name_or_path": EMBEDDED_TINY, "dtype": "float32", "device": "cpu"},
+        "data": {
+            "source": EMBEDDED_TINY, "max_prompt_len": 96, "max_new_tokens": 48,
+            "train_size": 1200, "val_size": 48, "test_size": 48,
+        },
+        "generate": {"num_actors": 2, "batch_size": 32, "num_cpus_per_actor": 0.5},
+        "drafter": {"block_size": 8, "lora_r": 8, "lora_alpha": 16,
+                    "optim": dataclasses.asdict(_tiny_optim(2e-3))},
+        "mtp": {"optim": dataclasses.asdict(_tiny_optim(2e-3, warmup_ratio=0.05,
+                                                        weight_decay=0.1))},
+        "training": {"num_workers": 2, "cpus_per_worker": 0.5, "zero_stage": 0,
+                     "precision": "fp32"},
+        "decoding": {"max_new_tokens": 48, "num_prompts": 16, "repeats": 2},
+        "serving": {"max_prompt_tokens": 256, "max_tokens_cap": 128},
+    },
+    "qwen3-0.6b": {
+        "preset": "qwen3-0.6b",
+        "model": {"name_or_path": "Qwen/Qwen3-0.6B", "dtype": "bfloat16", "device": "auto"},
+        "data": {
+            "source": "allenai/tulu-3-sft-mixture", "max_prompt_len": 512,
+            "max_new_tokens": 256, "train_size": 50_000, "val_size": 1_000, "test_size": 1_000,
+        },
+        "generate": {"num_actors": 1, "batch_size": 64, "num_cpus_per_actor": 1,
+                     "num_gpus_per_actor": 1},
+        "drafter": {"block_size": 16, "denoise_steps": 1, "lora_r": 16, "lora_alpha": 32,
+                    "lora_dropout": 0.0, "mask_ratio_min": 0.3, "mask_ratio_max": 1.0,
+                    "prefix_gamma": 0.9,
+                    "optim": {"lr": 2e-4, "warmup_ratio": 0.03, "weight_decay": 0.0,
+                              "global_batch_size": 64, "max_steps": 10_000}},
+        "mtp": {"num_steps": 3, "loss_weights": [0.51, 0.31, 0.18],
+                "optim": {"lr": 5e-5, "warmup_ratio": 0.05, "weight_decay": 0.1,
+                          "global_batch_size": 64, "max_steps": 10_000}},
+        "training": {"num_workers": 1, "use_gpu": True, "cpus_per_worker": 4,
+                     "zero_stage": 2, "precision": "bf16"},
+        "decoding": {"max_new_tokens": 256, "num_prompts": 1_000, "repeats": 3},
+        "serving": {"max_prompt_tokens": 512, "max_tokens_cap": 256},
+    },
+}
+
+
+def preset_names() -> list[str]:
+    """Names accepted by `--preset`."""
+    return sorted(PRESETS)
+
+
+def load_config(
+    preset: str = "tiny",
+    config_file: str | Path | None = None,
+    overrides: typing.Sequence[str] = (),
+) -> Config:
+    """Build a config from a preset, then a YAML file, then `a.b=value` overrides."""
+    if preset not in PRESETS:
+        raise ConfigError(
+            f"unknown preset {preset!r}; choose one of: {', '.join(preset_names())}"
+        )
+    cfg = _merge(Config(), PRESETS[preset], prefix="")
+    if config_file is not None:
+        cfg = _merge(cfg, _read_yaml(Path(config_file)), prefix="")
+    for item in overrides:
+        cfg = apply_override(cfg, item)
+    return cfg
+
+
+def apply_override(cfg: Config, item: str) -> Config:
+    """Apply one `a.b=value` override; the value is parsed as YAML (`1e-3`, `true`, `[1, 2]`)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not of the form a.b=value (e.g. data.seed=3)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    nested: dict[str, Any] = {}
+    node = nested
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return _merge(cfg, nested, prefix="")
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the config as YAML that `load_config(config_file=...)` reads back."""
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+    return data
+
+
+def _merge(obj: Any, updates: dict[str, Any], prefix: str) -> Any:
+    """Return a copy of dataclass `obj` with `updates` (nested mapping) applied and type-checked."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    hints = typing.get_type_hints(type(obj))
+    changes: dict[str, Any] = {}
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), fields, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {key!r}{hint}; keys under "
+                f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+            )
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"config key {key!r} is a section; set one of its fields instead, "
+                    f"e.g. {key}.{dataclasses.fields(current)[0].name}=..."
+                )
+            changes[name] = _merge(current, value, prefix=f"{key}.")
+        else:
+            changes[name] = _coerce(key, value, hints[name])
+    return dataclasses.replace(obj, **changes)
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, str(tp)
+    )
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; allow int -> float and list -> tuple."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)):
+            item_type = typing.get_args(tp)[0]
+            return tuple(_coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value))
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(
+        f"config key {key!r}: value {value!r} is not valid; expected {_describe(tp)}"
+    )

@@ -1,0 +1,104 @@
+"""The tiny Qwen3-architecture verifier: config and a brief, deterministic causal-LM training."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import Counter
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from peftbd.config import TinyWorldConfig
+
+log = logging.getLogger(__name__)
+
+
+def tiny_qwen3_config(tw: TinyWorldConfig, vocab_size: int, eos_ids: list[int], pad_id: int) -> Qwen3Config:
+    """A few-layer Qwen3 config (GQA, q/k norm, tied embeddings) for the embedded world."""
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=tw.hidden_size,
+        intermediate_size=tw.intermediate_size,
+        num_hidden_layers=tw.num_layers,
+        num_attention_heads=tw.num_heads,
+        num_key_value_heads=tw.num_kv_heads,
+        head_dim=tw.head_dim,
+        max_position_embeddings=tw.max_position_embeddings,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
+
+
+def _batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, : len(s)] = torch.tensor(s)
+    return ids, labels
+
+
+@torch.no_grad()
+def mean_loss(model: Qwen3ForCausalLM, seqs: list[list[int]], pad_id: int, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy (nats per predicted token) over `seqs`."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(seqs), batch_size):
+        ids, labels = _batch(seqs[i : i + batch_size], pad_id)
+        logits = model(input_ids=ids, attention_mask=(labels != -100).long()).logits
+        tgt = labels[:, 1:]
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), tgt.flatten(), ignore_index=-100, reduction="sum"
+        )
+        total += loss.item()
+        count += int((tgt != -100).sum())
+    return total / max(count, 1)
+
+
+def unigram_cross_entropy(train: list[list[int]], heldout: list[list[int]], vocab_size: int) -> float:
+    """Cross-entropy (nats per token) of held-out tokens under the add-one unigram of `train`."""
+    counts = Counter(t for s in train for t in s[1:])
+    total = sum(counts.values()) + vocab_size
+    tokens = [t for s in heldout for t in s[1:]]
+    return -sum(math.log((counts[t] + 1) / total) for t in tokens) / max(len(tokens), 1)
+
+
+def train_tiny_verifier(
+    tw: TinyWorldConfig, config: Qwen3Config, train: list[list[int]], pad_id: int
+) -> Qwen3ForCausalLM:
+    """Train from scratch with AdamW and cosine decay for `tw.train_steps`; deterministic from seed."""
+    torch.manual_seed(tw.seed)
+    model = Qwen3ForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=tw.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, tw.train_steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / warmup)
+        * 0.5 * (1 + math.cos(math.pi * min(s, tw.train_steps) / tw.train_steps)),
+    )
+    rng = random.Random(tw.seed)
+    order: list[int] = []
+    model.train()
+    for step in range(tw.train_steps):
+        if len(order) < tw.train_batch_size:
+            order += rng.sample(range(len(train)), len(train))
+        batch = [train[j][: tw.train_seq_len] for j in order[: tw.train_batch_size]]
+        del order[: tw.train_batch_size]
+        ids, labels = _batch(batch, pad_id)
+        out = model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == tw.train_steps - 1:
+            log.info("tiny verifier step %d/%d loss %.3f", step + 1, tw.train_steps, out.loss.item())
+    model.eval()
+    return model

@@ -1,0 +1,149 @@
+"""The embedded tiny world: corpus, tokenizer and verifier, built once into a cache directory.
+
+Everything is deterministic from `TinyWorldConfig` (its hash names the directory). The build
+writes into a temporary sibling and renames it into place, so a crashed build never leaves a
+directory that looks complete; a file lock makes concurrent callers (Ray actors) wait for one build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from peftbd.config import Config, TinyWorldConfig
+from peftbd.data.chat import encode_prompt
+from peftbd.data.embedded_corpus import build_corpus
+from peftbd.models.tiny_tokenizer import train_tokenizer
+from peftbd.models.tiny_verifier import (
+    mean_loss,
+    tiny_qwen3_config,
+    train_tiny_verifier,
+    unigram_cross_entropy,
+)
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class TinyWorld:
+    """Paths of a built tiny world."""
+
+    root: Path
+
+    @property
+    def corpus_path(self) -> Path:
+        return self.root / "corpus.jsonl"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def verifier_dir(self) -> Path:
+        return self.root / "verifier"
+
+    def manifest(self) -> dict:
+        return json.loads((self.root / MANIFEST).read_text())
+
+
+def tiny_world_dir(cfg: Config) -> Path:
+    """The cache directory of the world that `cfg.tiny_world` describes."""
+    payload = json.dumps(dataclasses.asdict(cfg.tiny_world), sort_keys=True).encode()
+    digest = hashlib.sha256(payload).hexdigest()[:12]
+    cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
+    return cache / f"tiny-world-{digest}"
+
+
+def ensure_tiny_world(cfg: Config) -> TinyWorld:
+    """Return the tiny world for `cfg`, building it first if the cache does not hold it."""
+    root = tiny_world_dir(cfg)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if not (root / MANIFEST).is_file():
+            tmp = root.with_name(root.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            build_tiny_world(cfg.tiny_world, tmp)
+            shutil.rmtree(root, ignore_errors=True)
+            tmp.rename(root)
+    return TinyWorld(root)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_tiny_world(tw: TinyWorldConfig, root: Path) -> TinyWorld:
+    """Build corpus, tokenizer and trained verifier into `root` and write the manifest."""
+    start = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    world = TinyWorld(root)
+    torch_threads = torch.get_num_threads()
+
+    rows = build_corpus(tw.seed, tw.corpus_rows)
+    with world.corpus_path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    log.info("tiny world: %d corpus rows", len(rows))
+
+    tokenizer = train_tokenizer(
+        ("\n".join(f"{m['role']}\n{m['content']}" for m in r["messages"]) for r in rows),
+        tw.vocab_size,
+    )
+    tokenizer.save_pretrained(world.tokenizer_dir)
+
+    seqs = []
+    for row in rows:
+        prompt = [m for m in row["messages"] if m["role"] != "assistant"]
+        answer = next(m["content"] for m in row["messages"] if m["role"] == "assistant")
+        seqs.append(
+            encode_prompt(tokenizer, prompt)
+            + tokenizer(answer, add_special_tokens=False)["input_ids"]
+            + [tokenizer.eos_token_id]
+        )
+    random.Random(tw.seed).shuffle(seqs)
+    n_held = max(1, int(len(seqs) * tw.heldout_fraction))
+    heldout, train = seqs[:n_held], seqs[n_held:]
+
+    vocab = ((len(tokenizer) + 63) // 64) * 64
+    eos_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    config = tiny_qwen3_config(tw, vocab, eos_ids, tokenizer.pad_token_id)
+    model = train_tiny_verifier(tw, config, train, tokenizer.pad_token_id)
+    model.generation_config.eos_token_id = eos_ids
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(world.verifier_dir)
+
+    manifest = {
+        "tiny_world": dataclasses.asdict(tw),
+        "corpus_rows": len(rows),
+        "vocab_size": len(tokenizer),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "heldout_sequences": len(heldout),
+        "heldout_loss_nats": mean_loss(model, heldout, tokenizer.pad_token_id),
+        "unigram_entropy_nats": unigram_cross_entropy(train, heldout, len(tokenizer)),
+        "sha256": {
+            "corpus": _sha256(world.corpus_path),
+            "tokenizer": _sha256(world.tokenizer_dir / "tokenizer.json"),
+            "verifier": _sha256(world.verifier_dir / "model.safetensors"),
+        },
+        "torch_threads": torch_threads,
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    log.info(
+        "tiny world built in %.0fs: held-out loss %.3f vs unigram %.3f nats",
+        manifest["build_seconds"], manifest["heldout_loss_nats"], manifest["unigram_entropy_nats"],
+    )
+    return world
