@@ -8,16 +8,19 @@ continuations is neither trivially always right nor never.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import random
 import re
+import sys
 from typing import Any
 
 import pydoc_data.topics
 
 STDLIB_MODULES = (
-    "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "bz2",
+    "abc", "argparse", "builtins", "array", "ast", "asyncio", "base64", "binascii", "bisect", "bz2",
     "calendar", "cmd", "codecs", "collections", "colorsys", "concurrent.futures", "configparser",
     "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis",
     "doctest", "email", "enum", "filecmp", "fnmatch", "fractions", "functools", "gettext", "glob",
@@ -73,24 +76,51 @@ def _topic_paragraphs() -> list[tuple[str, str]]:
     return pairs
 
 
+def _source_docs(path: str) -> list[tuple[str, str]]:
+    """(name, docstring) of top-level functions, classes and methods, parsed from source."""
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    docs = []
+    for node in tree.body:
+        if isinstance(node, defs):
+            docs.append((node.name, ast.get_docstring(node) or ""))
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            docs += [
+                (f"{node.name}.{item.name}", ast.get_docstring(item) or "")
+                for item in node.body
+                if isinstance(item, defs) and not item.name.startswith("_")
+            ]
+    return docs
+
+
+def _builtin_docs(module_name: str) -> list[tuple[str, str]]:
+    """(name, docstring) of the builtins and classes of a C extension module."""
+    module = importlib.import_module(module_name)
+    return [
+        (name, inspect.getdoc(obj) or "")
+        for name, obj in vars(module).items()
+        if inspect.isbuiltin(obj) or inspect.isclass(obj)
+    ]
+
+
 def _docstrings() -> list[tuple[str, str]]:
-    """(qualified name, first docstring paragraph) for public members of STDLIB_MODULES."""
+    """(qualified name, first docstring paragraph) for public members of STDLIB_MODULES.
+
+    Python modules are parsed from source rather than imported, so the corpus does not depend
+    on what the process imported or monkeypatched before (torch patches `inspect`).
+    """
     pairs = []
     for mod_name in STDLIB_MODULES:
-        try:
-            module = importlib.import_module(mod_name)
-        except ImportError:
+        spec = importlib.util.find_spec(mod_name)
+        if spec is None:
             continue
-        for name in sorted(vars(module)):
-            if name.startswith("_"):
-                continue
-            obj = getattr(module, name)
-            if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
-                continue
-            doc = inspect.getdoc(obj) or ""
+        origin = spec.origin or ""
+        docs = _source_docs(origin) if origin.endswith(".py") else _builtin_docs(mod_name)
+        for name, doc in sorted(docs):
             para = _clean(doc.split("\n\n")[0])
-            if len(para) >= 40 and "\n" not in para and not para.startswith(name + "("):
-                pairs.append((f"{mod_name}.{name}", para))
+            if name.startswith("_") or len(para) < 40 or para.startswith(name + "("):
+                continue
+            pairs.append((f"{mod_name}.{name}", para))
     return pairs
 
 
@@ -105,6 +135,7 @@ def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]
 
 def _task_rows(rng: random.Random) -> list[tuple[str, str]]:
     """All candidate (user, answer) pairs, in a deterministic order."""
+    docstrings = _docstrings()
     rows: list[tuple[str, str]] = []
     seen_topics: set[str] = set()
     for topic, para in _topic_paragraphs():
@@ -117,13 +148,13 @@ def _task_rows(rng: random.Random) -> list[tuple[str, str]]:
         if len(sents) >= 2:
             rows.append((f"Continue the text: {sents[0]}", _clip(sents[1:], 220)))
             rows.append((f"Summarize in one sentence: {_clip(sents, 400)}", sents[0]))
-    for qualname, para in _docstrings():
+    for qualname, para in docstrings:
         answer = _clip(_sentences(para) or [para], 200)
         module, name = qualname.rsplit(".", 1)
         rows.append((f"What does `{qualname}` do?", answer))
         rows.append((f"Describe {name} from the {module} module.", answer))
         rows.append((f"Give a one-line description of `{qualname}`.", answer))
-    words = sorted({w.lower() for _, p in _docstrings()[:400] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
+    words = sorted({w.lower() for _, p in docstrings[:400] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
     for _ in range(300):
         picked = rng.sample(words, rng.randint(3, 8))
         rows.append((f"Repeat these words: {' '.join(picked)}", " ".join(picked)))

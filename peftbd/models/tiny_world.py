@@ -35,6 +35,8 @@ from peftbd.models.tiny_verifier import (
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+WORLD_FORMAT = 2
+"""Bumped whenever the corpus, tokenizer or verifier code changes what a config builds."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class TinyWorld:
 
 def tiny_world_dir(cfg: Config) -> Path:
     """The cache directory of the world that `cfg.tiny_world` describes."""
-    payload = json.dumps(dataclasses.asdict(cfg.tiny_world), sort_keys=True).encode()
+    payload = json.dumps(
+        {"format": WORLD_FORMAT, **dataclasses.asdict(cfg.tiny_world)}, sort_keys=True
+    ).encode()
     digest = hashlib.sha256(payload).hexdigest()[:12]
     cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
     return cache / f"tiny-world-{digest}"

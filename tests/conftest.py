@@ -1,0 +1,35 @@
+"""Shared fixtures: the tiny preset and its (cached) embedded world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peftbd.config import Config, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> Config:
+    """The `tiny` preset (its world is built once into the cache dir and reused)."""
+    return load_config("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tiny_cfg: Config):
+    """The embedded tiny world, built on first use (a few minutes on 2 cores, then cached)."""
+    from peftbd.models.tiny_world import ensure_tiny_world
+
+    return ensure_tiny_world(tiny_cfg)
+
+
+@pytest.fixture(scope="session")
+def spec_bench_path() -> Path:
+    """Spec-Bench's question.jsonl from ../shared; tests using it skip where it is absent."""
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"{SPEC_BENCH} is absent (a user's clone has no ../shared/)")
+    return SPEC_BENCH

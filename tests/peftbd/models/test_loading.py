@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from peftbd.config import load_config
+from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
+
+
+def test_tiny_preset_loads_a_qwen3_verifier_and_its_tokenizer(tiny_cfg):
+    tok = load_tokenizer(tiny_cfg)
+    model = load_verifier(tiny_cfg)
+    assert model.config.model_type == "qwen3"
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert tok.mask_token_id is not None and tok.mask_token_id < model.config.vocab_size
+    assert tok.convert_tokens_to_ids("<|im_end|>") in eos_token_ids(model, tok)
+
+
+def test_same_code_path_loads_a_local_directory(tiny_world):
+    cfg = load_config("tiny", overrides=[f"model.name_or_path={tiny_world.verifier_dir}"])
+    model = load_verifier(cfg)
+    ref = load_verifier(load_config("tiny"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+
+
+def test_unreachable_hub_error_says_which_preset_needs_what(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = load_config("qwen3-0.6b", overrides=["model.name_or_path=peftbd-test/not-a-model"])
+    with pytest.raises(ModelUnavailableError) as err:
+        load_tokenizer(cfg)
+    msg = str(err.value)
+    assert "qwen3-0.6b" in msg and "peftbd-test/not-a-model" in msg
+    assert "--set model.name_or_path=" in msg and "--preset tiny" in msg
+
+
+def test_missing_local_directory_is_named(tmp_path):
+    cfg = load_config("tiny", overrides=[f"model.name_or_path={tmp_path / 'nope'}"])
+    with pytest.raises(ModelUnavailableError, match="local directory"):
+        load_verifier(cfg)

@@ -1,0 +1,46 @@
+import dataclasses
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from peftbd.config import TinyWorldConfig
+from peftbd.models.tiny_world import build_tiny_world
+
+SMALL = TinyWorldConfig(corpus_rows=400, vocab_size=600, train_steps=4, train_batch_size=4,
+                        hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                        intermediate_size=64, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("worlds")
+    return build_tiny_world(SMALL, root / "a"), build_tiny_world(SMALL, root / "b")
+
+
+def test_same_seed_gives_identical_corpus_tokenizer_and_weights(two_builds):
+    a, b = two_builds
+    assert a.manifest()["sha256"] == b.manifest()["sha256"]
+    assert a.corpus_path.read_bytes() == b.corpus_path.read_bytes()
+
+
+def test_other_seed_gives_another_world(tmp_path, two_builds):
+    other = build_tiny_world(dataclasses.replace(SMALL, seed=1), tmp_path / "c")
+    assert other.manifest()["sha256"]["corpus"] != two_builds[0].manifest()["sha256"]["corpus"]
+
+
+def test_world_parts_load_with_hf_apis(two_builds):
+    world = two_builds[0]
+    tok = AutoTokenizer.from_pretrained(world.tokenizer_dir)
+    assert tok.mask_token == "<|mask|>" and tok.eos_token == "<|im_end|>"
+    rows = [json.loads(line) for line in world.corpus_path.read_text().splitlines()]
+    assert len(rows) == SMALL.corpus_rows
+    assert all(set(r) == {"id", "messages", "source"} for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert all(r["messages"][-1]["role"] == "assistant" for r in rows)
+
+
+@pytest.mark.slow
+def test_tiny_verifier_learned_far_below_unigram_entropy(tiny_world):
+    m = tiny_world.manifest()
+    assert m["heldout_loss_nats"] < 0.6 * m["unigram_entropy_nats"], m
