@@ -31,4 +31,5 @@ def config_from_args(args: argparse.Namespace) -> Config:
     try:
         return load_config(args.preset, args.config, args.overrides)
     except ConfigError as exc:
-        sys.exit(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
