@@ -150,13 +150,21 @@ class DecodingConfig:
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """Ray Serve limits and placement."""
+    """Ray Serve: the served model name, request limits, per-request state and placement."""
 
+    model_name: str = "peftbd"  # GET /v1/models lists it and "<model_name>:<method>"
+    default_method: str = "peft-bd"  # ar | peft-bd | fastmtp, when the request names none
     max_prompt_tokens: int = 512
-    max_tokens_cap: int = 256
+    max_tokens_cap: int = 256  # also the default max_tokens
     max_body_bytes: int = 1_000_000
+    max_sessions: int = 64  # per-request KV states a replica keeps (least recently used go)
+    round_retries: int = 2  # a round whose replica died is retried this often elsewhere
+    replica_num_cpus: float = 1.0
     drafter_replicas: int = 1
     verifier_replicas: int = 1
+    drafter_num_gpus: float = 0.0
+    verifier_num_gpus: float = 0.0  # also the colocated engine's
+    placements: tuple[str, ...] = ("colocated", "split")  # jobs.placement; see jobs/placement.py
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": {"num_workers": 2, "cpus_per_worker": 0.5, "zero_stage": 0,
                      "precision": "fp32"},
         "decoding": {"max_new_tokens": 48, "num_prompts": 16, "repeats": 2},
-        "serving": {"max_prompt_tokens": 256, "max_tokens_cap": 128},
+        "serving": {"model_name": "peftbd-tiny", "max_prompt_tokens": 256, "max_tokens_cap": 128},
     },
     "qwen3-0.6b": {
         "preset": "qwen3-0.6b",
@@ -241,7 +249,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": {"num_workers": 1, "use_gpu": True, "cpus_per_worker": 4,
                      "zero_stage": 2, "precision": "bf16"},
         "decoding": {"max_new_tokens": 256, "num_prompts": 1_000, "repeats": 3},
-        "serving": {"max_prompt_tokens": 512, "max_tokens_cap": 256},
+        "serving": {"model_name": "peftbd-qwen3-0.6b", "max_prompt_tokens": 512,
+                    "max_tokens_cap": 256, "replica_num_cpus": 2, "drafter_num_gpus": 1,
+                    "verifier_num_gpus": 1,
+                    "placements": ["colocated", "split", "split-same-node",
+                                   "split-cross-node", "split-fractional-gpu"]},
     },
 }
 
