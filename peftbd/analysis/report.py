@@ -1,0 +1,91 @@
+"""The benchmark report: `report.md` + Figure 1, built only from `results.json` and stage manifests.
+
+`build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
+column), so rebuilding from the same artifacts gives the same report and a changed artifact gives
+a changed report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from peftbd.analysis import tables
+from peftbd.analysis.figures import throughput_vs_accepted
+from peftbd.benchmarking.schema import arm_items
+from peftbd.manifest import is_complete, read_manifest
+
+REPORT = "report.md"
+FIGURE_1 = "figure1_throughput_vs_accepted.png"
+STAGE_DIRS: tuple[tuple[str, str], ...] = (
+    ("tiny world", "world"),
+    ("generate continuations", "continuations"),
+    ("train PEFT-BD adapter", "peftbd_adapter"),
+    ("train MTP head", "mtp_head"),
+    ("benchmark", "benchmark"),
+)
+"""(stage name, subdirectory of the artifacts root) of every pipeline stage, in order."""
+
+
+def read_stage_manifests(artifacts_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """{stage name: manifest} for each finished stage under the pipeline's output root."""
+    root = Path(artifacts_dir)
+    return {name: read_manifest(root / sub) for name, sub in STAGE_DIRS if is_complete(root / sub)}
+
+
+def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
+                 out_dir: str | Path) -> Path:
+    """Write `report.md` and Figure 1 into `out_dir` from `results` (the benchmark's results.json)
+    and `manifests` ({stage name: manifest.json}); return the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    throughput_vs_accepted(results, out_dir / FIGURE_1)
+    mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
+    parts = [
+        f"# PEFT-BD benchmark report ({results['preset']})",
+        f"Measured on: **{mo['model']}** ({mo['dtype']}), engine: {mo['engine']}, "
+        f"hardware: {mo['hardware']}.",
+        f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1, "
+        f"at most {pr['max_new_tokens']} new tokens; {tm['repeats']} repeated runs per arm. "
+        f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
+        "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
+        "## Figure 1: throughput vs accepted tokens per round",
+        f"![Figure 1]({FIGURE_1})",
+        "## Table 1: draft vs verify forward calls and latency (one run over all prompts)",
+        tables.forward_table(results),
+        "## Table 2: acceptance, greedy audit and throughput",
+        tables.acceptance_table(results),
+        "## Table 3: repeated runs and the draft-cost oracle",
+        tables.repeats_table(results),
+        "Draft-cost oracle: T(r) = T0 (1 - r * draft share), throughput(r) = accepted / T(r); "
+        "the needed accepted length is target throughput * T(1).",
+        tables.oracle_table(results),
+    ]
+    per_category = tables.category_table(results)
+    if per_category:
+        parts += ["## Per category", per_category]
+    parts += [
+        "## The paper beside ours",
+        "Different model, engine and hardware: compare shapes (draft vs verify latency, "
+        "accepted length vs throughput), not absolute numbers.",
+        tables.paper_table(results),
+        "## Pipeline stages: wall time and peak memory",
+        tables.stage_table(manifests),
+    ]
+    path = out_dir / REPORT
+    path.write_text("\n\n".join(parts) + "\n")
+    return path
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """A few lines for the end of the main job: throughput, accepted length and audit per arm."""
+    lines = []
+    for _, arm in arm_items(results):
+        tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
+        line = (f"{arm['label']}: {tps['mean']:.1f} ± {tps['std']:.1f} tok/s, "
+                f"{acc['mean']:.2f} accepted/round, audit {audit['exact_pct']:.0f}% exact")
+        d, v = arm["forward"]["draft"], arm["forward"]["verify"]
+        if d["calls"] and d["mean_ms"] and v["mean_ms"]:
+            line += f", draft/verify latency {d['mean_ms'] / v['mean_ms']:.2f}"
+        lines.append(line)
+    return lines

@@ -1,0 +1,179 @@
+"""The report's Markdown tables, each a pure function of `results.json` (and stage manifests).
+
+Every number comes from the dicts passed in (schema: `peftbd.benchmarking.schema`); the only
+constants are the paper's quoted values (`peftbd.analysis.paper`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from peftbd.analysis.paper import METRICS, PAPER_VALUES, SETUPS, PaperValue
+from peftbd.benchmarking.schema import ORACLE_TARGETS, arm_items, is_speculative
+
+NA = "n/a"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; cells are str()-ed, None becomes `n/a`."""
+    def cell(v: Any) -> str:
+        return NA if v is None else str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(value: float | None, digits: int = 2) -> str | None:
+    """`value` with `digits` decimals, None stays None."""
+    return None if value is None else f"{value:.{digits}f}"
+
+
+def fmt_stat(s: dict[str, float] | None, digits: int = 2) -> str | None:
+    """`mean ± std` of a STAT dict."""
+    return None if s is None else f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+
+
+def fmt_pct(value: float | None) -> str | None:
+    """A fraction in [0, 1] as a percentage."""
+    return None if value is None else f"{100 * value:.1f}%"
+
+
+def _mean(s: dict[str, float] | None) -> float | None:
+    return None if s is None else s["mean"]
+
+
+def forward_table(results: dict[str, Any]) -> str:
+    """Table 1: draft vs verify forward calls and mean latency per arm (one run, all prompts)."""
+    rows = []
+    for arm_id, arm in arm_items(results):
+        d, v = arm["forward"]["draft"], arm["forward"]["verify"]
+        ratio = d["mean_ms"] / v["mean_ms"] if d["mean_ms"] and v["mean_ms"] else None
+        rows.append([arm["label"], d["calls"], fmt(d["mean_ms"], 3), v["calls"],
+                     fmt(v["mean_ms"], 3), fmt(ratio, 3)])
+    return markdown_table(
+        ["arm", "draft calls", "draft mean ms", "verify calls", "verify mean ms",
+         "draft / verify latency"], rows)
+
+
+def acceptance_table(results: dict[str, Any]) -> str:
+    """Table 2: token and block acceptance, greedy audit and throughput per arm."""
+    rows = []
+    for _, arm in arm_items(results):
+        audit = arm["audit"]
+        rows.append([
+            arm["label"], fmt(_mean(arm["mean_accepted"]), 3), fmt_pct(arm["token_acceptance"]),
+            fmt_pct(arm["block_acceptance"]),
+            f"{audit['exact_pct']:.1f}% ({audit['exact']}/{audit['prompts']})",
+            fmt_stat(arm["tokens_per_s"]),
+        ])
+    return markdown_table(
+        ["arm", "accepted tokens / round", "token acceptance", "block acceptance",
+         "greedy audit exact", "tokens/s"], rows)
+
+
+def repeats_table(results: dict[str, Any]) -> str:
+    """Table 3a: each repeated run's throughput, and mean ± std per arm."""
+    arms = arm_items(results)
+    n = max((len(arm["repeats"]) for _, arm in arms), default=0)
+    rows = []
+    for _, arm in arms:
+        runs = [fmt(r["tokens_per_s"]) for r in arm["repeats"]]
+        rows.append([arm["label"], *runs, *[None] * (n - len(runs)),
+                     fmt_stat(arm["tokens_per_s"]), fmt_stat(arm["mean_accepted"], 3)])
+    return markdown_table(
+        ["arm", *[f"run {i + 1} tok/s" for i in range(n)], "tokens/s (mean ± std)",
+         "accepted / round (mean ± std)"], rows)
+
+
+def oracle_table(results: dict[str, Any]) -> str:
+    """Table 3b: the draft-cost oracle per speculative arm: measured T0 and draft share, the
+    throughput at each draft-cost reduction r, and the accepted length needed (at r = 1) to match
+    each target arm's measured throughput."""
+    arms = [(a, arm) for a, arm in arm_items(results) if is_speculative(arm) and arm.get("oracle")]
+    if not arms:
+        return "_No speculative arm has oracle numbers._"
+    rs = [red["r"] for red in arms[0][1]["oracle"]["reductions"]]
+    labels = {a: arm["label"] for a, arm in arm_items(results)}
+    targets = [t for t in ORACLE_TARGETS if t in labels]
+    rows = []
+    for _, arm in arms:
+        oracle = arm["oracle"]
+        by_r = {red["r"]: red["tokens_per_s"] for red in oracle["reductions"]}
+        rows.append([
+            arm["label"], fmt(arm["round"]["t0_s"], 4), fmt(arm["round"]["draft_share"], 3),
+            fmt(_mean(arm["mean_accepted"]), 3), *[fmt(by_r.get(r)) for r in rs],
+            *[fmt(oracle["needed_accepted"].get(t), 2) for t in targets],
+        ])
+    return markdown_table(
+        ["arm", "T0 s/round", "draft share", "accepted / round",
+         *[f"tok/s at r={r:g}" for r in rs],
+         *[f"accepted needed to match {labels[t]}" for t in targets]], rows)
+
+
+def category_table(results: dict[str, Any]) -> str | None:
+    """Per-category throughput and accepted length (Spec-Bench prompts), or None without categories."""
+    arms = [(a, arm) for a, arm in arm_items(results) if arm.get("by_category")]
+    if not arms:
+        return None
+    cats = sorted({c for _, arm in arms for c in arm["by_category"]})
+    rows = []
+    for cat in cats:
+        row: list[Any] = [cat, arms[0][1]["by_category"].get(cat, {}).get("prompts")]
+        for _, arm in arms:
+            c = arm["by_category"].get(cat)
+            row += [fmt_stat(c and c["tokens_per_s"]), fmt(c and _mean(c["mean_accepted"]), 3)]
+        rows.append(row)
+    header = ["category", "prompts"]
+    for _, arm in arms:
+        header += [f"{arm['label']} tok/s", f"{arm['label']} acc/round"]
+    return markdown_table(header, rows)
+
+
+def _ours(results: dict[str, Any], pv: PaperValue) -> float | None:
+    """Our value for the paper's metric `pv.metric` of arm `pv.arm`, looked up in `results`."""
+    arm = results.get("arms", {}).get(pv.arm)
+    if arm is None:
+        return None
+    oracle = arm.get("oracle") or {}
+    lookups = {
+        "tokens_per_s": lambda: _mean(arm["tokens_per_s"]),
+        "mean_accepted": lambda: _mean(arm["mean_accepted"]),
+        "draft_calls": lambda: arm["forward"]["draft"]["calls"],
+        "verify_calls": lambda: arm["forward"]["verify"]["calls"],
+        "draft_mean_ms": lambda: arm["forward"]["draft"]["mean_ms"],
+        "verify_mean_ms": lambda: arm["forward"]["verify"]["mean_ms"],
+        "t0_s": lambda: arm["round"]["t0_s"],
+        "draft_share": lambda: arm["round"]["draft_share"],
+        "free_draft_tokens_per_s": lambda: next(
+            (r["tokens_per_s"] for r in oracle.get("reductions", []) if r["r"] == 1.0), None),
+        "needed_accepted_vs_fastmtp": lambda: oracle.get("needed_accepted", {}).get("fastmtp"),
+        "needed_accepted_vs_ar": lambda: oracle.get("needed_accepted", {}).get("ar"),
+    }
+    return lookups[pv.metric]()
+
+
+def paper_table(results: dict[str, Any]) -> str:
+    """The paper's numbers beside ours, with what each side was measured on."""
+    mo = results["measured_on"]
+    labels = {a: arm["label"] for a, arm in arm_items(results)}
+    rows = []
+    for pv in PAPER_VALUES:
+        paper = pv.text or (f"{pv.value:g} ± {pv.std:g}" if pv.std is not None else f"{pv.value:g}")
+        ours = _ours(results, pv)
+        rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], paper, pv.measured_on,
+                     None if ours is None else f"{ours:.4g}"])
+    legend = [f"- paper, {key}: {text}" for key, text in SETUPS.items()]
+    legend.append(f"- ours: {mo['model']} ({mo['dtype']}), {mo['engine']}, {mo['hardware']}")
+    table = markdown_table(["arm", "metric", "paper", "paper setup", "ours"], rows)
+    return "\n".join(legend) + "\n\n" + table
+
+
+def stage_table(manifests: dict[str, dict[str, Any]]) -> str:
+    """Each pipeline stage's wall time and peak memory, read from its manifest."""
+    rows = []
+    for name, m in manifests.items():
+        wall = m.get("wall_seconds", m.get("build_seconds"))
+        rows.append([name, fmt(wall, 1), fmt(m.get("peak_rss_mib"), 0), fmt(m.get("peak_gpu_mib"), 0)])
+    return markdown_table(["stage", "wall s", "peak RSS MiB", "peak GPU MiB"], rows)

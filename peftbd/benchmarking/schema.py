@@ -1,0 +1,71 @@
+"""The benchmark's `results.json`: its documented shape, arm ids, and small accessors.
+
+```
+{
+  "schema": "peftbd-benchmark/1",
+  "preset": "tiny",
+  "created": "2025-01-01T00:00:00+00:00",
+  "measured_on": {"model": str, "engine": str, "hardware": str, "device": str, "dtype": str},
+  "prompts": {"source": "test" | "spec-bench", "path": str, "count": int,
+              "max_new_tokens": int, "categories": {category: count} | null},
+  "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str},
+  "drafters": {"peftbd_adapter": {"path": str, "trained": bool, ...},
+               "mtp_head": {"path": str, "trained": bool, ...}},
+  "arms": {arm_id: ARM, ...}          # ordered as ARMS
+}
+ARM = {
+  "label": str, "method": "ar" | "peftbd" | "fastmtp", "settings": {...},
+  "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,
+               "rounds": int, "mean_accepted": float}, ...],      # one per repeated run
+  "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
+  "token_acceptance": float | null, "block_acceptance": float | null,
+  "forward": {"draft": {"calls": int, "mean_ms": float | null},
+              "verify": {"calls": int, "mean_ms": float | null}},   # per run (one repeat)
+  "round": {"t0_s": float, "draft_share": float, "verify_share": float, "other_share": float},
+  "audit": {"prompts": int, "exact": int, "exact_pct": float, "mismatches": [{...}, ...]},
+  "oracle": {"reductions": [{"r": float, "t_s": float, "tokens_per_s": float}, ...],
+             "needed_accepted": {target_arm: float}} | null,      # speculative arms only
+  "by_category": {category: {"prompts": int, "tokens_per_s": STAT, "mean_accepted": STAT}}
+}
+```
+
+Throughput is output tokens over the summed per-prompt decode time (batch 1, prompts timed one
+after another), so it does not depend on how many workers shared the prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+SCHEMA = "peftbd-benchmark/1"
+
+ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "fastmtp")
+"""Benchmark arms in report order: greedy AR, PEFT-BD (1 step unanchored; 2 steps; anchored),
+FastMTP."""
+
+ORACLE_TARGETS: tuple[str, ...] = ("fastmtp", "ar")
+"""Arms whose measured throughput the draft-cost oracle asks each speculative arm to match."""
+
+
+def stat(values: Sequence[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("stat() needs at least one value")
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return {"mean": mean, "std": math.sqrt(var)}
+
+
+def arm_items(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(arm id, arm) pairs present in `results`, in ARMS order (unknown ids last)."""
+    arms = results.get("arms", {})
+    order = {a: i for i, a in enumerate(ARMS)}
+    return sorted(arms.items(), key=lambda kv: order.get(kv[0], len(ARMS)))
+
+
+def is_speculative(arm: dict[str, Any]) -> bool:
+    """True for arms with a drafter (everything but greedy AR)."""
+    return arm.get("method") != "ar"
