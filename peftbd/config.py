@@ -146,6 +146,13 @@ class DecodingConfig:
     max_new_tokens: int = 256
     num_prompts: int = 1_000
     repeats: int = 3
+    # Benchmark timing actors: the prompts are split between `workers` actors and each times its
+    # own prompts one after another (batch 1). One actor per GPU on a cluster; one actor on a small
+    # CPU box, where parallel actors would share cores and distort the per-round clock.
+    workers: int = 1
+    worker_num_cpus: float = 1.0
+    worker_num_gpus: float = 0.0
+    torch_threads: int = 2  # intra-op threads per timing actor (0 = torch's default)
 
 
 @dataclass(frozen=True)
@@ -248,7 +255,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                           "global_batch_size": 64, "max_steps": 10_000}},
         "training": {"num_workers": 1, "use_gpu": True, "cpus_per_worker": 4,
                      "zero_stage": 2, "precision": "bf16"},
-        "decoding": {"max_new_tokens": 256, "num_prompts": 1_000, "repeats": 3},
+        "decoding": {"max_new_tokens": 256, "num_prompts": 1_000, "repeats": 3,
+                     "workers": 1, "worker_num_cpus": 4, "worker_num_gpus": 1,
+                     "torch_threads": 0},
         "serving": {"model_name": "peftbd-qwen3-0.6b", "max_prompt_tokens": 512,
                     "max_tokens_cap": 256, "replica_num_cpus": 2, "drafter_num_gpus": 1,
                     "verifier_num_gpus": 1,

@@ -1,0 +1,84 @@
+"""Benchmark prompts: the continuation artifact's held-out test split, or Spec-Bench questions.
+
+Both give `Prompt`s of token ids already rendered with the chat template (thinking off), so the
+benchmark times decoding only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from peftbd.config import Config
+from peftbd.data.artifact import read_split
+from peftbd.data.sources import SPEC_BENCH_PREFIX, prepare_record, resolve_source
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its id, token ids and (Spec-Bench) category."""
+
+    id: str
+    prompt_ids: list[int]
+    category: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompts of a benchmark run, where they came from and what was dropped (by reason)."""
+
+    prompts: list[Prompt]
+    source: str  # test | spec-bench
+    path: str
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def categories(self) -> dict[str, int] | None:
+        """Prompt count per category, or None when the prompts have no categories."""
+        cats = Counter(p.category for p in self.prompts if p.category is not None)
+        return dict(sorted(cats.items())) or None
+
+
+def test_split_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
+    """The first `limit` prompts (by id) of the artifact's held-out test split."""
+    if limit < 1:
+        raise ValueError(f"decoding.num_prompts={limit}: need at least 1 prompt")
+    table = read_split(artifact_dir, "test").slice(0, limit)
+    rows = table.select(["id", "prompt_ids", "category"]).to_pylist()
+    if not rows:
+        raise ValueError(
+            f"the test split of {str(artifact_dir)!r} is empty; regenerate the artifact with "
+            "data.test_size >= 1"
+        )
+    return PromptSet([Prompt(r["id"], r["prompt_ids"], r["category"]) for r in rows], "test",
+                     str(artifact_dir))
+
+
+def spec_bench_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+                       limit: int) -> PromptSet:
+    """Up to `limit` Spec-Bench questions (first turn as the user message, chat template applied),
+    taken round-robin over categories in file order so every category is represented; questions
+    longer than `data.max_prompt_len` tokens are dropped and counted."""
+    source = resolve_source(cfg, f"{SPEC_BENCH_PREFIX}{path}")
+    by_category: dict[str, list[Prompt]] = {}
+    dropped: Counter[str] = Counter()
+    with open(source.location, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = prepare_record(tokenizer, source, {"text": line}, cfg.data.max_prompt_len)
+            if row["drop_reason"]:
+                dropped[row["drop_reason"]] += 1
+                continue
+            cat = row["category"] or "uncategorized"
+            by_category.setdefault(cat, []).append(Prompt(row["id"], row["prompt_ids"], cat))
+    interleaved = [p for group in itertools.zip_longest(*by_category.values()) for p in group if p]
+    if not interleaved:
+        raise ValueError(
+            f"no usable Spec-Bench question in {source.location!r} (dropped: {dict(dropped)}); "
+            f"raise data.max_prompt_len (now {cfg.data.max_prompt_len}) if they are too long"
+        )
+    return PromptSet(interleaved[:limit], "spec-bench", source.location, dict(dropped))
