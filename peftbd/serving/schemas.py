@@ -1,0 +1,198 @@
+"""OpenAI-compatible request and response bodies (the subset the apps serve), as pydantic models.
+
+Requests are strict (no type coercion: `"max_tokens": "8"` is an error) and closed (an unknown
+field is an error that names it). These models check shapes and types only; serving policy
+(greedy only, limits, the method choice) lives in `peftbd.serving.validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+METHODS: tuple[str, ...] = ("ar", "peft-bd", "fastmtp")
+"""Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head."""
+
+Method = Literal["ar", "peft-bd", "fastmtp"]
+FinishReason = Literal["stop", "length"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    """`stream_options`: `include_usage` adds a last chunk with `usage` (and speculative stats)."""
+
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    user: str | None = None
+    method: Method | None = None
+    """Extra field (not OpenAI's): the decoding method; the model name can carry it instead."""
+
+
+class CompletionRequest(_GenerationRequest):
+    """`POST /v1/completions`: one prompt, as text or as token ids."""
+
+    prompt: str | list[int]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+            value = value[0]  # a batch of one: ["text"] or [[ids]]
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(type(v) is int for v in value):
+            return value
+        raise ValueError(
+            "must be a string or a list of token ids (one prompt per request; send batches as "
+            "separate requests)"
+        )
+
+
+class ChatMessage(_Strict):
+    """One chat turn; `content` may be a string or a list of `{"type": "text", "text": ...}` parts."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in value
+            ):
+                raise ValueError('content parts must all be {"type": "text", "text": "..."}')
+            return "".join(p["text"] for p in value)
+        return value
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """`POST /v1/chat/completions`: the conversation, rendered with the chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class SpecStats(BaseModel):
+    """Speculative-decoding stats of one request (inside `usage.speculative`)."""
+
+    method: str
+    rounds: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    tokens_per_round: float = 0.0
+    acceptance_rate: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    transport_ms: float = 0.0
+
+
+class Usage(BaseModel):
+    """OpenAI `usage` plus this server's `speculative` stats."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculative: SpecStats | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A `text_completion` response, or one streamed chunk of it (then `usage` is usually None)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "peftbd"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: the `openai` client raises it as `BadRequestError` & co."""
+
+    error: ErrorDetail

@@ -1,0 +1,224 @@
+"""Turn an HTTP body into a `GenerationSpec`, or a `RequestError` that names the field.
+
+Policy on top of the schemas: body size, JSON, types (via `peftbd.serving.schemas`), greedy only,
+one choice per request, the `max_tokens` cap, the prompt-length limit and the method choice
+(model name suffix `<served>:<method>` or the extra `method` field).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+from transformers import PreTrainedTokenizerBase
+
+from peftbd.config import ConfigError, ServingConfig
+from peftbd.data.chat import encode_prompt
+from peftbd.serving.schemas import (
+    METHODS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorDetail,
+    ErrorResponse,
+)
+
+Kind = Literal["completions", "chat"]
+_SCHEMAS: dict[str, type[BaseModel]] = {"completions": CompletionRequest, "chat": ChatCompletionRequest}
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP `status`, the offending `param` and how to fix it."""
+
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type = message, param, status, type
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body (`{"error": {"message", "type", "param", "code"}}`)."""
+        return ErrorResponse(
+            error=ErrorDetail(message=self.message, type=self.type, param=self.param)
+        ).model_dump()
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """One validated request, as plain data the decoders get (picklable, no tensors)."""
+
+    request_id: str
+    kind: Kind
+    model: str
+    method: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def check_serving_config(serving: ServingConfig) -> None:
+    """Fail at startup (not per request) on a serving config the apps cannot honour."""
+    if serving.default_method not in METHODS:
+        raise ConfigError(
+            f"config key 'serving.default_method': {serving.default_method!r} is not one of "
+            f"{list(METHODS)}"
+        )
+    if ":" in serving.model_name or not serving.model_name:
+        raise ConfigError(
+            f"config key 'serving.model_name': {serving.model_name!r} must be non-empty and "
+            "contain no ':' (the method suffix separator)"
+        )
+
+
+def served_model_ids(served_name: str) -> list[str]:
+    """The ids `GET /v1/models` lists: the served name (default method) and `<name>:<method>`."""
+    return [served_name] + [f"{served_name}:{m}" for m in METHODS]
+
+
+def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> BaseModel:
+    """Size check, JSON decode and schema validation of a request body."""
+    if len(body) > serving.max_body_bytes:
+        raise RequestError(
+            f"request body is {len(body)} bytes; this server accepts at most "
+            f"{serving.max_body_bytes} (serving.max_body_bytes)", status=413,
+        )
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+    schema = _SCHEMAS[kind]
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise _field_error(exc, schema) from exc
+
+
+def _field_error(exc: ValidationError, schema: type[BaseModel]) -> RequestError:
+    err = exc.errors(include_url=False)[0]
+    param = _param_name(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return RequestError(
+            f"unknown field {param!r}; this endpoint accepts: {', '.join(schema.model_fields)}",
+            param=param,
+        )
+    if err["type"] == "missing":
+        return RequestError(f"{param} is required", param=param)
+    msg = err["msg"].removeprefix("Value error, ")
+    got = repr(err.get("input"))
+    got = got if len(got) <= 80 else got[:77] + "..."
+    return RequestError(f"{param}: {msg} (got {got})", param=param)
+
+
+def _param_name(loc: tuple[Any, ...]) -> str:
+    """('messages', 0, 'content') -> 'messages[0].content'; drops pydantic's union-branch tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+    return out or "body"
+
+
+def resolve_method(model: str, method: str | None, served_name: str, default: str) -> str:
+    """The decoding method from the model id (`<served>` or `<served>:<method>`) and `method`."""
+    if model not in served_model_ids(served_name):
+        raise RequestError(
+            f"model {model!r} is not served here; use one of {served_model_ids(served_name)} "
+            "(GET /v1/models lists them)", param="model", status=404, type="not_found_error",
+        )
+    from_model = model.partition(":")[2] or None
+    if from_model and method and from_model != method:
+        raise RequestError(
+            f"method={method!r} contradicts model={model!r}; give the method once (either the "
+            f"model suffix or the method field)", param="method",
+        )
+    return from_model or method or default
+
+
+def _check_greedy(req: BaseModel) -> None:
+    if req.temperature:
+        raise RequestError(
+            f"temperature={req.temperature}: this server decodes greedily only (its output is "
+            "exactly the verifier's greedy output); send temperature 0 or omit it",
+            param="temperature",
+        )
+    if req.top_p is not None and req.top_p != 1:
+        raise RequestError(
+            f"top_p={req.top_p}: this server decodes greedily only; omit top_p or send 1",
+            param="top_p",
+        )
+    if req.n is not None and req.n != 1:
+        raise RequestError(
+            f"n={req.n}: greedy decoding has one answer per prompt; omit n or send 1", param="n",
+        )
+
+
+def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> tuple[int, str]:
+    param, value = "max_tokens", req.max_tokens
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        if value is not None and value != req.max_completion_tokens:
+            raise RequestError(
+                f"max_tokens={value} and max_completion_tokens={req.max_completion_tokens} "
+                "disagree; send one of them", param="max_completion_tokens",
+            )
+        param, value = "max_completion_tokens", req.max_completion_tokens
+    if value is None:
+        return serving.max_tokens_cap, param
+    if value > serving.max_tokens_cap:
+        raise RequestError(
+            f"{param}={value} exceeds this server's cap of {serving.max_tokens_cap} "
+            "(serving.max_tokens_cap); send a smaller value", param=param,
+        )
+    return value, param
+
+
+def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], str]:
+    """(token ids, field name) of the prompt: chat turns rendered with the template (thinking
+    off), a text prompt tokenized as is, or token ids checked against the vocabulary."""
+    if isinstance(req, ChatCompletionRequest):
+        messages = [m.model_dump() for m in req.messages]
+        if not any(m["role"] == "user" for m in messages):
+            raise RequestError("messages must contain at least one user turn", param="messages")
+        return encode_prompt(tokenizer, messages), "messages"
+    if isinstance(req.prompt, str):
+        if not req.prompt:
+            raise RequestError("prompt is empty; send some text", param="prompt")
+        return tokenizer(req.prompt, add_special_tokens=False)["input_ids"], "prompt"
+    vocab = len(tokenizer)
+    bad = [t for t in req.prompt if not 0 <= t < vocab]
+    if not req.prompt or bad:
+        raise RequestError(
+            f"prompt token ids must be a non-empty list of ids in [0, {vocab}); bad: {bad[:5]}",
+            param="prompt",
+        )
+    return list(req.prompt), "prompt"
+
+
+def build_spec(
+    req: BaseModel,
+    kind: Kind,
+    tokenizer: PreTrainedTokenizerBase,
+    serving: ServingConfig,
+    request_id: str,
+) -> GenerationSpec:
+    """Apply the serving policy to a parsed request and tokenize its prompt."""
+    _check_greedy(req)
+    method = resolve_method(req.model, req.method, serving.model_name, serving.default_method)
+    max_new, _ = _max_new_tokens(req, serving)
+    ids, field = prompt_ids(req, tokenizer)
+    if len(ids) > serving.max_prompt_tokens:
+        raise RequestError(
+            f"{field} is {len(ids)} tokens; this server accepts at most "
+            f"{serving.max_prompt_tokens} (serving.max_prompt_tokens); shorten it", param=field,
+        )
+    return GenerationSpec(
+        request_id=request_id, kind=kind, model=req.model, method=method, prompt_ids=ids,
+        max_new_tokens=max_new, stream=req.stream,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+    )
