@@ -137,6 +137,8 @@ class TrainingConfig:
     precision: str = "fp32"  # fp32 | bf16
     seed: int = 0
     max_failures: int = 2
+    micro_batch_size: int = 0  # sequences per worker per forward; 0 = global batch / workers
+    storage_path: str = ""  # Ray Train checkpoints; "" = a ray_train/ dir beside --out
 
 
 @dataclass(frozen=True)
