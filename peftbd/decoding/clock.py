@@ -1,0 +1,41 @@
+"""An honest clock: on CUDA every reading waits for queued kernels, so times are real."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Clock:
+    """Wall clock that synchronizes `device` (CUDA) before each reading."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sync = device.type == "cuda"
+
+    def now(self) -> float:
+        """Seconds (perf_counter) after all work queued on the device has finished."""
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+@dataclass
+class ForwardLog:
+    """Forward calls and their total seconds per mode (`prefill`, `draft`, `verify`, ...)."""
+
+    clock: Clock
+    calls: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, mode: str) -> Iterator[None]:
+        """Time one forward call of `mode`."""
+        start = self.clock.now()
+        yield
+        self.seconds[mode] = self.seconds.get(mode, 0.0) + self.clock.now() - start
+        self.calls[mode] = self.calls.get(mode, 0) + 1

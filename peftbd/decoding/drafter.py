@@ -1,0 +1,41 @@
+"""The one `Drafter` interface every speculative method implements, and greedy AR's empty drafter.
+
+A drafter is shared by all requests (it holds models, never per-request data); what it needs
+per request lives in `state.drafter_state`. `propose` may read `state.tokens`, `state.cache`
+(the verifier's KV of `tokens[:-1]`) and `state.hidden`, and must leave `state.cache` exactly as
+it found it (crop what it appends). Time each of its forwards with `state.forwards.timed("draft")`.
+New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement these two methods
+and join the loop unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from peftbd.decoding.state import DecodeState
+
+
+class Drafter(Protocol):
+    """Proposes a block of draft tokens for the verifier to check."""
+
+    name: str
+
+    def start(self, state: DecodeState) -> None:
+        """Set up `state.drafter_state` for a new request (called once, right after prefill)."""
+
+    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
+        """Long (1, k) draft tokens continuing `state.tokens`, 0 <= k <= max_tokens."""
+
+
+class NoDrafter:
+    """Greedy AR: proposes nothing, so every round is one verifier step emitting one token."""
+
+    name = "ar"
+
+    def start(self, state: DecodeState) -> None:
+        state.drafter_state = None
+
+    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
+        return torch.empty(1, 0, dtype=torch.long, device=state.device)

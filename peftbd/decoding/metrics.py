@@ -1,0 +1,84 @@
+"""Run-level metrics over decoded requests: the paper's Table 1 shape plus the oracle's inputs.
+
+Definitions (per run, summed over its requests):
+
+- tokens_per_s: generated tokens / measured decode seconds (prefill + every round).
+- mean_accepted: the paper's "accepted tokens per speculative step" = mean tokens emitted per
+  round = accepted draft tokens + the verifier's bonus token (1.0 for greedy AR).
+- mean_accepted_prefix: mean accepted draft tokens per round (bonus excluded).
+- token_acceptance: accepted / proposed draft tokens.
+- block_acceptance: share of rounds with a draft whose every proposed token was accepted.
+- forward: calls and mean latency per mode (prefill, draft, verify, sync).
+- round: t0_s = mean round time (the oracle's T0) and the draft / verify / other time shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peftbd.decoding.state import RoundMetrics
+
+
+@dataclass
+class DecodeResult:
+    """One decoded request: generated `tokens` (EOS included when it stopped on one), its
+    `rounds`, prefill seconds and forward calls/seconds per mode."""
+
+    tokens: list[int]
+    rounds: list[RoundMetrics]
+    prefill_s: float = 0.0
+    forward_calls: dict[str, int] = field(default_factory=dict)
+    forward_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def decode_s(self) -> float:
+        return self.prefill_s + sum(r.total_ms for r in self.rounds) / 1e3
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """`summarize([self])`."""
+        return summarize([self])
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def summarize(results: Sequence[DecodeResult]) -> dict[str, Any]:
+    """Run metrics over `results` (see the module docstring for each definition)."""
+    rounds = [r for res in results for r in res.rounds]
+    drafted = [r for r in rounds if r.proposed > 0]
+    new_tokens = sum(len(res.tokens) for res in results)
+    decode_s = sum(res.decode_s for res in results)
+    round_ms = sum(r.total_ms for r in rounds)
+    calls: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for res in results:
+        for mode, n in res.forward_calls.items():
+            calls[mode] = calls.get(mode, 0) + n
+            seconds[mode] = seconds.get(mode, 0.0) + res.forward_seconds[mode]
+    return {
+        "prompts": len(results),
+        "new_tokens": new_tokens,
+        "decode_s": decode_s,
+        "tokens_per_s": _ratio(new_tokens, decode_s),
+        "prefill_s": sum(res.prefill_s for res in results),
+        "rounds": len(rounds),
+        "mean_accepted": _ratio(sum(r.emitted for r in rounds), len(rounds)),
+        "mean_accepted_prefix": _ratio(sum(r.accepted for r in rounds), len(rounds)),
+        "token_acceptance": _ratio(sum(r.accepted for r in drafted), sum(r.proposed for r in drafted)),
+        "block_acceptance": _ratio(sum(r.accepted == r.proposed for r in drafted), len(drafted)),
+        "forward": {
+            mode: {"calls": n, "mean_ms": seconds[mode] / n * 1e3} for mode, n in sorted(calls.items())
+        },
+        "round": {
+            "t0_s": _ratio(round_ms / 1e3, len(rounds)),
+            "draft_ms": _ratio(sum(r.draft_ms for r in rounds), len(rounds)),
+            "verify_ms": _ratio(sum(r.verify_ms for r in rounds), len(rounds)),
+            "draft_share": _ratio(sum(r.draft_ms for r in rounds), round_ms),
+            "verify_share": _ratio(sum(r.verify_ms for r in rounds), round_ms),
+            "other_share": _ratio(sum(r.other_ms for r in rounds), round_ms),
+        },
+    }

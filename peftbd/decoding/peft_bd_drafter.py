@@ -1,0 +1,78 @@
+"""PEFT-BD drafting: the adapter-on backbone denoises a block of masks against the verifier's KV.
+
+The chunk layout, positions and attention pattern are `peftbd.models.peft_bd`'s (shared with
+training). The draft's KV is cropped off the verifier cache after every forward.
+
+Unmasking rule for `denoise_steps = S > 1` (MaskGIT-style, linear schedule): after step s the
+ceil(D * s / S) most confident positions are fixed (confidence = the max softmax probability,
+taken among positions not yet fixed); the others are re-masked and predicted again by the next
+step, which sees the fixed tokens in place; the last step fills every remaining position. With
+S = 2 that is "keep the most confident half, re-predict the rest". The mask token is never
+proposed (its logit is excluded from the argmax).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from peft import PeftModel
+
+from peftbd.decoding.state import DecodeState
+from peftbd.decoding.verify import unwrap
+from peftbd.models.peft_bd import adapter_on, draft_attention_mask, draft_input_ids, draft_position_ids
+
+
+class PeftBDDrafter:
+    """The PEFT-BD drafter: `peft_model` is the verifier with the drafter adapter attached (the
+    same object verifies with the adapter off)."""
+
+    name = "peftbd"
+
+    def __init__(self, peft_model: PeftModel, mask_id: int, block_size: int,
+                 denoise_steps: int = 1, anchored: bool = False) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}; drafter.block_size must be >= 1 (paper: 16)")
+        if not 1 <= denoise_steps <= block_size:
+            raise ValueError(
+                f"denoise_steps={denoise_steps}; drafter.denoise_steps must be in 1..block_size "
+                f"({block_size})"
+            )
+        self.model = peft_model
+        self.mask_id = mask_id
+        self.block_size = block_size
+        self.denoise_steps = denoise_steps
+        self.anchored = anchored
+
+    def start(self, state: DecodeState) -> None:
+        state.drafter_state = None  # drafts against the verifier's own cache: no state of its own
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
+        if max_tokens <= 0:
+            return torch.empty(1, 0, dtype=torch.long, device=state.device)
+        base, d, steps = unwrap(self.model), self.block_size, self.denoise_steps
+        n = state.cache.get_seq_length()
+        chunk = draft_input_ids(state.tokens[-1], self.mask_id, d, state.device)
+        positions = draft_position_ids(n, d, state.device)
+        mask = draft_attention_mask(n, d, self.anchored, base.dtype, state.device)
+        block = chunk[:, 1:].clone()
+        fixed = torch.zeros_like(block, dtype=torch.bool)
+        with adapter_on(self.model):
+            for step in range(1, steps + 1):
+                with state.forwards.timed("draft"):
+                    out = base.model(input_ids=chunk, cache=state.cache, position_ids=positions,
+                                     attention_mask=mask, use_cache=True)
+                    logits = base.lm_head(out.last_hidden_state[:, 1:]).float()
+                state.cache.crop(-(d + 1))
+                logits[..., self.mask_id] = -math.inf
+                if step == steps:
+                    block = torch.where(fixed, block, logits.argmax(-1))
+                    break
+                conf, pred = logits.log_softmax(-1).max(-1)
+                n_new = math.ceil(d * step / steps) - math.ceil(d * (step - 1) / steps)
+                idx = conf.masked_fill(fixed, -math.inf).topk(n_new, dim=-1).indices
+                block.scatter_(1, idx, pred.gather(1, idx))
+                fixed.scatter_(1, idx, True)
+                chunk[:, 1:] = torch.where(fixed, block, self.mask_id)
+        return block[:, :max_tokens]

@@ -1,0 +1,69 @@
+"""Per-request decoding state and per-round records: everything a server holds between rounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from peftbd.decoding.clock import ForwardLog
+
+
+@dataclass
+class RoundMetrics:
+    """One speculative round (draft + verify).
+
+    proposed: drafted tokens sent to verification (k). accepted: the longest prefix of the draft
+    that equals the verifier's greedy tokens (0..k); the verifier's bonus token is NOT counted.
+    emitted: tokens appended to the output this round = accepted + 1 (the bonus), except that a
+    round cut by EOS or `max_new_tokens` counts only what was kept. The paper's "accepted tokens
+    per speculative step" is the mean of `emitted`.
+    """
+
+    proposed: int
+    accepted: int
+    emitted: int
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    other_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.other_ms
+
+
+@dataclass
+class DecodeState:
+    """One request (batch 1). Invariant between rounds: `cache` holds the verifier's (adapter-off)
+    KV of `tokens[:-1]`; the last committed token (the bonus) is not in it yet.
+
+    `hidden` holds the verifier's final hidden states (1, n, d) of the positions that predicted
+    the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
+    it). `drafter_state` is the drafter's own per-request slot (e.g. the MTP head's cache).
+    """
+
+    tokens: list[int]
+    prompt_len: int
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+    cache: DynamicCache
+    forwards: ForwardLog
+    device: torch.device
+    hidden: torch.Tensor | None = None
+    done: bool = False
+    rounds: list[RoundMetrics] = field(default_factory=list)
+    prefill_s: float = 0.0
+    mark: float = 0.0  # clock reading at the end of the last prefill/round (for `other_ms`)
+    drafter_state: Any = None
+
+    @property
+    def new_tokens(self) -> list[int]:
+        """The generated tokens (EOS included when the output stopped on it)."""
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def remaining(self) -> int:
+        """How many more tokens may be generated."""
+        return self.max_new_tokens - len(self.new_tokens)
