@@ -168,6 +168,7 @@ class ServingConfig:
     max_body_bytes: int = 1_000_000
     max_sessions: int = 64  # per-request KV states a replica keeps (least recently used go)
     round_retries: int = 2  # a round whose replica died is retried this often elsewhere
+    recovery_timeout_s: float = 120.0  # how long a retried round waits for a live replica
     replica_num_cpus: float = 1.0
     drafter_replicas: int = 1
     verifier_replicas: int = 1
