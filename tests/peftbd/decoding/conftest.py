@@ -1,0 +1,74 @@
+"""Decoding fixtures: the tiny verifier, its stop ids, a few corpus prompts and test drafters."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.decoding import DecodeState
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread: tiny forwards gain nothing from two, and spin-waiting threads slow
+    everyone down on a shared 2-core machine. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_cfg):
+    return load_tokenizer(tiny_cfg)
+
+
+@pytest.fixture(scope="session")
+def verifier(tiny_cfg):
+    return load_verifier(tiny_cfg)
+
+
+@pytest.fixture(scope="session")
+def eos(verifier, tokenizer) -> list[int]:
+    return eos_token_ids(verifier, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_world, tokenizer) -> list[tuple[str, list[int]]]:
+    """Three short chat prompts from the embedded corpus."""
+    with open(tiny_world.corpus_path) as f:
+        rows = [json.loads(line) for line in itertools.islice(f, 3)]
+    return [(r["id"], encode_prompt(tokenizer, prompt_messages(r["messages"]))) for r in rows]
+
+
+class ScriptedDrafter:
+    """Proposes `block` tokens of a known continuation; `wrong_from` corrupts the block from that
+    index on ((token + 1) mod vocab), so acceptance is exactly predictable."""
+
+    name = "scripted"
+
+    def __init__(self, continuation: list[int], block: int, wrong_from: int | None = None,
+                 vocab: int = 2112) -> None:
+        self.continuation, self.block, self.wrong_from, self.vocab = continuation, block, wrong_from, vocab
+
+    def start(self, state: DecodeState) -> None:
+        state.drafter_state = None
+
+    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
+        done = len(state.new_tokens)
+        draft = list(self.continuation[done : done + min(self.block, max_tokens)])
+        for i in range(len(draft)):
+            if self.wrong_from is not None and i >= self.wrong_from:
+                draft[i] = (draft[i] + 1) % self.vocab
+        return torch.tensor([draft], dtype=torch.long, device=state.device).reshape(1, -1)
+
+
+@pytest.fixture(scope="session")
+def scripted() -> type[ScriptedDrafter]:
+    """The `ScriptedDrafter` class (a fixture, so tests need no conftest import)."""
+    return ScriptedDrafter

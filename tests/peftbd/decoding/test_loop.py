@@ -1,0 +1,104 @@
+"""The loop: exact greedy output with any drafter, predictable acceptance, EOS and budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder, decode
+from peftbd.models.mtp_head import MTPHead
+from peftbd.models.peft_bd import attach_drafter_adapter
+
+N = 20  # generated tokens per prompt in budget-bound tests (EOS off)
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(verifier, prompts, eos):
+    return {pid: decode(verifier, ids, None, 32, eos).tokens for pid, ids in prompts}
+
+
+@pytest.fixture(scope="module")
+def peft_verifier(tiny_cfg, tokenizer):
+    """The verifier with an untrained drafter adapter (a separate copy: attaching is in place)."""
+    from peftbd.models.loading import load_verifier
+
+    torch.manual_seed(0)
+    return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+
+
+@pytest.mark.parametrize("steps,anchored", [(1, False), (2, False), (1, True)])
+def test_untrained_peftbd_equals_ar(peft_verifier, tokenizer, prompts, eos, ar_outputs, steps, anchored):
+    drafter = PeftBDDrafter(peft_verifier, tokenizer.mask_token_id, 8, steps, anchored)
+    for pid, ids in prompts:
+        result = decode(peft_verifier, ids, drafter, 32, eos)
+        assert result.tokens == ar_outputs[pid]
+        assert result.metrics["forward"]["draft"]["calls"] == steps * sum(
+            r.proposed > 0 for r in result.rounds)
+
+
+def test_untrained_mtp_equals_ar(verifier, prompts, eos, ar_outputs):
+    torch.manual_seed(0)
+    drafter = MTPDrafter(MTPHead(verifier), verifier, num_steps=3)
+    for pid, ids in prompts:
+        result = decode(verifier, ids, drafter, 32, eos)
+        assert result.tokens == ar_outputs[pid]
+        assert all(r.proposed <= 3 for r in result.rounds)
+
+
+def test_oracle_drafter_gets_every_token_accepted(scripted, verifier, prompts):
+    ids = prompts[0][1]
+    truth = decode(verifier, ids, None, N).tokens
+    assert len(truth) == N
+    result = decode(verifier, ids, scripted(truth, block=4), N)
+    assert result.tokens == truth
+    # prefill gives token 1; then every round proposes min(4, left - 1) and emits all + the bonus
+    assert [(r.proposed, r.accepted, r.emitted) for r in result.rounds] == [(4, 4, 5)] * 3 + [(3, 3, 4)]
+    m = result.metrics
+    assert m["token_acceptance"] == 1.0 and m["block_acceptance"] == 1.0
+    assert m["mean_accepted"] == (N - 1) / 4
+
+
+def test_always_wrong_drafter_gets_exactly_the_bonus(scripted, verifier, prompts):
+    ids = prompts[1][1]
+    truth = decode(verifier, ids, None, N).tokens
+    result = decode(verifier, ids, scripted(truth, block=4, wrong_from=0), N)
+    assert result.tokens == truth
+    assert len(result.rounds) == N - 1
+    assert all(r.accepted == 0 and r.emitted == 1 for r in result.rounds)
+    assert [r.proposed for r in result.rounds] == [min(4, N - 2 - i) for i in range(N - 1)]
+    assert result.metrics["token_acceptance"] == 0.0 and result.metrics["mean_accepted"] == 1.0
+
+
+def test_partial_acceptance_counts(scripted, verifier, prompts):
+    ids = prompts[2][1]
+    truth = decode(verifier, ids, None, N).tokens
+    result = decode(verifier, ids, scripted(truth, block=5, wrong_from=2), N)
+    assert result.tokens == truth
+    assert all(r.accepted == min(2, r.proposed) for r in result.rounds)
+    assert result.metrics["block_acceptance"] < 1.0
+
+
+def test_eos_inside_an_accepted_block_stops_where_ar_stops(scripted, verifier, prompts, eos, ar_outputs):
+    pid, ids = prompts[0]
+    truth = ar_outputs[pid]
+    assert truth[-1] in eos and len(truth) < 32
+    junk = [5] * 16  # a block that runs past EOS
+    result = decode(verifier, ids, scripted(truth + junk, block=8), 32, eos)
+    assert result.tokens == truth
+    last = result.rounds[-1]
+    assert last.emitted < last.accepted + 1 or last.accepted < last.proposed
+
+
+@pytest.mark.parametrize("budget", [0, 1, 2, 7])
+def test_max_new_tokens_is_exact(scripted, verifier, peft_verifier, tokenizer, prompts, budget):
+    ids = prompts[0][1]
+    truth = decode(verifier, ids, None, budget).tokens
+    assert len(truth) == budget
+    for drafter in (scripted(truth + [5] * 8, block=4),
+                    PeftBDDrafter(peft_verifier, tokenizer.mask_token_id, 8)):
+        assert decode(peft_verifier, ids, drafter, budget).tokens == truth
+
+
+def test_decoder_reuses_across_requests(verifier, prompts, eos, ar_outputs):
+    decoder = SpeculativeDecoder(verifier, None, eos, 32)
+    assert [decoder.decode(ids).tokens for _, ids in prompts] == [ar_outputs[p] for p, _ in prompts]
