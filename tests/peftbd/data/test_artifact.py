@@ -8,7 +8,9 @@ import pytest
 
 from peftbd.data.artifact import (
     ARTIFACT_SCHEMA,
+    WORK_SCHEMA,
     ArtifactError,
+    PartStore,
     assign_splits,
     read_split,
     split_sizes,
@@ -69,3 +71,26 @@ def test_split_sizes_scale_down_proportionally():
     assert split_sizes(30, 1200, 48, 48) == {"train": 28, "val": 1, "test": 1}
     assert split_sizes(480, 0, 0, 480) == {"train": 0, "val": 0, "test": 480}
     assert split_sizes(0, 10, 1, 1) == {"train": 0, "val": 0, "test": 0}
+
+
+def _work_rows(ids: list[str]) -> pa.Table:
+    rows = _rows("train", len(ids)).to_pylist()
+    extra = {"actor": "a", "batch_start": 1.0, "batch_end": 2.0, "actor_rss_mib": 3.0}
+    return pa.Table.from_pylist([{**r, "id": i, **extra} for r, i in zip(rows, ids)])
+
+
+def test_part_store_resumes_from_whole_parts_and_ignores_temporaries(tmp_path):
+    store = PartStore(tmp_path / "work", "fp1")
+    store.write(_work_rows(["a", "b"]))
+    store.write(_work_rows(["c"]))
+    (tmp_path / "work" / "part-x.tmp").write_bytes(b"half a part")  # a killed writer's leftover
+    again = PartStore(tmp_path / "work", "fp1")
+    assert again.done_ids() == {"a", "b", "c"}
+    assert not list((tmp_path / "work").glob("*.tmp"))
+    table = again.read()
+    assert table.schema.equals(WORK_SCHEMA) and sorted(table["id"].to_pylist()) == ["a", "b", "c"]
+
+
+def test_part_store_discards_parts_made_for_other_inputs(tmp_path):
+    PartStore(tmp_path / "work", "fp1").write(_work_rows(["a"]))
+    assert PartStore(tmp_path / "work", "fp2").done_ids() == set()
