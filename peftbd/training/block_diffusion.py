@@ -1,0 +1,229 @@
+"""The PEFT-BD block-diffusion objective, trained exactly as the engine drafts.
+
+Cutting a sequence into blocks. A sequence y_0..y_{n-1} (0-based) has prompt length P and a
+continuation y_P..y_{n-1}. Its blocks start at s = P, P+D, P+2D, ... < n; block k covers
+y_s..y_{s+D-1}. The last block is partial when D does not divide the continuation length (and
+a continuation shorter than D is one partial block): its positions past the end are always mask
+tokens and carry no loss, exactly what a full-mask draft near the end of a text looks like.
+
+The draft pattern (`peftbd.models.peft_bd`, shared with the engine). For a block at s the
+drafter sees the clean context y_0..y_{s-2} as the verifier's adapter-OFF KV (no grad) and runs
+the adapter ON over the chunk `[y_{s-1}, noised y_s..y_{s+D-1}]` at positions s-1..s+D-1, with
+`draft_visibility` deciding who attends to whom. Chunk position j+1 predicts y_{s+j} (no shift).
+
+Noise. Per block, t ~ U[mask_ratio_min, mask_ratio_max] and exactly max(1, round(t * v)) of the
+block's v real positions are replaced by the mask token (uniformly without replacement). At
+t = 1 the whole block is masked, which is what inference drafts. The noise of a row is a pure
+function of (seed, epoch, row id), so a run is reproducible and a resumed run sees the same noise.
+
+Linear-prefix loss. Block position j (0-based) weighs gamma^j and the loss is the weighted mean
+of the cross-entropy over the masked real positions of the micro-batch:
+
+    L = sum_{masked (b, j)} gamma^j * CE(b, j) / sum_{masked (b, j)} gamma^j
+
+It is linear in the per-token losses and discounts later positions because a drafted token only
+counts if every earlier token of its block is accepted: with a per-token acceptance rate near
+gamma, position j is used with probability ~gamma^j, so these weights make the loss track the
+expected accepted prefix.
+
+One forward per micro-batch (BD3LM's clean || noised trick, exact). The adapter-off KV of every
+whole clean sequence is computed once; all block chunks of a sequence are concatenated into one
+query sequence whose 4D mask over [clean KV | chunks] gives chunk k the columns of context
+y_0..y_{s_k-2} and its own chunk (with `draft_visibility`'s pattern), nothing else. A test shows
+the logits equal the plain per-block draft forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from transformers import DynamicCache
+
+from peftbd.models.peft_bd import (
+    adapter_on,
+    draft_input_ids,
+    draft_position_ids,
+    draft_visibility,
+    set_adapter_enabled,
+)
+from peftbd.training.examples import SequenceBatch
+
+IGNORE = -100
+
+
+def prefix_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Float (block_size,): gamma^j for block position j."""
+    return gamma ** torch.arange(block_size, dtype=torch.float64).float()
+
+
+def noise_generator(seed: int, epoch: int, row_id: str) -> torch.Generator:
+    """The generator of one row's noise in one epoch (independent of batching and workers)."""
+    digest = hashlib.sha256(f"{seed}:{epoch}:{row_id}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def sample_block_mask(
+    valid: int, block_size: int, t_min: float, t_max: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Bool (block_size,): True where the block position is a mask token.
+
+    `valid` real positions; max(1, round(t * valid)) of them are masked for t ~ U[t_min, t_max];
+    positions past `valid` (the end of a partial last block) are always masked.
+    """
+    t = t_min + (t_max - t_min) * torch.rand((), generator=gen).item()
+    n_masked = max(1, round(t * valid))
+    masked = torch.ones(block_size, dtype=torch.bool)
+    masked[:valid] = False
+    masked[torch.randperm(valid, generator=gen)[:n_masked]] = True
+    return masked
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """Every block of every sequence of a micro-batch as one adapter-on query sequence per row.
+
+    Row b's query sequence is `num_blocks` chunks of D + 1 (rows with fewer blocks are filled
+    with dummy chunks that only see themselves and carry no loss).
+    """
+
+    clean_ids: torch.Tensor  # long (B, L): the clean sequences (their adapter-off KV)
+    chunk_ids: torch.Tensor  # long (B, K*(D+1))
+    chunk_positions: torch.Tensor  # long (B, K*(D+1))
+    attention_mask: torch.Tensor  # float (B, 1, K*(D+1), L + K*(D+1)), additive
+    labels: torch.Tensor  # long (B, K*(D+1)): target token at masked real positions, else -100
+    weights: torch.Tensor  # float (B, K*(D+1)): gamma^j at labelled positions, else 0
+    block_size: int
+    num_blocks: int
+    mask_id: int
+
+    def to(self, device: torch.device) -> DraftBatch:
+        move = {k: getattr(self, k).to(device) for k in (
+            "clean_ids", "chunk_ids", "chunk_positions", "attention_mask", "labels", "weights")}
+        return DraftBatch(**move, block_size=self.block_size, num_blocks=self.num_blocks,
+                          mask_id=self.mask_id)
+
+    def block_view(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, K*(D+1), ...) -> (B, K, D, ...): the D block positions of each chunk."""
+        b = x.shape[0]
+        return x.view(b, self.num_blocks, self.block_size + 1, *x.shape[2:])[:, :, 1:]
+
+
+def build_draft_batch(
+    batch: SequenceBatch,
+    *,
+    block_size: int,
+    mask_id: int,
+    pad_id: int,
+    anchored: bool,
+    gamma: float,
+    t_range: tuple[float, float],
+    seed: int,
+    epoch: int,
+    dtype: torch.dtype = torch.float32,
+) -> DraftBatch:
+    """Noise every block of `batch` and lay the chunks out for one forward (see module doc)."""
+    d, chunk = block_size, block_size + 1
+    n_rows, width = batch.ids.shape
+    starts = [
+        list(range(int(p), int(n), d))
+        for p, n in zip(batch.prompt_lens.tolist(), batch.lengths.tolist(), strict=True)
+    ]
+    num_blocks = max(len(s) for s in starts)
+    q = num_blocks * chunk
+    chunk_ids = torch.full((n_rows, q), pad_id, dtype=torch.long)
+    positions = torch.zeros((n_rows, q), dtype=torch.long)
+    labels = torch.full((n_rows, q), IGNORE, dtype=torch.long)
+    visible = torch.zeros((n_rows, q, width + q), dtype=torch.bool)
+    visible[:, torch.arange(q), width + torch.arange(q)] = True  # dummy chunks see themselves
+    for r, row_starts in enumerate(starts):
+        seq, n = batch.ids[r], int(batch.lengths[r])
+        gen = noise_generator(seed, epoch, batch.row_ids[r])
+        for k, s in enumerate(row_starts):
+            cache_len, rows = s - 1, slice(k * chunk, (k + 1) * chunk)
+            valid = min(d, n - s)
+            masked = sample_block_mask(valid, d, t_range[0], t_range[1], gen)
+            ids = draft_input_ids(int(seq[s - 1]), mask_id, d)[0]
+            target = torch.full((d,), IGNORE, dtype=torch.long)
+            target[:valid] = seq[s : s + valid]
+            ids[1:][~masked] = target[~masked]
+            chunk_ids[r, rows] = ids
+            positions[r, rows] = draft_position_ids(cache_len, d)[0]
+            labels[r, rows][1:] = torch.where(masked, target, IGNORE)
+            pattern = draft_visibility(cache_len, d, anchored)
+            visible[r, rows, :cache_len] = pattern[:, :cache_len]
+            visible[r, rows, width + k * chunk : width + (k + 1) * chunk] = pattern[:, cache_len:]
+    weights = torch.zeros((n_rows, num_blocks, chunk))
+    weights[:, :, 1:] = prefix_weights(d, gamma)
+    weights = weights.view(n_rows, q) * (labels != IGNORE)
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    return DraftBatch(
+        clean_ids=batch.ids, chunk_ids=chunk_ids, chunk_positions=positions,
+        attention_mask=mask.unsqueeze(1), labels=labels, weights=weights,
+        block_size=d, num_blocks=num_blocks, mask_id=mask_id,
+    )
+
+
+def chunk_hidden_states(model: PeftModel, draft: DraftBatch) -> torch.Tensor:
+    """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
+    drafted against the adapter-off (verifier) KV of the clean sequences."""
+    backbone = model.get_base_model().model
+    set_adapter_enabled(model, False)
+    cache = DynamicCache(config=backbone.config)
+    with torch.no_grad():
+        backbone(input_ids=draft.clean_ids, cache=cache, use_cache=True)
+    with adapter_on(model):
+        out = backbone(
+            input_ids=draft.chunk_ids, position_ids=draft.chunk_positions,
+            attention_mask=draft.attention_mask, cache=cache, use_cache=True,
+        )
+    return out.last_hidden_state
+
+
+def labelled_logits(model: PeftModel, draft: DraftBatch) -> torch.Tensor:
+    """Float (N, vocab): the drafter's logits at the N labelled positions (row-major order)."""
+    hidden = chunk_hidden_states(model, draft)
+    with adapter_on(model):  # the output side of the tied mask-token row
+        return model.get_base_model().lm_head(hidden[draft.labels != IGNORE]).float()
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    """Sums over the labelled positions of a batch (summable across batches and workers)."""
+
+    weighted_loss: torch.Tensor  # sum gamma^j * CE
+    weight: torch.Tensor  # sum gamma^j
+    correct: torch.Tensor  # top-1 (the mask token excluded, as when drafting) == target
+    labelled: torch.Tensor  # positions with a label
+    prefix_correct: torch.Tensor  # labelled positions whose block is correct up to and including them
+    blocks: torch.Tensor  # blocks with at least one label
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return self.weighted_loss / self.weight.clamp_min(1e-12)
+
+
+def block_diffusion_stats(model: PeftModel, draft: DraftBatch) -> BlockStats:
+    """Loss and accuracy sums of `draft` (the loss keeps its graph; the rest is detached)."""
+    logits = labelled_logits(model, draft)
+    sel = draft.labels != IGNORE
+    targets = draft.labels[sel]
+    weights = draft.weights[sel]
+    ce = F.cross_entropy(logits, targets, reduction="none")
+    hit = torch.zeros_like(sel)
+    drafted = logits.detach().clone()
+    drafted[:, draft.mask_id] = -torch.inf  # as the engine: the mask token is never proposed
+    hit[sel] = drafted.argmax(-1) == targets
+    labelled = draft.block_view(sel)
+    leading = torch.cumprod((draft.block_view(hit) | ~labelled).long(), dim=-1).bool()
+    return BlockStats(
+        weighted_loss=(weights * ce).sum(),
+        weight=weights.sum(),
+        correct=hit.sum(),
+        labelled=sel.sum(),
+        prefix_correct=(leading & labelled).sum(),
+        blocks=labelled.any(-1).sum(),
+    )

@@ -1,0 +1,52 @@
+"""Training checkpoints (DeepSpeed engine state + the step) and the exported artifact inside them.
+
+A checkpoint directory holds DeepSpeed's files under the tag `ds` (trainable weights, optimizer,
+LR scheduler; the frozen backbone is excluded), `client_state` with the step and the run's
+fingerprint, and, in the final checkpoint, `export/` with the artifact the job publishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TAG = "ds"
+EXPORT_DIR = "export"
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Where training stands: optimizer steps done."""
+
+    step: int = 0
+
+
+def run_fingerprint(kind: str, config: dict[str, Any], data_dir: str) -> str:
+    """A hash of what decides the trained numbers; a checkpoint resumes only the same run."""
+    payload = json.dumps({"kind": kind, "config": config, "data": data_dir}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def save_checkpoint(engine: Any, ckpt_dir: str | Path, state: TrainState, fingerprint: str) -> None:
+    """Every rank calls this (DeepSpeed writes each rank's optimizer partition)."""
+    engine.save_checkpoint(
+        str(ckpt_dir), tag=TAG, client_state={"step": state.step, "fingerprint": fingerprint},
+        exclude_frozen_parameters=True,
+    )
+
+
+def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> TrainState:
+    """Restore the engine from `ckpt_dir`; fails if the checkpoint belongs to another run."""
+    _, client = engine.load_checkpoint(str(ckpt_dir), tag=TAG, load_module_strict=False)
+    if client is None:
+        raise FileNotFoundError(f"{ckpt_dir} holds no DeepSpeed checkpoint tagged {TAG!r}")
+    if client.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"the checkpoint in {ckpt_dir} was written by a run with another config or artifact "
+            f"(fingerprint {client.get('fingerprint')} != {fingerprint}); rerun with --no-resume "
+            "to start over, or use another --out (the run name)"
+        )
+    return TrainState(step=int(client["step"]))

@@ -1,0 +1,108 @@
+"""The DeepSpeed config of a training job: `ds_zero.json` (kept in the repo) filled from the config.
+
+The template fixes what never varies (AdamW via `torch_adam`, so nothing is JIT-compiled, gradient
+clipping, no per-step prints); this module fills batch sizes, the ZeRO stage, precision, the
+learning rate and DeepSpeed's own warmup + cosine/constant scheduler from `cfg.training` and the
+job's `OptimConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from peftbd.config import Config, ConfigError, OptimConfig, TrainingConfig
+
+log = logging.getLogger(__name__)
+
+TEMPLATE = "ds_zero.json"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a global batch of sequences splits into workers, micro-batches and accumulation."""
+
+    global_batch: int
+    micro_batch: int
+    accumulation: int
+    world_size: int
+
+    def steps_per_epoch(self, rows: int) -> int:
+        """Optimizer steps per pass over `rows` split equally over the workers (the remainder of
+        the split and of each worker's share is dropped); fails when not even one step fits."""
+        steps = rows // self.world_size // self.micro_batch // self.accumulation
+        if steps == 0:
+            raise ConfigError(
+                f"the train split has {rows} usable rows, fewer than one global batch "
+                f"(optim.global_batch_size={self.global_batch}); lower the batch size or "
+                "regenerate with a larger data.train_size"
+            )
+        return steps
+
+
+def batch_plan(training: TrainingConfig, optim: OptimConfig, world_size: int) -> BatchPlan:
+    """Split `optim.global_batch_size` over `world_size` workers and `training.micro_batch_size`."""
+    per_worker, rest = divmod(optim.global_batch_size, world_size)
+    if rest or per_worker == 0:
+        raise ConfigError(
+            f"optim.global_batch_size={optim.global_batch_size} is not a positive multiple of "
+            f"training.num_workers={world_size}; set it to a multiple (e.g. {world_size * 8})"
+        )
+    micro = training.micro_batch_size or per_worker
+    accumulation, rest = divmod(per_worker, micro)
+    if rest or accumulation == 0:
+        raise ConfigError(
+            f"training.micro_batch_size={micro} does not divide the per-worker batch {per_worker} "
+            f"(optim.global_batch_size / training.num_workers); use a divisor of {per_worker}"
+        )
+    return BatchPlan(optim.global_batch_size, micro, accumulation, world_size)
+
+
+def use_bf16(training: TrainingConfig, device_type: str) -> bool:
+    """bf16 when configured and on a GPU; on CPU fp32 (bf16 is ~5x slower there)."""
+    if training.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"training.precision={training.precision!r} is not one of fp32, bf16")
+    if training.precision == "bf16" and device_type == "cpu":
+        log.warning("training.precision=bf16 on CPU: training in fp32 instead")
+        return False
+    return training.precision == "bf16"
+
+
+def deepspeed_config(
+    training: TrainingConfig, optim: OptimConfig, world_size: int, device_type: str
+) -> dict[str, Any]:
+    """The `deepspeed.initialize(config=...)` dict for one job."""
+    if training.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"training.zero_stage={training.zero_stage} is not one of 0, 1, 2, 3")
+    if optim.scheduler not in ("cosine", "constant"):
+        raise ConfigError(f"optim.scheduler={optim.scheduler!r} is not one of cosine, constant")
+    plan = batch_plan(training, optim, world_size)
+    ds = json.loads(resources.files("peftbd.training").joinpath(TEMPLATE).read_text())
+    ds["train_batch_size"] = plan.global_batch
+    ds["train_micro_batch_size_per_gpu"] = plan.micro_batch
+    ds["gradient_accumulation_steps"] = plan.accumulation
+    ds["zero_optimization"]["stage"] = training.zero_stage
+    ds["bf16"]["enabled"] = use_bf16(training, device_type)
+    ds["optimizer"]["params"].update(lr=optim.lr, weight_decay=optim.weight_decay)
+    warmup = max(1, round(optim.warmup_ratio * optim.max_steps))
+    if optim.scheduler == "cosine":
+        ds["scheduler"] = {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": optim.max_steps, "warmup_num_steps": warmup,
+            "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0, "warmup_type": "linear"}}
+    else:
+        ds["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": optim.lr, "warmup_num_steps": warmup,
+            "warmup_type": "linear"}}
+    return ds
+
+
+def torch_extensions_dir(cfg: Config) -> Path:
+    """Where DeepSpeed's JIT-built ops (the CPU shm comm op, ~50 s to build) are cached; set
+    `TORCH_EXTENSIONS_DIR` to it before `deepspeed.initialize` so only the first run builds."""
+    cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
+    return cache / "torch_extensions"

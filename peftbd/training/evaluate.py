@@ -1,0 +1,49 @@
+"""Evaluation on the val split, summed over batches and (when distributed) over workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.tasks import DistillTask
+
+
+def rank_rows(batch: dict, rank: int, world_size: int) -> dict:
+    """The rows `rank`, `rank + world_size`, ... of a columnar batch (every worker reads the whole
+    val set; each evaluates its own rows, so the result does not depend on the worker count)."""
+    return {k: v[rank::world_size] for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(task: DistillTask, module: nn.Module, batches: Iterable[SequenceBatch]) -> dict:
+    """`task.eval_metrics` of the eval sums over `batches`, all-reduced across the process group.
+
+    Every rank must evaluate at least one batch (the job checks the val split is large enough).
+    """
+    was_training = module.training
+    module.eval()
+    totals: dict[str, torch.Tensor] = {}
+    for batch in batches:
+        for key, value in task.eval_sums(module, batch).items():
+            value = value.detach().double().cpu()
+            totals[key] = totals[key] + value if key in totals else value
+    module.train(was_training)
+    if not totals:
+        raise ValueError("evaluate() got no val batch on this worker; the val split needs at "
+                         "least training.num_workers rows")
+    if dist.is_available() and dist.is_initialized():
+        keys = sorted(totals)
+        device = next(module.parameters()).device  # NCCL reduces only device tensors
+        flat = torch.cat([totals[k].reshape(-1) for k in keys]).to(device)
+        dist.all_reduce(flat)
+        flat = flat.cpu()
+        offset = 0
+        for k in keys:
+            n = totals[k].numel()
+            totals[k] = flat[offset : offset + n].reshape(totals[k].shape)
+            offset += n
+    return task.eval_metrics(totals)

@@ -1,0 +1,80 @@
+"""The FastMTP objective: the MTP head learns from the frozen verifier's hidden states.
+
+Teacher forcing over whole sequences y_0..y_{L-1} (prompt + continuation, right-padded). Let
+h_i be the verifier's final hidden state at position i (it predicts y_{i+1}). Step 1 maps
+(h_i, y_{i+1}) to g^1_i, which predicts y_{i+2}; step k > 1 maps (g^{k-1}_i, y_{i+k}) to g^k_i,
+which predicts y_{i+k+1}: each step uses the previous step's hidden output and the embedding of
+the true token at that step, and runs causally over the whole sequence at the positions of the
+tokens it embeds (i + k).
+
+Loss: per step k, the mean cross-entropy over the positions whose target y_{i+k+1} is a
+continuation token (P <= i+k+1 < n for prompt length P and length n); the total is
+sum_k w_k * CE_k with w = `cfg.mtp.loss_weights` ([0.51, 0.31, 0.18]).
+
+A draft round after the verifier commits y_{i+1} proposes y_{i+2}..y_{i+K+1}: steps 1..K at
+index i. Under teacher forcing the inputs equal the drafting inputs as long as every earlier
+step was right, so the leading correct steps at index i are the tokens greedy verification
+would accept from that round (`prefix_correct`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from peftbd.models.mtp_head import MTPHead
+from peftbd.training.examples import SequenceBatch
+
+
+@torch.no_grad()
+def verifier_hidden_states(verifier: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    """Float (B, L, d): the verifier's final (post-norm) hidden states; right padding is harmless
+    under causal attention."""
+    return verifier.model(input_ids=ids).last_hidden_state
+
+
+def mtp_stats(
+    head: MTPHead, verifier: PreTrainedModel, batch: SequenceBatch, loss_weights: Sequence[float]
+) -> dict[str, torch.Tensor]:
+    """Sums over the batch: per step `ce_sum`, `targets`, `correct` (K,), plus `prefix_correct`
+    and `round_targets` of the draft rounds, and `loss` (keeps its graph; see module doc)."""
+    ids, n_steps = batch.ids, len(loss_weights)
+    width = ids.shape[1]
+    index = torch.arange(width, device=ids.device)
+    hidden = verifier_hidden_states(verifier, ids)
+    ce_sums, counts, hits, valids = [], [], [], []
+    loss = ids.new_zeros((), dtype=torch.float32)
+    for k, weight in enumerate(loss_weights, start=1):
+        out = head(
+            hidden[:, : width - k], ids[:, k:],
+            position_ids=index[k:].unsqueeze(0).expand(ids.shape[0], -1),
+        )
+        hidden = out.hidden
+        logits = out.logits[:, : width - k - 1].float()
+        target_pos = index[: width - k - 1] + k + 1
+        valid = (target_pos >= batch.prompt_lens[:, None]) & (target_pos < batch.lengths[:, None])
+        targets = ids[:, k + 1 :]
+        ce = F.cross_entropy(logits[valid], targets[valid], reduction="sum")
+        count = valid.sum()
+        loss = loss + weight * ce / count.clamp_min(1)
+        hit = (logits.argmax(-1) == targets) & valid
+        ce_sums.append(ce.detach())
+        counts.append(count)
+        pad = (0, width - hit.shape[1])  # align every step on index i (width columns)
+        hits.append(F.pad(hit, pad))
+        valids.append(F.pad(valid, pad))
+    hit, valid = torch.stack(hits, 1), torch.stack(valids, 1)  # (B, K, width)
+    leading = torch.cumprod((hit | ~valid).long(), dim=1).bool() & valid
+    rounds = valid[:, 0]  # the round's first target is a continuation token
+    return {
+        "loss": loss,
+        "ce_sum": torch.stack(ce_sums),
+        "targets": torch.stack(counts),
+        "correct": hit.sum(dim=(0, 2)),
+        "prefix_correct": (leading.sum(1) * rounds).sum(),
+        "round_targets": (valid.sum(1) * rounds).sum(),
+        "rounds": rounds.sum(),
+    }

@@ -1,0 +1,194 @@
+"""The two distillation tasks behind one interface: what trains, its loss, its eval, its export.
+
+The training job (`jobs/train_common.py`) is the same for both; a task decides which module
+DeepSpeed trains (the PEFT-BD `PeftModel`, whose only trainable tensors are LoRA and the
+mask-token row, or the `MTPHead`), the train loss of a batch, the eval sums and metrics, and
+what is exported (`adapter/` via `PeftModel.save_pretrained`, `mtp_head/` via
+`MTPHead.save_pretrained`).
+
+Eval metrics (all over the rows of the val split that are evaluated; see `docs/architecture.md`):
+
+- `eval_loss`: the training objective with a fixed eval noise seed.
+- `eval_masked_token_accuracy` (PEFT-BD): top-1 == target over the masked real block positions,
+  t ~ U[mask_ratio_min, mask_ratio_max]; `..._t1`: the same with every block fully masked
+  (t = 1), which is how inference drafts.
+- `eval_target_token_accuracy`: the fraction of draft targets that greedy verification would
+  accept: a target counts when the draft is right there and at every earlier position of its
+  draft (PEFT-BD: a t = 1 block of D; FastMTP: the K steps of a round).
+  `eval_accepted_prefix_mean`: the accepted tokens per draft (block / round), bonus excluded.
+- `eval_step_accuracy` (FastMTP): teacher-forced top-1 accuracy of each step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from peftbd.config import Config, OptimConfig
+from peftbd.models.loading import load_tokenizer, load_verifier
+from peftbd.models.mtp_head import MTPHead
+from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters, set_adapter_enabled
+from peftbd.training.block_diffusion import block_diffusion_stats, build_draft_batch
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.mtp_objective import mtp_stats
+
+EVAL_EPOCH = -1
+"""The noise epoch of evaluation: the same eval noise at every eval of every run."""
+
+ADAPTER_DIR = "adapter"
+MTP_HEAD_DIR = "mtp_head"
+
+
+class DistillTask(Protocol):
+    """What the training job needs from a task (see module doc)."""
+
+    kind: str
+    optim: OptimConfig
+    export_subdir: str
+
+    def build(self, device: torch.device) -> nn.Module: ...
+
+    def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor: ...
+
+    def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]: ...
+
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]: ...
+
+    def parameter_counts(self, module: nn.Module) -> tuple[int, int]: ...
+
+    def export(self, module: nn.Module, out_dir: Path) -> Path: ...
+
+
+def parameter_summary(trainable: int, total: int) -> dict[str, float | int]:
+    """Trainable and total parameters and the trainable share in percent."""
+    return {"trainable": trainable, "total": total,
+            "trainable_percent": round(100.0 * trainable / total, 4)}
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
+    return float(num) / max(float(den), 1e-12)
+
+
+class PeftBDTask:
+    """LoRA block-diffusion drafter on the frozen verifier (`peftbd.training.block_diffusion`)."""
+
+    kind = "peftbd"
+    export_subdir = ADAPTER_DIR
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.optim = cfg.drafter.optim
+        tokenizer = load_tokenizer(cfg)
+        self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
+
+    def build(self, device: torch.device) -> nn.Module:
+        torch.manual_seed(self.cfg.training.seed)  # LoRA A init draws from the global RNG
+        model = attach_drafter_adapter(load_verifier(self.cfg, device), self.cfg.drafter, self.mask_id)
+        set_adapter_enabled(model, False)
+        return model
+
+    def _stats(self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]):
+        d = self.cfg.drafter
+        draft = build_draft_batch(
+            batch, block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
+            anchored=d.anchored, gamma=d.prefix_gamma, t_range=t_range,
+            seed=self.cfg.training.seed, epoch=epoch, dtype=next(module.parameters()).dtype,
+        )
+        return block_diffusion_stats(module, draft.to(batch.ids.device))
+
+    def _t_range(self) -> tuple[float, float]:
+        return self.cfg.drafter.mask_ratio_min, self.cfg.drafter.mask_ratio_max
+
+    def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor:
+        return self._stats(module, batch, epoch, self._t_range()).loss
+
+    def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        noised = self._stats(module, batch, EVAL_EPOCH, self._t_range())
+        full = self._stats(module, batch, EVAL_EPOCH, (1.0, 1.0))
+        return {
+            "weighted_loss": noised.weighted_loss, "weight": noised.weight,
+            "correct": noised.correct, "labelled": noised.labelled,
+            "weighted_loss_t1": full.weighted_loss, "weight_t1": full.weight,
+            "correct_t1": full.correct, "labelled_t1": full.labelled,
+            "prefix_correct_t1": full.prefix_correct, "blocks_t1": full.blocks,
+        }
+
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+        return {
+            "eval_loss": _ratio(sums["weighted_loss"], sums["weight"]),
+            "eval_loss_t1": _ratio(sums["weighted_loss_t1"], sums["weight_t1"]),
+            "eval_masked_token_accuracy": _ratio(sums["correct"], sums["labelled"]),
+            "eval_masked_token_accuracy_t1": _ratio(sums["correct_t1"], sums["labelled_t1"]),
+            "eval_target_token_accuracy": _ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
+            "eval_accepted_prefix_mean": _ratio(sums["prefix_correct_t1"], sums["blocks_t1"]),
+            "eval_target_tokens": int(sums["labelled_t1"]),
+        }
+
+    def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
+        return count_parameters(module)
+
+    def export(self, module: nn.Module, out_dir: Path) -> Path:
+        path = Path(out_dir) / ADAPTER_DIR
+        module.save_pretrained(str(path))
+        return path
+
+
+class MTPTask:
+    """FastMTP head on the frozen verifier's hidden states (`peftbd.training.mtp_objective`)."""
+
+    kind = "mtp"
+    export_subdir = MTP_HEAD_DIR
+
+    def __init__(self, cfg: Config) -> None:
+        if len(cfg.mtp.loss_weights) != cfg.mtp.num_steps:
+            raise ValueError(
+                f"mtp.loss_weights has {len(cfg.mtp.loss_weights)} entries but mtp.num_steps="
+                f"{cfg.mtp.num_steps}; give one weight per step"
+            )
+        self.cfg = cfg
+        self.optim = cfg.mtp.optim
+        self.verifier: PreTrainedModel | None = None
+
+    def build(self, device: torch.device) -> nn.Module:
+        self.verifier = load_verifier(self.cfg, device)
+        torch.manual_seed(self.cfg.training.seed)
+        return MTPHead(self.verifier)
+
+    def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor:
+        return mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights)["loss"]
+
+    def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        sums = mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights)
+        del sums["loss"]
+        return sums
+
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+        per_step = sums["ce_sum"] / sums["targets"].clamp_min(1)
+        weights = torch.tensor(self.cfg.mtp.loss_weights, dtype=per_step.dtype)
+        return {
+            "eval_loss": float((weights * per_step).sum()),
+            "eval_step_accuracy": [
+                _ratio(c, n) for c, n in zip(sums["correct"], sums["targets"], strict=True)],
+            "eval_target_token_accuracy": _ratio(sums["prefix_correct"], sums["round_targets"]),
+            "eval_accepted_prefix_mean": _ratio(sums["prefix_correct"], sums["rounds"]),
+            "eval_target_tokens": int(sums["round_targets"]),
+        }
+
+    def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
+        trainable, head_total = count_parameters(module)
+        return trainable, head_total + count_parameters(self.verifier)[1]
+
+    def export(self, module: nn.Module, out_dir: Path) -> Path:
+        return module.save_pretrained(Path(out_dir) / MTP_HEAD_DIR)
+
+
+def make_task(kind: str, cfg: Config) -> DistillTask:
+    """The task named `kind` ("peftbd" or "mtp")."""
+    tasks = {"peftbd": PeftBDTask, "mtp": MTPTask}
+    if kind not in tasks:
+        raise ValueError(f"training task {kind!r} is not one of {', '.join(tasks)}")
+    return tasks[kind](cfg)

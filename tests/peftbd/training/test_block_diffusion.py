@@ -1,0 +1,176 @@
+"""The block-diffusion objective: block cutting, noise, the linear-prefix loss, and that training
+drafts exactly like the engine (same chunks, same attention pattern, same logits)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
+from peftbd.decoding.verify import prefill
+from peftbd.models.loading import load_tokenizer, load_verifier
+from peftbd.models.peft_bd import (
+    adapter_on,
+    attach_drafter_adapter,
+    draft_attention_mask,
+    draft_position_ids,
+    set_adapter_enabled,
+)
+from peftbd.training.block_diffusion import (
+    IGNORE,
+    block_diffusion_stats,
+    build_draft_batch,
+    chunk_hidden_states,
+    labelled_logits,
+    noise_generator,
+    prefix_weights,
+    sample_block_mask,
+)
+from peftbd.training.examples import collate_sequences
+
+D = 8
+ROWS = {  # continuation lengths 20 (2 full blocks + 4), 3 (shorter than D), 16 (2 full blocks)
+    "id": ["a", "b", "c"],
+    "prompt_ids": [[5, 6, 7, 8], [9, 10], [11, 12, 13]],
+    "continuation_ids": [list(range(20, 40)), [50, 51, 52], list(range(60, 76))],
+    "prompt_len": [4, 2, 3],
+}
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_cfg):
+    tok = load_tokenizer(tiny_cfg)
+    return tok.mask_token_id, tok.pad_token_id
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_cfg, ids):
+    """A drafter whose adapter visibly changes the outputs (fresh LoRA B is zero)."""
+    torch.manual_seed(0)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, ids[0])
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    set_adapter_enabled(model, False)
+    return model
+
+
+def _draft(ids, rows=ROWS, t_range=(0.3, 1.0), anchored=False, epoch=0, gamma=0.9):
+    mask_id, pad_id = ids
+    return build_draft_batch(
+        collate_sequences(rows, pad_id), block_size=D, mask_id=mask_id, pad_id=pad_id,
+        anchored=anchored, gamma=gamma, t_range=t_range, seed=0, epoch=epoch,
+    )
+
+
+def test_blocks_start_at_the_continuation_and_the_last_is_padded_with_masks(ids):
+    mask_id, _ = ids
+    draft = _draft(ids, t_range=(1.0, 1.0))
+    assert draft.num_blocks == 3
+    labels = draft.block_view(draft.labels)
+    assert labels[0, 0].tolist() == list(range(20, 28))
+    assert labels[0, 2].tolist() == [36, 37, 38, 39] + [IGNORE] * 4  # partial: no loss past the end
+    assert labels[1, 0].tolist() == [50, 51, 52] + [IGNORE] * 5  # shorter than D: one padded block
+    assert (labels[1, 1:] == IGNORE).all() and (labels[2, 2] == IGNORE).all()  # dummy chunks
+    chunks = draft.chunk_ids.view(3, 3, D + 1)
+    assert chunks[0, 0, 0] == 8 and chunks[0, 1, 0] == 27  # x_{s-1}: last prompt token, then block end
+    assert (chunks[0, :, 1:] == mask_id).all()  # t = 1: every block position is a mask
+    assert draft.chunk_positions.view(3, 3, D + 1)[0, 1].tolist() == list(range(11, 20))
+
+
+def test_noise_masks_round_t_times_valid_and_is_a_function_of_seed_epoch_and_row():
+    gen = torch.Generator().manual_seed(0)
+    for valid in (1, 3, 8):
+        for _ in range(20):
+            masked = sample_block_mask(valid, D, 0.3, 1.0, gen)
+            assert masked[valid:].all()
+            assert 1 <= int(masked[:valid].sum()) <= valid
+    assert sample_block_mask(5, D, 1.0, 1.0, gen).all()
+    draws = [torch.rand(4, generator=noise_generator(0, e, r)) for e, r in [(0, "a"), (0, "a"), (1, "a"), (0, "b")]]
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[3])
+
+
+def test_noise_of_a_row_does_not_depend_on_its_batch(ids):
+    alone = _draft(ids, rows={k: v[:1] for k, v in ROWS.items()})
+    batched = _draft(ids)
+    width = alone.chunk_ids.shape[1]
+    assert torch.equal(alone.chunk_ids[0], batched.chunk_ids[0, :width])
+    assert torch.equal(alone.labels[0], batched.labels[0, :width])
+    assert not torch.equal(_draft(ids, epoch=1).chunk_ids, batched.chunk_ids)
+
+
+def test_prefix_weights_are_gamma_to_the_block_position():
+    assert torch.allclose(prefix_weights(4, 0.9), torch.tensor([1.0, 0.9, 0.81, 0.729]))
+
+
+@torch.no_grad()
+def test_loss_is_the_gamma_weighted_mean_over_masked_positions(drafter, ids):
+    draft = _draft(ids)
+    stats = block_diffusion_stats(drafter, draft)
+    logits = labelled_logits(drafter, draft)
+    sel = draft.labels != IGNORE
+    ce = F.cross_entropy(logits, draft.labels[sel], reduction="none")
+    j = (torch.arange(draft.labels.shape[1]) % (D + 1) - 1).expand_as(sel)[sel]
+    expected = (0.9 ** j * ce).sum() / (0.9 ** j).sum()
+    assert torch.allclose(stats.loss, expected)
+    assert int(stats.labelled) == int(sel.sum()) < 20 + 3 + 16  # t < 1 leaves some tokens visible
+
+
+@torch.no_grad()
+def _plain_block_logits(model, seq: torch.Tensor, s: int, chunk: torch.Tensor, anchored: bool):
+    """The reference: one block alone, the verifier cache of seq[:s-1], then the adapter-on chunk."""
+    base = model.get_base_model()
+    cache = DynamicCache()
+    base(input_ids=seq[None, : s - 1], cache=cache)
+    with adapter_on(model):
+        return base(
+            input_ids=chunk[None], cache=cache, position_ids=draft_position_ids(s - 1, D),
+            attention_mask=draft_attention_mask(s - 1, D, anchored, torch.float32),
+        ).logits[0]
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+@torch.no_grad()
+def test_one_forward_over_all_blocks_equals_the_plain_per_block_forward(drafter, ids, anchored):
+    draft = _draft(ids, anchored=anchored)
+    hidden = chunk_hidden_states(drafter, draft)
+    with adapter_on(drafter):  # the tied output row of the mask token is adapted too
+        all_blocks = drafter.get_base_model().lm_head(hidden)
+    batch = collate_sequences(ROWS, ids[1])
+    checked = 0
+    for r in range(3):
+        p, n = int(batch.prompt_lens[r]), int(batch.lengths[r])
+        for k, s in enumerate(range(p, n, D)):
+            rows = slice(k * (D + 1), (k + 1) * (D + 1))
+            plain = _plain_block_logits(drafter, batch.ids[r], s, draft.chunk_ids[r, rows], anchored)
+            torch.testing.assert_close(all_blocks[r, rows], plain, atol=1e-4, rtol=1e-4)
+            checked += 1
+    assert checked == 3 + 1 + 2
+
+
+@torch.no_grad()
+def test_training_logits_at_t1_equal_the_engine_draft_forward(tiny_cfg, drafter, ids):
+    mask_id, pad_id = ids
+    prompt = [5, 17, 300, 21, 42, 99, 64, 7, 12]
+    state = prefill(drafter, prompt, max_new_tokens=32, eos_ids=())
+    captured = []
+    hook = drafter.get_base_model().lm_head.register_forward_hook(lambda m, a, out: captured.append(out.clone()))
+    try:
+        proposal = PeftBDDrafter(drafter, mask_id, D).propose(state, D)
+    finally:
+        hook.remove()
+    engine_logits = captured[0][0]  # (D, vocab): the block positions of the one draft forward
+    tokens = list(state.tokens)  # prompt + the first committed token; the block starts after it
+    rows = {"id": ["x"], "prompt_ids": [tokens], "continuation_ids": [[1] * D], "prompt_len": [len(tokens)]}
+    draft = _draft(ids, rows=rows, t_range=(1.0, 1.0))
+    train_logits = labelled_logits(drafter, draft)
+    torch.testing.assert_close(train_logits, engine_logits.float(), atol=1e-4, rtol=1e-4)
+    train_logits[:, mask_id] = -math.inf
+    assert train_logits.argmax(-1).tolist() == proposal[0].tolist()
