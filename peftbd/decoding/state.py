@@ -19,7 +19,8 @@ class RoundMetrics:
     that equals the verifier's greedy tokens (0..k); the verifier's bonus token is NOT counted.
     emitted: tokens appended to the output this round = accepted + 1 (the bonus), except that a
     round cut by EOS or `max_new_tokens` counts only what was kept. The paper's "accepted tokens
-    per speculative step" is the mean of `emitted`.
+    per speculative step" is the mean of `emitted`. draft_ms / verify_ms: the propose / verify
+    calls; other_ms: from the end of the previous round (or prefill) to this round's propose.
     """
 
     proposed: int

@@ -1,0 +1,148 @@
+"""Engine speed check (library only, no Ray): `python -m peftbd.decoding.speed --preset tiny --out DIR`.
+
+On the same prompts (the first `decoding.num_prompts` corpus prompts, batch 1, EOS honoured,
+`decoding.max_new_tokens`), in one run with the arms interleaved per repeat:
+
+- greedy AR through the engine vs HF `generate(do_sample=False)`: output tokens/s, both timed
+  end to end per prompt (prefill included) with the same synchronizing clock, outputs compared;
+- PEFT-BD with an untrained adapter (`drafter.*` settings): draft ms / verify ms per round and
+  per forward, acceptance, exactness vs AR, and the draft-cost oracle against the measured AR.
+
+Writes `speed.json` and `manifest.json` into DIR and prints where they went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from peftbd.analysis.cost_model import oracle_from_metrics
+from peftbd.cli import add_config_args, config_from_args
+from peftbd.config import Config
+from peftbd.data.chat import BadRow, encode_prompt, prompt_messages
+from peftbd.decoding.clock import Clock
+from peftbd.decoding.loop import SpeculativeDecoder
+from peftbd.decoding.metrics import summarize
+from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
+from peftbd.decoding.verify import model_device
+from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.models.peft_bd import attach_drafter_adapter
+from peftbd.models.tiny_world import ensure_tiny_world
+
+
+
+def corpus_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
+    """The first `count` usable prompts of the embedded corpus (at most `data.max_prompt_len`)."""
+    out: list[list[int]] = []
+    with open(ensure_tiny_world(cfg).corpus_path) as f:
+        for line in f:
+            try:
+                ids = encode_prompt(tokenizer, prompt_messages(json.loads(line)["messages"]))
+            except BadRow:
+                continue
+            if len(ids) <= cfg.data.max_prompt_len:
+                out.append(ids)
+            if len(out) == count:
+                break
+    return out
+
+
+def timed_outputs(fn: Callable[[list[int]], list[int]], prompts: Sequence[list[int]],
+                  clock: Clock) -> tuple[list[list[int]], float]:
+    """(outputs, total seconds) of `fn` over the prompts, one at a time."""
+    outputs, seconds = [], 0.0
+    for ids in prompts:
+        start = clock.now()
+        outputs.append(fn(ids))
+        seconds += clock.now() - start
+    return outputs, seconds
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Measure the three arms; returns the `speed.json` content."""
+    if cfg.decoding.torch_threads > 0:
+        torch.set_num_threads(cfg.decoding.torch_threads)
+    tokenizer = load_tokenizer(cfg)
+    verifier = load_verifier(cfg)
+    eos = eos_token_ids(verifier, tokenizer)
+    torch.manual_seed(cfg.training.seed)
+    peft_model = attach_drafter_adapter(load_verifier(cfg), cfg.drafter, tokenizer.mask_token_id)
+    prompts = corpus_prompts(cfg, tokenizer, cfg.decoding.num_prompts)
+    budget, clock = cfg.decoding.max_new_tokens, Clock(model_device(verifier))
+    engine_ar = SpeculativeDecoder(verifier, None, eos, budget)
+    drafter = PeftBDDrafter(peft_model, tokenizer.mask_token_id, cfg.drafter.block_size,
+                            cfg.drafter.denoise_steps, cfg.drafter.anchored)
+    engine_bd = SpeculativeDecoder(peft_model, drafter, eos, budget)
+    bd_results = []
+
+    @torch.inference_mode()
+    def hf(ids: list[int]) -> list[int]:
+        x = torch.tensor([ids], device=clock.device)
+        out = verifier.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                                max_new_tokens=budget, eos_token_id=eos,
+                                pad_token_id=tokenizer.pad_token_id)
+        return out[0, len(ids):].tolist()
+
+    def peftbd(ids: list[int]) -> list[int]:
+        bd_results.append(engine_bd.decode(ids))
+        return bd_results[-1].tokens
+
+    arms = {"hf_generate": hf, "engine_ar": lambda ids: engine_ar.decode(ids).tokens, "peftbd": peftbd}
+    for fn in arms.values():  # warm-up: first-call allocations and lazy inits
+        timed_outputs(fn, prompts[:2], clock)
+    bd_results.clear()
+    seconds = {name: [] for name in arms}
+    outputs: dict[str, list[list[int]]] = {}
+    for _ in range(cfg.decoding.repeats):
+        for name, fn in arms.items():
+            outputs[name], s = timed_outputs(fn, prompts, clock)
+            seconds[name].append(s)
+    tokens = {name: sum(len(o) for o in outs) for name, outs in outputs.items()}
+    tps = {name: [tokens[name] / s for s in secs] for name, secs in seconds.items()}
+    mean_tps = {name: sum(v) / len(v) for name, v in tps.items()}
+    bd = summarize(bd_results)
+    return {
+        "prompts": len(prompts), "max_new_tokens": budget, "repeats": cfg.decoding.repeats,
+        "torch_threads": torch.get_num_threads(), "device": str(clock.device),
+        "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "new_tokens": tokens,
+        "engine_ar_vs_hf": mean_tps["engine_ar"] / mean_tps["hf_generate"],
+        "exact_vs_hf": sum(a == b for a, b in zip(outputs["engine_ar"], outputs["hf_generate"])),
+        "peftbd_exact_vs_ar": sum(a == b for a, b in zip(outputs["peftbd"], outputs["engine_ar"])),
+        "peftbd": {
+            "draft_over_verify_round": bd["round"]["draft_ms"] / bd["round"]["verify_ms"],
+            "draft_over_verify_forward": bd["forward"]["draft"]["mean_ms"] / bd["forward"]["verify"]["mean_ms"],
+            "metrics": bd,
+            "oracle": oracle_from_metrics(bd, {"engine_ar": mean_tps["engine_ar"]}),
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m peftbd.decoding.speed", description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    timer = StageTimer()
+    with atomic_output_dir(args.out) as tmp:
+        result = run(cfg)
+        (tmp / "speed.json").write_text(json.dumps(result, indent=2))
+        write_manifest(tmp, {"stage": "decoding-speed", "config": cfg.to_dict(), "versions": versions(),
+                             "metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf")},
+                             **timer.stats()})
+    out = Path(args.out)
+    print(f"engine AR {result['tokens_per_s']['engine_ar']:.1f} tok/s vs HF generate "
+          f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x); "
+          f"PEFT-BD draft/verify per round {result['peftbd']['draft_over_verify_round']:.2f}")
+    print(f"wrote {out / 'speed.json'} and {out / 'manifest.json'}")
+
+
+if __name__ == "__main__":
+    main()
