@@ -91,7 +91,13 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 class SpecStats(BaseModel):
-    """Speculative-decoding stats of one request (inside `usage.speculative`)."""
+    """Speculative-decoding stats of one request (inside `usage.speculative`).
+
+    Times are totals in ms measured by the replicas (prefill; draft, verify, state sync and other
+    work over the rounds) and by the ingress (`transport_ms`: wall time of its remote calls minus
+    the replica-side time). `tokens_per_round` = tokens emitted by the rounds / rounds;
+    `resumes` = times a replica rebuilt this request's state from its committed tokens.
+    """
 
     method: str
     rounds: int = 0
@@ -99,9 +105,13 @@ class SpecStats(BaseModel):
     accepted_tokens: int = 0
     tokens_per_round: float = 0.0
     acceptance_rate: float = 0.0
+    prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    sync_ms: float = 0.0
+    other_ms: float = 0.0
     transport_ms: float = 0.0
+    resumes: int = 0
 
 
 class Usage(BaseModel):

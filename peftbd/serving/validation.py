@@ -78,13 +78,18 @@ def served_model_ids(served_name: str) -> list[str]:
     return [served_name] + [f"{served_name}:{m}" for m in METHODS]
 
 
-def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> BaseModel:
-    """Size check, JSON decode and schema validation of a request body."""
-    if len(body) > serving.max_body_bytes:
+def check_body_size(nbytes: int, serving: ServingConfig) -> None:
+    """413 for a body (declared or read) over `serving.max_body_bytes`."""
+    if nbytes > serving.max_body_bytes:
         raise RequestError(
-            f"request body is {len(body)} bytes; this server accepts at most "
+            f"request body is {nbytes} bytes; this server accepts at most "
             f"{serving.max_body_bytes} (serving.max_body_bytes)", status=413,
         )
+
+
+def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> BaseModel:
+    """Size check, JSON decode and schema validation of a request body."""
+    check_body_size(len(body), serving)
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -1,0 +1,116 @@
+"""What a server streams per speculative round, and the per-request totals reported in `usage`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from peftbd.serving.schemas import SpecStats
+
+
+@dataclass
+class RoundEvent:
+    """One step of a request as the ingress sees it (plain data: crosses Ray hops as a dict).
+
+    `tokens`: what the step committed (EOS included when it stopped there). The prefill step
+    (`prefill=True`) commits the first token and is not a speculative round. Times are what the
+    replicas measured: draft and verify calls, `sync_ms` (a split drafter catching its copy of
+    the verifier state up, or any replica rebuilding a lost state), `other_ms` (the rest of the
+    replica-side work); `transport_ms` is the ingress-side wall time of the step minus all of
+    those. `resumes` counts replicas that had to rebuild the request's state for this step;
+    `finish_reason` (`stop` on EOS, else `length`) is set on the last step.
+    """
+
+    tokens: list[int]
+    proposed: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    sync_ms: float = 0.0
+    other_ms: float = 0.0
+    transport_ms: float = 0.0
+    resumes: int = 0
+    done: bool = False
+    prefill: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def compute_ms(self) -> float:
+        """Replica-side milliseconds of this step."""
+        return self.draft_ms + self.verify_ms + self.sync_ms + self.other_ms
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RequestStats:
+    """Sums over one request's speculative rounds; the prefill step's time goes to `prefill`."""
+
+    method: str
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    resumes: int = 0
+    times_ms: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
+        )
+    )
+
+    def add(self, event: RoundEvent) -> None:
+        """Count one step."""
+        self.times_ms["transport"] += event.transport_ms
+        self.resumes += event.resumes
+        if event.prefill:
+            self.times_ms["prefill"] += event.compute_ms
+            return
+        self.times_ms["draft"] += event.draft_ms
+        self.times_ms["verify"] += event.verify_ms
+        self.times_ms["sync"] += event.sync_ms
+        self.times_ms["other"] += event.other_ms
+        self.rounds += 1
+        self.proposed += event.proposed
+        self.accepted += event.accepted
+        self.emitted += len(event.tokens)
+
+    def summary(self) -> SpecStats:
+        """The `usage.speculative` block: tokens per round = emitted tokens / rounds."""
+        t = self.times_ms
+        return SpecStats(
+            method=self.method, rounds=self.rounds, proposed_tokens=self.proposed,
+            accepted_tokens=self.accepted,
+            tokens_per_round=round(self.emitted / self.rounds, 4) if self.rounds else 0.0,
+            acceptance_rate=round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
+            prefill_ms=round(t["prefill"], 3), draft_ms=round(t["draft"], 3),
+            verify_ms=round(t["verify"], 3), sync_ms=round(t["sync"], 3),
+            other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
+            resumes=self.resumes,
+        )
+
+
+def prefill_event(reply: dict[str, Any], wall_ms: float) -> RoundEvent:
+    """The prefill step of a split request from the verifier's `prefill` reply."""
+    return RoundEvent(
+        tokens=reply["tokens"], other_ms=reply["prefill_ms"],
+        transport_ms=max(wall_ms - reply["handler_ms"], 0.0), done=reply["done"], prefill=True,
+        finish_reason=reply["finish_reason"],
+    )
+
+
+def split_round(draft: dict[str, Any] | None, draft_wall_ms: float, verify: dict[str, Any],
+                verify_wall_ms: float) -> RoundEvent:
+    """One split round from the drafter's `propose` reply (None for greedy AR) and the
+    verifier's `verify` reply, with the ingress-side wall time of each call."""
+    d = draft or {"draft_ms": 0.0, "sync_ms": 0.0, "handler_ms": 0.0, "resumed": False}
+    handler_ms = d["handler_ms"] + verify["handler_ms"]
+    compute_ms = d["draft_ms"] + d["sync_ms"] + verify["verify_ms"] + verify["sync_ms"]
+    return RoundEvent(
+        tokens=verify["tokens"], proposed=verify["proposed"], accepted=verify["accepted"],
+        draft_ms=d["draft_ms"], verify_ms=verify["verify_ms"],
+        sync_ms=d["sync_ms"] + verify["sync_ms"], other_ms=max(handler_ms - compute_ms, 0.0),
+        transport_ms=max(draft_wall_ms + verify_wall_ms - handler_ms, 0.0),
+        resumes=int(d["resumed"]) + int(verify["resumed"]), done=verify["done"],
+        finish_reason=verify["finish_reason"],
+    )

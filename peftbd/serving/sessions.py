@@ -1,0 +1,68 @@
+"""Per-request decoding state kept in a replica between rounds, keyed by session id.
+
+The ingress owns the truth: it sends the committed tokens with every call. A replica reuses its
+state only when that state is consistent with them and otherwise rebuilds it from the committed
+tokens (`resume`, one verifier forward), so a lost, evicted or stale state costs a re-prefill
+but never changes the output.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from peftbd.decoding import DecodeState, SpeculativeDecoder
+
+
+def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
+           max_new_tokens: int) -> DecodeState:
+    """A state whose committed tokens are exactly `committed` (prompt + generated so far).
+
+    Adapter over the engine's `prefill` (which would commit its own next token): prefill over
+    `committed[:-1]`, put the ingress's last token in place of the one prefill chose, and restore
+    the request's prompt length and budget. The cache then holds the verifier KV of
+    `committed[:-1]` and `hidden` the states that predicted `committed[1:]`, the engine's
+    between-rounds invariant; `start` set the drafter's state up for it.
+    """
+    if not 0 < prompt_len < len(committed):
+        raise ValueError(
+            f"resume needs the prompt plus at least one generated token: prompt_len={prompt_len}, "
+            f"{len(committed)} committed tokens"
+        )
+    state = decoder.start(committed[:-1], max_new_tokens=1)
+    state.tokens[-1] = committed[-1]
+    state.prompt_len = prompt_len
+    state.max_new_tokens = max_new_tokens
+    state.done = committed[-1] in state.eos_ids or state.remaining <= 0
+    return state
+
+
+class SessionStore:
+    """Least-recently-used map of session id -> `DecodeState`, at most `max_sessions` entries."""
+
+    def __init__(self, max_sessions: int) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"serving.max_sessions={max_sessions}; must be >= 1")
+        self.max_sessions = max_sessions
+        self._states: OrderedDict[str, DecodeState] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, session_id: str) -> DecodeState | None:
+        """The state of `session_id` (marked most recently used), or None."""
+        state = self._states.get(session_id)
+        if state is not None:
+            self._states.move_to_end(session_id)
+        return state
+
+    def put(self, session_id: str, state: DecodeState) -> None:
+        """Keep `state`; evicts the least recently used beyond `max_sessions`."""
+        self._states[session_id] = state
+        self._states.move_to_end(session_id)
+        while len(self._states) > self.max_sessions:
+            self._states.popitem(last=False)
+
+    def drop(self, session_id: str) -> None:
+        """Forget `session_id` (a finished or abandoned request)."""
+        self._states.pop(session_id, None)

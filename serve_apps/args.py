@@ -1,0 +1,59 @@
+"""Application arguments (the `args:` of a serve config) and per-deployment Ray options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from peftbd.config import Config, load_config
+from peftbd.serving.validation import check_serving_config
+
+SESSION_ROUTER = {
+    "request_router_class": "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter",
+    # one fallback replica: a dead replica's sessions move on (and re-prefill there) instead of
+    # waiting for it to be replaced; backpressure fallback is avoided by a high max_ongoing_requests
+    "request_router_kwargs": {"num_fallback_replicas": 1},
+}
+"""Session-sticky routing (Ray Serve 2.60): a request's rounds carry `session_id` = its id, so they
+hash to the same Drafter / Verifier replica, the one that holds its KV caches."""
+
+MAX_ONGOING = 64
+"""Requests one model replica accepts at once (they interleave round by round)."""
+
+
+class AppArgs(BaseModel):
+    """What both apps take: the config (preset, YAML file, --set overrides) and trained drafters.
+
+    `adapter_dir`: a PEFT-BD adapter (`jobs/train_peftbd.py`); `mtp_dir`: an MTP head
+    (`jobs/train_mtp.py`). Without them, untrained ones are attached (exact output, low
+    acceptance).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = "tiny"
+    config: str | None = None
+    overrides: list[str] = []
+    adapter_dir: str | None = None
+    mtp_dir: str | None = None
+
+    def load(self) -> Config:
+        """The config these args name, checked for serving."""
+        cfg = load_config(self.preset, self.config, self.overrides)
+        check_serving_config(cfg.serving)
+        return cfg
+
+
+def actor_options(cfg: Config, role: str) -> dict[str, Any]:
+    """`.options(...)` of a deployment from `cfg.serving`: replicas and resources per role
+    (`ingress`, `engine` = colocated, `drafter`, `verifier`)."""
+    s = cfg.serving
+    if role == "ingress":
+        return {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+    gpus = {"engine": s.verifier_num_gpus, "drafter": s.drafter_num_gpus,
+            "verifier": s.verifier_num_gpus}[role]
+    replicas = {"engine": s.verifier_replicas, "drafter": s.drafter_replicas,
+                "verifier": s.verifier_replicas}[role]
+    return {"num_replicas": replicas,
+            "ray_actor_options": {"num_cpus": s.replica_num_cpus, "num_gpus": gpus}}

@@ -1,0 +1,54 @@
+"""Per-round Prometheus histograms, recorded by the ingress for both apps.
+
+Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` with tags `placement`
+(colocated | split), `method` and Serve's own `deployment`, `replica`, `application`;
+`serve_apps/grafana_dashboard.json` plots them.
+"""
+
+from __future__ import annotations
+
+from ray.serve.metrics import Counter, Histogram
+
+from peftbd.serving.rounds import RoundEvent
+
+MS_BUCKETS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+TOKEN_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
+TAGS = ("placement", "method")
+
+HISTOGRAMS = {
+    "peftbd_draft_ms": ("Drafter-side draft time per round (ms)", MS_BUCKETS),
+    "peftbd_verify_ms": ("Verifier-side verify time per round (ms)", MS_BUCKETS),
+    "peftbd_sync_ms": ("State sync / rebuild time per round (ms)", MS_BUCKETS),
+    "peftbd_transport_ms": ("Ingress wall time per round minus replica-side time (ms)", MS_BUCKETS),
+    "peftbd_tokens_per_round": ("Tokens committed per speculative round", TOKEN_BUCKETS),
+}
+
+
+class RoundMetrics:
+    """The histograms plus a counter of state rebuilds, for one app (`placement`)."""
+
+    def __init__(self, placement: str) -> None:
+        self.placement = placement
+        self.hist = {
+            name: Histogram(name, description=desc, boundaries=bounds, tag_keys=TAGS)
+            for name, (desc, bounds) in HISTOGRAMS.items()
+        }
+        self.resumes = Counter(
+            "peftbd_session_resumes", description="Request states rebuilt from committed tokens",
+            tag_keys=TAGS,
+        )
+
+    def observe(self, event: RoundEvent, method: str) -> None:
+        """Record one step (the prefill step only counts its resumes)."""
+        tags = {"placement": self.placement, "method": method}
+        if event.resumes:
+            self.resumes.inc(event.resumes, tags=tags)
+        if event.prefill:
+            return
+        values = {
+            "peftbd_draft_ms": event.draft_ms, "peftbd_verify_ms": event.verify_ms,
+            "peftbd_sync_ms": event.sync_ms, "peftbd_transport_ms": event.transport_ms,
+            "peftbd_tokens_per_round": len(event.tokens),
+        }
+        for name, value in values.items():
+            self.hist[name].observe(value, tags=tags)
