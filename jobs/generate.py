@@ -164,9 +164,11 @@ class VerifierActor:
 
 def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> ray.data.Dataset:
     """The `todo` rows (id -> split) continued by an actor pool of verifiers."""
-    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow")
-    ds.context.execution_options.preserve_order = False
     g = cfg.generate
+    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow")
+    # One block per batch: actors share the work evenly and each finished batch becomes a part.
+    ds = ds.repartition(target_num_rows_per_block=g.batch_size, strict=True)
+    ds.context.execution_options.preserve_order = False
     return ds.map_batches(
         VerifierActor, fn_constructor_kwargs={"cfg": cfg}, batch_format="pyarrow",
         batch_size=g.batch_size, compute=ray.data.ActorPoolStrategy(size=g.num_actors),

@@ -1,0 +1,164 @@
+"""The generate job on a local Ray: tiny end to end, exactness, resume after a kill, bad rows,
+Spec-Bench. Small on purpose: tens of rows, a dozen new tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from jobs.generate import run_generate
+from jobs.ray_env import init_ray
+from peftbd.config import load_config
+from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
+from peftbd.manifest import read_manifest
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT = 40
+OVERRIDES = ["data.max_new_tokens=12", "data.train_size=24", "data.val_size=4",
+             "data.test_size=4", "generate.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def local_ray(tiny_world):
+    init_ray()
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(local_ray, tmp_path_factory):
+    """An uninterrupted run on the first LIMIT corpus rows."""
+    cfg = load_config("tiny", overrides=OVERRIDES)
+    return cfg, run_generate(cfg, tmp_path_factory.mktemp("gen") / "ref", limit=LIMIT)
+
+
+def _rows(artifact: Path) -> dict[str, list[dict]]:
+    return {s: read_split(artifact, s).to_pylist() for s in SPLITS}
+
+
+def test_tiny_end_to_end_artifact(reference):
+    cfg, out = reference
+    manifest = read_manifest(out)
+    tables = {s: read_split(out, s) for s in SPLITS}
+    assert all(t.schema.equals(ARTIFACT_SCHEMA) for t in tables.values())
+    assert {s: t.num_rows for s, t in tables.items()} == {"train": 24, "val": 4, "test": 4}
+    assert manifest["counts"]["per_split"] == {"train": 24, "val": 4, "test": 4}
+    c = manifest["counts"]
+    assert c["rows_read"] == LIMIT
+    assert c["usable"] + sum(manifest["dropped"].values()) == LIMIT
+    assert c["unused"] == c["usable"] - 32
+    rows = [r for t in tables.values() for r in t.to_pylist()]
+    assert len({r["id"] for r in rows}) == 32
+    for r in rows:
+        assert r["split"] in SPLITS and r["category"] is None and r["source"] == "embedded"
+        assert r["prompt_len"] == len(r["prompt_ids"]) <= cfg.data.max_prompt_len
+        assert r["continuation_len"] == len(r["continuation_ids"]) <= 12
+        assert r["finish_reason"] == ("length" if r["continuation_len"] == 12 and
+                                      r["finish_reason"] != "eos" else "eos")
+    actors = manifest["throughput"]["per_actor"]
+    assert sum(a["rows"] for a in actors.values()) == 32
+    assert manifest["throughput"]["generated_tokens"] == c["continuation_tokens"]
+    assert manifest["wall_seconds"] > 0 and manifest["peak_rss_mib"] > 0
+    # A rerun of a complete artifact is a no-op.
+    assert run_generate(cfg, out, limit=LIMIT) == out
+    assert read_manifest(out) == manifest
+
+
+def test_every_continuation_equals_single_sequence_greedy(reference):
+    cfg, out = reference
+    torch.set_num_threads(1)
+    tok, model = load_tokenizer(cfg), load_verifier(cfg)
+    eos = eos_token_ids(model, tok)
+    rows = [r for t in _rows(out).values() for r in t]
+    assert {r["finish_reason"] for r in rows} == {"eos", "length"}
+    for r in rows[::3]:
+        ids = torch.tensor([r["prompt_ids"]])
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=12, eos_token_id=eos, pad_token_id=tok.pad_token_id)
+        single = gen[0, ids.shape[1]:].tolist()
+        assert r["continuation_ids"] == single[: r["continuation_len"]]
+        assert len(single) == r["continuation_len"] or single[r["continuation_len"]] == tok.pad_token_id
+
+
+def test_resume_after_a_killed_run_equals_uninterrupted(reference, tmp_path):
+    cfg, ref = reference
+    out = tmp_path / "resumed"
+    work = tmp_path / "resumed.work"
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    cmd = [sys.executable, "-m", "jobs.generate", "--preset", "tiny", "--limit", str(LIMIT),
+           "--out", str(out), "--set", "generate.batch_size=1", "--set", "generate.num_actors=1"]
+    for item in OVERRIDES:
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list(work.glob("part-*.parquet")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the first part never appeared"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
+    parts_before = len(list(work.glob("part-*.parquet")))
+
+    run_generate(cfg, out, limit=LIMIT)
+    assert _rows(out) == _rows(ref)
+    resumed = read_manifest(out)["counts"]["resumed_rows"]
+    assert 1 <= resumed < 32 and parts_before >= 1
+    assert read_manifest(out)["throughput"]["generated_rows"] == 32 - resumed
+    assert not work.exists()
+
+
+def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
+    good = [{"id": f"g{i}", "source": "t", "messages": [
+        {"role": "user", "content": f"Count from {i} to {i + 3}."}]} for i in range(6)]
+    bad = {
+        "invalid_json": ["{oops"],
+        "missing_id": [{"messages": [{"role": "user", "content": "hi"}]}],
+        "no_messages": [{"id": "b1"}, {"id": "b2", "messages": []}],
+        "no_user_turn": [{"id": "b3", "messages": [{"role": "system", "content": "s"}]}],
+        "non_string_content": [{"id": "b4", "messages": [{"role": "user", "content": ["x"]}]}],
+        "empty_text": [{"id": "b5", "messages": [{"role": "user", "content": " "}]}],
+        "prompt_too_long": [{"id": "b6", "messages": [{"role": "user", "content": "w " * 300}]}],
+        "duplicate_id": [{"id": "dup", "messages": [{"role": "user", "content": "a"}]}] * 2,
+    }
+    lines = [json.dumps(r) for r in good] + [
+        r if isinstance(r, str) else json.dumps(r) for rows in bad.values() for r in rows
+    ]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    cfg = load_config("tiny", overrides=["data.max_new_tokens=4", "data.train_size=4",
+                                         "data.val_size=1", "data.test_size=1"])
+    out = run_generate(cfg, tmp_path / "out", source=str(src))
+    manifest = read_manifest(out)
+    assert manifest["dropped"] == {k: len(v) for k, v in bad.items()}
+    assert sorted(r["id"] for rows in _rows(out).values() for r in rows) == [g["id"] for g in good]
+
+
+def test_spec_bench_questions_render_and_generate(local_ray, spec_bench_path, tmp_path):
+    cfg = load_config("tiny", overrides=[
+        "data.max_new_tokens=6", "data.max_prompt_len=512", "data.train_size=0",
+        "data.val_size=0", "data.test_size=12",
+    ])
+    out = run_generate(cfg, tmp_path / "sb", source=f"spec-bench:{spec_bench_path}", limit=12)
+    rows = read_split(out, "test").to_pylist()
+    first = [json.loads(line) for line in spec_bench_path.read_text().splitlines()[:12]]
+    assert sorted(r["id"] for r in rows) == sorted(f"spec-bench-{q['question_id']}" for q in first)
+    assert Counter(r["category"] for r in rows) == Counter(q["category"] for q in first)
+    assert all(r["source"] == "spec-bench" and 1 <= r["continuation_len"] <= 6 for r in rows)
+    assert read_split(out, "train").num_rows == read_split(out, "val").num_rows == 0
