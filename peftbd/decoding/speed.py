@@ -1,7 +1,7 @@
 """Engine speed check (library only, no Ray): `python -m peftbd.decoding.speed --preset tiny --out DIR`.
 
 On the same prompts (the first `decoding.num_prompts` corpus prompts, batch 1, EOS honoured,
-`decoding.max_new_tokens`), in one run with the arms interleaved per repeat:
+`decoding.max_new_tokens`), in one run with the arms interleaved per prompt:
 
 - greedy AR through the engine vs HF `generate(do_sample=False)`: output tokens/s, both timed
   end to end per prompt (prefill included) with the same synchronizing clock, outputs compared;
@@ -54,14 +54,22 @@ def corpus_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, count: int) 
     return out
 
 
-def timed_outputs(fn: Callable[[list[int]], list[int]], prompts: Sequence[list[int]],
-                  clock: Clock) -> tuple[list[list[int]], float]:
-    """(outputs, total seconds) of `fn` over the prompts, one at a time."""
-    outputs, seconds = [], 0.0
-    for ids in prompts:
-        start = clock.now()
-        outputs.append(fn(ids))
-        seconds += clock.now() - start
+def interleaved_timing(arms: dict[str, Callable[[list[int]], list[int]]],
+                       prompts: Sequence[list[int]], repeats: int, clock: Clock,
+                       ) -> tuple[dict[str, list[list[int]]], dict[str, list[list[float]]]]:
+    """Per repeat, each prompt is decoded by every arm back to back (the arm order rotating per
+    prompt), so load drift on a shared machine hits all arms alike. Returns per arm the outputs
+    (last repeat) and seconds[repeat][prompt]."""
+    names = list(arms)
+    outputs = {name: [[] for _ in prompts] for name in names}
+    seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
+    for rep in range(repeats):
+        for i, ids in enumerate(prompts):
+            for j in range(len(names)):
+                name = names[(i + j) % len(names)]
+                start = clock.now()
+                outputs[name][i] = arms[name](ids)
+                seconds[name][rep][i] = clock.now() - start
     return outputs, seconds
 
 
@@ -95,24 +103,23 @@ def run(cfg: Config) -> dict[str, Any]:
         return bd_results[-1].tokens
 
     arms = {"hf_generate": hf, "engine_ar": lambda ids: engine_ar.decode(ids).tokens, "peftbd": peftbd}
-    for fn in arms.values():  # warm-up: first-call allocations and lazy inits
-        timed_outputs(fn, prompts[:2], clock)
+    interleaved_timing(arms, prompts[:2], 1, clock)  # warm-up: first-call allocations, lazy inits
     bd_results.clear()
-    seconds = {name: [] for name in arms}
-    outputs: dict[str, list[list[int]]] = {}
-    for _ in range(cfg.decoding.repeats):
-        for name, fn in arms.items():
-            outputs[name], s = timed_outputs(fn, prompts, clock)
-            seconds[name].append(s)
+    outputs, seconds = interleaved_timing(arms, prompts, cfg.decoding.repeats, clock)
     tokens = {name: sum(len(o) for o in outs) for name, outs in outputs.items()}
-    tps = {name: [tokens[name] / s for s in secs] for name, secs in seconds.items()}
+    tps = {name: [tokens[name] / sum(rep) for rep in secs] for name, secs in seconds.items()}
     mean_tps = {name: sum(v) / len(v) for name, v in tps.items()}
+    # best of the repeats per prompt: the least disturbed timing on a shared machine
+    best_tps = {name: tokens[name] / sum(map(min, zip(*secs))) for name, secs in seconds.items()}
     bd = summarize(bd_results)
     return {
         "prompts": len(prompts), "max_new_tokens": budget, "repeats": cfg.decoding.repeats,
         "torch_threads": torch.get_num_threads(), "device": str(clock.device),
-        "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "new_tokens": tokens,
+        "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "tokens_per_s_best": best_tps,
+        "new_tokens": tokens,
         "engine_ar_vs_hf": mean_tps["engine_ar"] / mean_tps["hf_generate"],
+        "engine_ar_vs_hf_best": best_tps["engine_ar"] / best_tps["hf_generate"],
+        "engine_ar_vs_hf_per_repeat": [e / h for e, h in zip(tps["engine_ar"], tps["hf_generate"])],
         "exact_vs_hf": sum(a == b for a, b in zip(outputs["engine_ar"], outputs["hf_generate"])),
         "peftbd_exact_vs_ar": sum(a == b for a, b in zip(outputs["peftbd"], outputs["engine_ar"])),
         "peftbd": {
@@ -135,11 +142,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         result = run(cfg)
         (tmp / "speed.json").write_text(json.dumps(result, indent=2))
         write_manifest(tmp, {"stage": "decoding-speed", "config": cfg.to_dict(), "versions": versions(),
-                             "metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf")},
+                             "metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf",
+                                                                "engine_ar_vs_hf_best")},
                              **timer.stats()})
     out = Path(args.out)
     print(f"engine AR {result['tokens_per_s']['engine_ar']:.1f} tok/s vs HF generate "
-          f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x); "
+          f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x mean, "
+          f"{result['engine_ar_vs_hf_best']:.2f}x best-of-repeats); "
           f"PEFT-BD draft/verify per round {result['peftbd']['draft_over_verify_round']:.2f}")
     print(f"wrote {out / 'speed.json'} and {out / 'manifest.json'}")
 
