@@ -1,0 +1,97 @@
+"""Replica compute without Ray: colocated rounds and split propose/verify give exactly the
+engine's greedy output, also when a replica loses a request's state mid-way (resume)."""
+
+from __future__ import annotations
+
+import pytest
+
+from peftbd.data.chat import encode_prompt
+from peftbd.decoding import decode
+from peftbd.serving.replica import ReplicaDecoder
+from peftbd.serving.rounds import RequestStats, split_round
+from peftbd.serving.schemas import METHODS
+from peftbd.serving.sessions import SessionStore
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def models(tiny_cfg):
+    from peftbd.serving.models import load_serving_models
+
+    return load_serving_models(tiny_cfg)
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_cfg):
+    from peftbd.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_cfg)
+    return encode_prompt(tok, [{"role": "user", "content": "Describe the for statement."}])
+
+
+@pytest.fixture(scope="module")
+def reference(models, prompt):
+    """The engine's greedy output (AR; every method must reproduce it)."""
+    return decode(models.model, prompt, None, MAX_NEW, models.eos_ids).tokens
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
+    events = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, method))
+    assert [t for e in events for t in e.tokens] == reference
+    assert events[0].prefill and events[-1].done and events[-1].finish_reason in ("stop", "length")
+    stats = RequestStats(method)
+    for e in events:
+        stats.add(e)
+    summary = stats.summary()
+    assert summary.rounds == len(events) - 1 and summary.resumes == 0
+    assert summary.tokens_per_round == pytest.approx((len(reference) - 1) / summary.rounds, abs=1e-3)
+
+
+def _split(models, prompt, method, lose_at: int | None = None) -> tuple[list[int], int]:
+    """Run the split protocol in-process; at round `lose_at` both replicas lose the session."""
+    drafter, verifier = ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
+    reply = verifier.prefill("s", prompt, MAX_NEW)
+    committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
+    while not done:
+        if n == lose_at:
+            drafter.release("s")
+            verifier.release("s")
+        proposal = None
+        if method != "ar":
+            proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method)
+        reply = verifier.verify("s", committed, len(prompt), MAX_NEW,
+                                proposal["draft"] if proposal else [])
+        event = split_round(proposal, 5.0, reply, 5.0)
+        committed += event.tokens
+        done, resumes, n = event.done, resumes + event.resumes, n + 1
+    return committed[len(prompt):], resumes
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_split_protocol_equals_the_engine_and_survives_lost_state(models, prompt, reference, method):
+    tokens, resumes = _split(models, prompt, method)
+    assert tokens == reference and resumes == 0
+    tokens, resumes = _split(models, prompt, method, lose_at=2)
+    assert tokens == reference
+    assert resumes == (1 if method == "ar" else 2)
+
+
+def test_colocated_resume_from_committed_tokens(models, prompt, reference):
+    done_part = list(prompt) + reference[:5]
+    events = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, "fastmtp", committed=done_part))
+    assert events[0].tokens == [] and events[0].resumes == 1
+    assert reference[:5] + [t for e in events for t in e.tokens] == reference
+
+
+def test_session_store_evicts_least_recently_used(models, prompt):
+    store = SessionStore(2)
+    dec = models.decoder("ar")
+    for sid in ("a", "b"):
+        store.put(sid, dec.start(prompt, 2))
+    assert store.get("a") is not None  # "a" becomes most recently used
+    store.put("c", dec.start(prompt, 2))
+    assert (store.get("b"), len(store)) == (None, 2)
+    with pytest.raises(ValueError, match="max_sessions"):
+        SessionStore(0)

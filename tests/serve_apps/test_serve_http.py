@@ -1,0 +1,179 @@
+"""Both apps over HTTP on a local Ray (loopback only), through the official `openai` client:
+output equal to the engine's, 8 concurrent requests, bad requests, metrics, a killed Drafter."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from peftbd.serving.schemas import METHODS
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPTS = [
+    "Describe the for statement.",
+    "Count from 9 to 15.",
+    "Explain the Python topic 'dict'.",
+    "Describe Never from the typing module.",
+]
+LONG_PROMPT = (  # the tiny verifier does not stop on its own here: many rounds
+    "Summarize in one sentence: In plain English: Both types of literals can be enclosed in "
+    "matching single quotes (\"'\") or double quotes (\"\"\"). They can also be enclosed in "
+    "matching groups of three single or double quotes (these are generally referred to as "
+    "*triple-quoted strings*)."
+)
+
+MODEL = "peftbd-tiny"
+MAX_TOKENS = 16
+DASHBOARD = Path(__file__).resolve().parents[2] / "serve_apps" / "grafana_dashboard.json"
+
+
+@pytest.fixture(scope="module")
+def served(free_port):
+    """Both apps in one local Ray: /colocated and /split (2 Drafter replicas)."""
+    import ray
+    from ray import serve
+
+    from jobs.ray_env import init_ray
+    from serve_apps.args import AppArgs
+    from serve_apps.colocated import app_builder as colocated
+    from serve_apps.split import app_builder as split
+
+    port = free_port()
+    init_ray(num_cpus=8)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    args = AppArgs(overrides=["serving.drafter_replicas=2", "serving.recovery_timeout_s=240"])
+    serve.run_many([
+        serve.RunTarget(colocated(args), name="colocated", route_prefix="/colocated"),
+        serve.RunTarget(split(args), name="split", route_prefix="/split"),
+    ])
+    yield {app: f"http://127.0.0.1:{port}/{app}/v1" for app in ("colocated", "split")}
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
+
+
+def _chat(base: str, text: str, method: str, max_tokens: int = MAX_TOKENS):
+    return _client(base).chat.completions.create(
+        model=f"{MODEL}:{method}", messages=[{"role": "user", "content": text}],
+        max_tokens=max_tokens,
+    )
+
+
+@pytest.mark.parametrize("app", ["colocated", "split"])
+def test_both_apps_answer_with_the_engine_output(served, engine, app):
+    tok, greedy = engine
+    client = _client(served[app])
+    assert [m.id for m in client.models.list().data] == [MODEL] + [f"{MODEL}:{m}" for m in METHODS]
+    for method in METHODS:
+        resp = _chat(served[app], PROMPTS[0], method)
+        assert resp.choices[0].message.content == greedy(PROMPTS[0], MAX_TOKENS)
+        spec = resp.usage.model_extra["speculative"]
+        assert spec["method"] == method and spec["rounds"] >= 1
+        assert resp.usage.completion_tokens >= spec["rounds"] + 1  # prefill + >= 1 per round
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=MAX_TOKENS,
+        stream=True, stream_options={"include_usage": True}, extra_body={"method": "fastmtp"},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy(PROMPTS[1], MAX_TOKENS)
+    assert chunks[-1].usage.model_extra["speculative"]["method"] == "fastmtp"
+    from peftbd.data.chat import encode_prompt
+
+    ids = encode_prompt(tok, [{"role": "user", "content": PROMPTS[2]}])
+    comp = client.completions.create(model=f"{MODEL}:peft-bd", prompt=ids, max_tokens=MAX_TOKENS)
+    assert comp.choices[0].text == greedy(PROMPTS[2], MAX_TOKENS)
+
+
+def test_eight_concurrent_requests_are_all_correct(served, engine):
+    _, greedy = engine
+    jobs = [(PROMPTS[i % len(PROMPTS)], METHODS[i % len(METHODS)]) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda job: _chat(served["split"], *job), jobs))
+    for (text, method), resp in zip(jobs, answers):
+        assert resp.choices[0].message.content == greedy(text, MAX_TOKENS), (text, method)
+        # session-sticky routing: no request's state had to be rebuilt on another replica
+        assert resp.usage.model_extra["speculative"]["resumes"] == 0
+
+
+def test_bad_requests_get_4xx_naming_the_field(served):
+    url = served["split"] + "/chat/completions"
+    ok = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    cases = [
+        (b'{"model": "peftbd-tiny", "messages": [', 400, None, "not valid JSON"),
+        (json.dumps({**ok, "max_tokens": "8"}).encode(), 400, "max_tokens", "valid integer"),
+        (json.dumps({**ok, "max_tokens": 4096}).encode(), 400, "max_tokens", "cap"),
+        (json.dumps({**ok, "messages": [{"role": "user", "content": 5}]}).encode(), 400,
+         "messages[0].content", "string"),
+        (json.dumps({**ok, "model": "gpt-4o"}).encode(), 404, "model", "not served"),
+        (json.dumps({**ok, "stop": ["\n"]}).encode(), 400, "stop", "unknown field"),
+        (json.dumps({**ok, "pad": "x" * 2_000_000}).encode(), 413, None, "max_body_bytes"),
+    ]
+    for body, status, param, words in cases:
+        resp = requests.post(url, data=body, headers={"content-type": "application/json"}, timeout=60)
+        assert resp.status_code == status, (body[:60], resp.text)
+        err = resp.json()["error"]
+        assert err["param"] == param and words in err["message"], err
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(served["colocated"]).chat.completions.create(
+            model=MODEL, messages=ok["messages"], temperature=0.8)
+    assert info.value.body["param"] == "temperature" and "greedily" in info.value.body["message"]
+
+
+def test_round_metrics_are_exported_under_the_dashboard_names(served):
+    import ray
+
+    names = set(re.findall(r"ray_peftbd_\w+?(?=_bucket|_sum|_count|_total|\{|\[)",
+                           DASHBOARD.read_text()))
+    assert {"ray_peftbd_draft_ms", "ray_peftbd_verify_ms", "ray_peftbd_transport_ms",
+            "ray_peftbd_tokens_per_round"} <= names
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    deadline, text = time.time() + 90, ""
+    while time.time() < deadline:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        if all(n in text for n in names - {"ray_peftbd_session_resumes"}):
+            break
+        time.sleep(5)
+    missing = [n for n in names - {"ray_peftbd_session_resumes"} if n not in text]
+    assert not missing, f"not exported yet: {missing}"
+    assert re.search(r'ray_peftbd_draft_ms_bucket\{[^}]*placement="split"', text)
+
+
+def test_killed_drafter_replica_mid_request_recovers(served, engine):
+    """Kill every Drafter replica while a streamed request is mid-way: the request resumes on a
+    new replica from its committed tokens and the answer is still exactly the engine's."""
+    import ray
+    from ray.util import list_named_actors
+
+    _, greedy = engine
+    stream = _client(served["split"]).chat.completions.create(
+        model=f"{MODEL}:fastmtp", messages=[{"role": "user", "content": LONG_PROMPT}],
+        max_tokens=64, stream=True, stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    chunks = iter(stream)
+    for chunk in chunks:
+        pieces.append(chunk.choices[0].delta.content or "")
+        if len(pieces) == 3:
+            break
+    drafters = [a for a in list_named_actors(all_namespaces=True)
+                if a["name"].startswith("SERVE_REPLICA::split#Drafter#")]
+    assert len(drafters) == 2
+    for actor in drafters:
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    rest = list(chunks)
+    pieces += [c.choices[0].delta.content or "" for c in rest if c.choices]
+    assert "".join(pieces) == greedy(LONG_PROMPT, 64)
+    assert rest[-1].usage.model_extra["speculative"]["resumes"] >= 1
