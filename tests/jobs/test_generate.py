@@ -18,7 +18,7 @@ import torch
 
 from jobs.generate import run_generate
 from jobs.ray_env import init_ray
-from peftbd.config import load_config
+from peftbd.config import apply_override, load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
 from peftbd.manifest import read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
@@ -43,7 +43,8 @@ def local_ray(tiny_world):
 
 @pytest.fixture(scope="module")
 def reference(local_ray, tmp_path_factory):
-    """An uninterrupted run on the first LIMIT corpus rows."""
+    """An uninterrupted run on the first LIMIT corpus rows, two actors (the other runs use one:
+    each actor start imports torch and transformers, slow on a busy 2-core machine)."""
     cfg = load_config("tiny", overrides=OVERRIDES)
     return cfg, run_generate(cfg, tmp_path_factory.mktemp("gen") / "ref", limit=LIMIT)
 
@@ -69,8 +70,7 @@ def test_tiny_end_to_end_artifact(reference):
         assert r["split"] in SPLITS and r["category"] is None and r["source"] == "embedded"
         assert r["prompt_len"] == len(r["prompt_ids"]) <= cfg.data.max_prompt_len
         assert r["continuation_len"] == len(r["continuation_ids"]) <= 12
-        assert r["finish_reason"] == ("length" if r["continuation_len"] == 12 and
-                                      r["finish_reason"] != "eos" else "eos")
+        assert r["finish_reason"] == "eos" or r["continuation_len"] == 12
     actors = manifest["throughput"]["per_actor"]
     assert sum(a["rows"] for a in actors.values()) == 32
     assert manifest["throughput"]["generated_tokens"] == c["continuation_tokens"]
@@ -87,15 +87,15 @@ def test_every_continuation_equals_single_sequence_greedy(reference):
     eos = eos_token_ids(model, tok)
     rows = [r for t in _rows(out).values() for r in t]
     assert {r["finish_reason"] for r in rows} == {"eos", "length"}
-    for r in rows[::3]:
+    for r in rows:
         ids = torch.tensor([r["prompt_ids"]])
         gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=12, eos_token_id=eos, pad_token_id=tok.pad_token_id)
-        single = gen[0, ids.shape[1]:].tolist()
-        assert r["continuation_ids"] == single[: r["continuation_len"]]
-        assert len(single) == r["continuation_len"] or single[r["continuation_len"]] == tok.pad_token_id
+        assert r["continuation_ids"] == gen[0, ids.shape[1]:].tolist()
+        assert (r["finish_reason"] == "eos") == (r["continuation_ids"][-1] in eos)
 
 
+@pytest.mark.slow
 def test_resume_after_a_killed_run_equals_uninterrupted(reference, tmp_path):
     cfg, ref = reference
     out = tmp_path / "resumed"
@@ -116,7 +116,7 @@ def test_resume_after_a_killed_run_equals_uninterrupted(reference, tmp_path):
     assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
     parts_before = len(list(work.glob("part-*.parquet")))
 
-    run_generate(cfg, out, limit=LIMIT)
+    run_generate(apply_override(cfg, "generate.num_actors=1"), out, limit=LIMIT)
     assert _rows(out) == _rows(ref)
     resumed = read_manifest(out)["counts"]["resumed_rows"]
     assert 1 <= resumed < 32 and parts_before >= 1
@@ -143,7 +143,8 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
     src = tmp_path / "rows.jsonl"
     src.write_text("\n".join(lines) + "\n")
     cfg = load_config("tiny", overrides=["data.max_new_tokens=4", "data.train_size=4",
-                                         "data.val_size=1", "data.test_size=1"])
+                                         "data.val_size=1", "data.test_size=1",
+                                         "generate.num_actors=1"])
     out = run_generate(cfg, tmp_path / "out", source=str(src))
     manifest = read_manifest(out)
     assert manifest["dropped"] == {k: len(v) for k, v in bad.items()}
@@ -153,7 +154,7 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
 def test_spec_bench_questions_render_and_generate(local_ray, spec_bench_path, tmp_path):
     cfg = load_config("tiny", overrides=[
         "data.max_new_tokens=6", "data.max_prompt_len=512", "data.train_size=0",
-        "data.val_size=0", "data.test_size=12",
+        "data.val_size=0", "data.test_size=12", "generate.num_actors=1",
     ])
     out = run_generate(cfg, tmp_path / "sb", source=f"spec-bench:{spec_bench_path}", limit=12)
     rows = read_split(out, "test").to_pylist()

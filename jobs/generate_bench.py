@@ -1,0 +1,110 @@
+"""Benchmark of the generate stage: tokens/s for 1 vs 2 verifier actors and batch 1 vs batch B.
+
+Runs `run_generate` several times on the same source rows (each into its own directory), reads
+the throughput from each manifest, checks that every run produced the same continuation for
+every shared row id, and records how loaded the machine was during each run.
+
+    python -m jobs.generate_bench --preset tiny --out outputs/generate_bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from jobs.generate import run_generate
+from jobs.ray_env import init_ray
+from peftbd.cli import add_config_args, config_from_args
+from peftbd.config import Config, apply_override
+from peftbd.data.artifact import SPLITS, read_split
+from peftbd.manifest import read_manifest, versions
+
+
+def _continuations(artifact: Path) -> dict[str, list[int]]:
+    return {r["id"]: r["continuation_ids"] for s in SPLITS
+            for r in read_split(artifact, s).select(["id", "continuation_ids"]).to_pylist()}
+
+
+def bench_run(cfg: Config, out: Path, actors: int, batch: int, limit: int | None) -> dict[str, Any]:
+    """One generate run with `actors` actors at batch size `batch`: throughput and machine load."""
+    for item in (f"generate.num_actors={actors}", f"generate.batch_size={batch}"):
+        cfg = apply_override(cfg, item)
+    shutil.rmtree(out, ignore_errors=True)  # measure a fresh run, not a completed artifact
+    psutil.cpu_percent(None)  # start the system-wide CPU utilisation window
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    run_generate(cfg, out, limit=limit)
+    tp = read_manifest(out)["throughput"]
+    return {
+        "actors": actors, "batch_size": batch, "limit": limit,
+        "rows": tp["generated_rows"], "tokens": tp["generated_tokens"],
+        "tokens_per_s": tp["tokens_per_s"], "stage_tokens_per_s": tp["stage_tokens_per_s"],
+        "per_actor_tokens_per_s": [a["tokens_per_s"] for a in tp["per_actor"].values()],
+        "run_seconds": round(time.perf_counter() - start, 1),
+        "load": {"loadavg_1m_before": round(load_before[0], 2),
+                 "loadavg_1m_after": round(os.getloadavg()[0], 2),
+                 "system_cpu_percent": psutil.cpu_percent(None)},
+    }
+
+
+def run_bench(cfg: Config, out_dir: Path, rows: int | None, batch1_rows: int) -> dict[str, Any]:
+    """The four runs and their ratios; every artifact kept under `out_dir` for inspection."""
+    init_ray()
+    batch = cfg.generate.batch_size
+    runs = {
+        "1_actor_batch_1": (1, 1, batch1_rows),
+        f"1_actor_batch_{batch}_small": (1, batch, batch1_rows),
+        f"1_actor_batch_{batch}": (1, batch, rows),
+        f"2_actors_batch_{batch}": (2, batch, rows),
+    }
+    results = {name: bench_run(cfg, out_dir / name, *spec) for name, spec in runs.items()}
+    outputs = [_continuations(out_dir / name) for name in runs]
+    identical = all(
+        o[i] == outputs[0][i] for o in outputs[1:] for i in outputs[0].keys() & o.keys()
+    )
+    r = {name: res["tokens_per_s"] for name, res in results.items()}
+    return {
+        "metric": "generated tokens / seconds from the first batch start to the last batch end "
+                  "(actor start-up excluded; stage_tokens_per_s includes it)",
+        "runs": results,
+        "two_actors_over_one": round(r[f"2_actors_batch_{batch}"] / r[f"1_actor_batch_{batch}"], 2),
+        f"batch_{batch}_over_batch_1": round(r[f"1_actor_batch_{batch}_small"]
+                                             / r["1_actor_batch_1"], 2),
+        "identical_continuations_across_runs": identical,
+        "machine": {"logical_cpus": os.cpu_count(),
+                    "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+        "config": dataclasses.asdict(cfg.generate) | {"max_new_tokens": cfg.data.max_new_tokens},
+        "versions": versions(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.generate_bench", description=__doc__)
+    add_config_args(parser)
+    parser.add_argument("--rows", type=int, default=None,
+                        help="source rows for the 1-vs-2-actor runs (default: the whole plan)")
+    parser.add_argument("--batch1-rows", type=int, default=256,
+                        help="source rows for the batch-1-vs-batch-B runs (batch 1 is slow)")
+    parser.add_argument("--out", default="outputs/generate_bench", help="output directory")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run_bench(config_from_args(args), out, args.rows, args.batch1_rows)
+    path = out / "generate_bench.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"generate bench: {path.resolve()} (2 actors / 1 = {result['two_actors_over_one']}x, "
+          f"{next(v for k, v in result.items() if k.endswith('_over_batch_1'))}x batched / batch 1)")
+
+
+if __name__ == "__main__":
+    from jobs.generate_bench import main as _main  # importable names for Ray's pickling
+
+    _main()
