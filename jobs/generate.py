@@ -32,8 +32,9 @@ import ray
 from jobs.ray_env import init_ray
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config
-from peftbd.data.artifact import SPLITS, WORK_SCHEMA, PartStore, assign_splits, write_split
+from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
+from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
 from peftbd.data.sources import (
     Source,
     SourceError,
@@ -95,33 +96,19 @@ def prepare(source: Source, cfg: Config, limit: int | None) -> ray.data.Dataset:
         ) from exc
 
 
-@dataclasses.dataclass
-class Plan:
-    """Which rows to generate: `splits` (id -> split), rows read, dropped rows by reason."""
-
-    splits: dict[str, str]
-    rows_read: int
-    usable: int
-    dropped: Counter
-
-
-def plan_splits(index: pa.Table, cfg: Config, source: Source) -> Plan:
-    """Count dropped rows, drop every row of a duplicated id, and assign splits by id hash."""
-    dropped: Counter = Counter(r for r in index["drop_reason"].to_pylist() if r is not None)
-    ids = Counter(index.filter(pc.is_null(index["drop_reason"]))["id"].to_pylist())
-    duplicated = sum(n for n in ids.values() if n > 1)
-    if duplicated:
-        dropped["duplicate_id"] += duplicated
-    unique = [i for i, n in ids.items() if n == 1]
+def plan_rows(prepared: ray.data.Dataset, cfg: Config, source: Source) -> SplitPlan:
+    """The split plan of the prepared rows (only their ids and drop reasons reach the driver)."""
+    index = pa.concat_tables(ray.get(prepared.select_columns(["id", "drop_reason"]).to_arrow_refs()))
     d = cfg.data
-    splits = assign_splits(unique, d.train_size, d.val_size, d.test_size, d.seed)
-    if not splits:
+    plan = plan_splits(index["id"].to_pylist(), index["drop_reason"].to_pylist(),
+                       d.train_size, d.val_size, d.test_size, d.seed)
+    if not plan.splits:
         raise SourceError(
-            f"data.source={source.name!r} yielded no usable prompts ({index.num_rows} rows read; "
-            f"dropped: {dict(dropped) or 'none'}; split sizes {d.train_size}/{d.val_size}/"
-            f"{d.test_size})"
+            f"data.source={source.name!r} yielded no usable prompts ({plan.rows_read} rows read; "
+            f"dropped: {plan.dropped or 'none'}; split sizes train/val/test "
+            f"{d.train_size}/{d.val_size}/{d.test_size})"
         )
-    return Plan(splits, index.num_rows, len(unique), dropped)
+    return plan
 
 
 def _select(batch: pa.Table, splits: dict[str, str]) -> pa.Table:
@@ -176,54 +163,11 @@ def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> r
     )
 
 
-def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
-    """Tokens/s of rows generated in this run: over the span from the first batch start to the
-    last batch end, over the whole generation phase (actor start-up included), and per actor
-    (tokens over the actor's busy time)."""
-    if table.num_rows == 0:
-        return {"generated_rows": 0, "generated_tokens": 0}
-    batches = table.group_by(["actor", "batch_start", "batch_end"]).aggregate([
-        ("continuation_len", "sum"), ("id", "count"), ("actor_rss_mib", "max"),
-    ]).to_pylist()
-    per_actor: dict[str, dict[str, float]] = {}
-    for b in batches:
-        a = per_actor.setdefault(b["actor"], {"rows": 0, "tokens": 0, "busy_seconds": 0.0,
-                                              "batches": 0, "peak_rss_mib": 0.0})
-        a["rows"] += b["id_count"]
-        a["tokens"] += b["continuation_len_sum"]
-        a["busy_seconds"] += b["batch_end"] - b["batch_start"]
-        a["batches"] += 1
-        a["peak_rss_mib"] = max(a["peak_rss_mib"], round(b["actor_rss_mib_max"], 1))
-    for a in per_actor.values():
-        a["tokens_per_s"] = round(a["tokens"] / max(a["busy_seconds"], 1e-9), 1)
-        a["busy_seconds"] = round(a["busy_seconds"], 3)
-    tokens = pc.sum(table["continuation_len"]).as_py()
-    span = pc.max(table["batch_end"]).as_py() - pc.min(table["batch_start"]).as_py()
-    return {
-        "generated_rows": table.num_rows,
-        "generated_tokens": tokens,
-        "tokens_per_s": round(tokens / max(span, 1e-9), 1),
-        "stage_tokens_per_s": round(tokens / max(stage_seconds, 1e-9), 1),
-        "span_seconds": round(span, 3),
-        "stage_seconds": round(stage_seconds, 3),
-        "per_actor": per_actor,
-    }
-
-
 def fingerprint(cfg: Config, limit: int | None) -> str:
     """Hash of everything that decides the artifact's rows (not actors or batch size)."""
     payload = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
                "tiny_world": dataclasses.asdict(cfg.tiny_world), "limit": limit}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _check_rows(table: pa.Table, splits: dict[str, str]) -> None:
-    ids = table["id"].to_pylist()
-    if len(ids) != len(set(ids)) or set(ids) != set(splits):
-        raise RuntimeError(
-            f"work parts hold {len(ids)} rows ({len(set(ids))} distinct) but the plan has "
-            f"{len(splits)}; delete the work directory and rerun"
-        )
 
 
 def run_generate(
@@ -245,8 +189,7 @@ def run_generate(
     src = resolve_source(cfg)
     init_ray()
     prepared = prepare(src, cfg, limit)
-    index = pa.concat_tables(ray.get(prepared.select_columns(["id", "drop_reason"]).to_arrow_refs()))
-    plan = plan_splits(index, cfg, src)
+    plan = plan_rows(prepared, cfg, src)
 
     store = PartStore(out_dir.with_name(out_dir.name + ".work"), fp)
     done = store.done_ids() & plan.splits.keys()
@@ -262,8 +205,7 @@ def run_generate(
                 new_parts.append(store.write(block))
     gen_seconds = time.perf_counter() - gen_start
 
-    table = store.read()
-    _check_rows(table, plan.splits)
+    table = store.read_complete(plan.splits)
     manifest = {
         "stage": "generate",
         "fingerprint": fp,
@@ -279,7 +221,7 @@ def run_generate(
             "continuation_tokens": pc.sum(table["continuation_len"]).as_py(),
             "resumed_rows": len(done),
         },
-        "dropped": dict(sorted(plan.dropped.items())),
+        "dropped": plan.dropped,
         "throughput": throughput(store.read(new_parts), gen_seconds),
         "config": cfg.to_dict(),
         "versions": versions(),

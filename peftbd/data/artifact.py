@@ -14,18 +14,15 @@ stages):
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
-import shutil
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from peftbd.manifest import is_complete
-
-log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 FINISH_REASONS = ("eos", "length")
@@ -42,14 +39,6 @@ ARTIFACT_SCHEMA = pa.schema([
     pa.field("category", pa.string(), nullable=True),  # Spec-Bench category; null elsewhere
 ])
 """Every row of every split file; `prompt_ids + continuation_ids` is the verifier's greedy text."""
-
-WORK_SCHEMA = pa.schema(list(ARTIFACT_SCHEMA) + [
-    pa.field("actor", pa.string()),  # which generation actor produced the row
-    pa.field("batch_start", pa.float64()),  # unix time its batch started / ended generating
-    pa.field("batch_end", pa.float64()),
-    pa.field("actor_rss_mib", pa.float64()),  # the actor's peak RSS after the batch
-])
-"""Rows of the resumable work parts: the artifact columns plus throughput bookkeeping."""
 
 
 class ArtifactError(ValueError):
@@ -148,50 +137,27 @@ def assign_splits(
     return out
 
 
-class PartStore:
-    """Parquet parts of an unfinished artifact, one per generated block, in a work directory.
+@dataclass(frozen=True)
+class SplitPlan:
+    """Which rows an artifact holds: `splits` (id -> split), and what was left out and why."""
 
-    Each part is written to a temporary name and renamed, so a killed run leaves only whole parts;
-    a rerun reads the ids already written and generates the rest. `fingerprint` identifies the
-    run's inputs (config, source): parts of a different fingerprint are discarded.
-    """
+    splits: dict[str, str]
+    rows_read: int
+    usable: int
+    dropped: dict[str, int]
 
-    PLAN = "plan.json"
 
-    def __init__(self, root: str | Path, fingerprint: str) -> None:
-        self.root = Path(root)
-        plan = self.root / self.PLAN
-        if plan.is_file() and json.loads(plan.read_text()).get("fingerprint") != fingerprint:
-            log.warning("discarding work parts in %s: they were made for other inputs", self.root)
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        plan.write_text(json.dumps({"fingerprint": fingerprint}))
-        for tmp in self.root.glob("*.tmp"):
-            tmp.unlink()
-
-    def parts(self) -> list[Path]:
-        """Finished part files, in name order."""
-        return sorted(self.root.glob("part-*.parquet"))
-
-    def done_ids(self) -> set[str]:
-        """Ids of every row already written."""
-        return {i for p in self.parts() for i in pq.read_table(p, columns=["id"])["id"].to_pylist()}
-
-    def write(self, table: pa.Table) -> Path:
-        """Write one block of WORK_SCHEMA rows as a part named by its ids (atomic)."""
-        table = table.select(WORK_SCHEMA.names).cast(WORK_SCHEMA)
-        digest = hashlib.sha256("\n".join(sorted(table["id"].to_pylist())).encode()).hexdigest()
-        path = self.root / f"part-{digest[:20]}.parquet"
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table, tmp)
-        tmp.replace(path)
-        return path
-
-    def read(self, parts: Iterable[Path] | None = None) -> pa.Table:
-        """The rows of `parts` (default: all) as one WORK_SCHEMA table."""
-        tables = [pq.read_table(p) for p in (self.parts() if parts is None else parts)]
-        return pa.concat_tables(tables) if tables else WORK_SCHEMA.empty_table()
-
-    def remove(self) -> None:
-        """Delete the work directory (after the artifact is finalized)."""
-        shutil.rmtree(self.root, ignore_errors=True)
+def plan_splits(
+    ids: Sequence[str | None], drop_reasons: Sequence[str | None],
+    train: int, val: int, test: int, seed: int,
+) -> SplitPlan:
+    """Count dropped rows by reason, drop every row of a duplicated id (`duplicate_id`), and
+    assign the rest with `assign_splits`."""
+    dropped = Counter(r for r in drop_reasons if r is not None)
+    counts = Counter(i for i, r in zip(ids, drop_reasons) if r is None)
+    duplicated = sum(n for n in counts.values() if n > 1)
+    if duplicated:
+        dropped["duplicate_id"] += duplicated
+    unique = [i for i, n in counts.items() if n == 1]
+    splits = assign_splits(unique, train, val, test, seed)
+    return SplitPlan(splits, len(ids), len(unique), dict(sorted(dropped.items())))

@@ -8,10 +8,9 @@ import pytest
 
 from peftbd.data.artifact import (
     ARTIFACT_SCHEMA,
-    WORK_SCHEMA,
     ArtifactError,
-    PartStore,
     assign_splits,
+    plan_splits,
     read_split,
     split_sizes,
     write_split,
@@ -73,24 +72,10 @@ def test_split_sizes_scale_down_proportionally():
     assert split_sizes(0, 10, 1, 1) == {"train": 0, "val": 0, "test": 0}
 
 
-def _work_rows(ids: list[str]) -> pa.Table:
-    rows = _rows("train", len(ids)).to_pylist()
-    extra = {"actor": "a", "batch_start": 1.0, "batch_end": 2.0, "actor_rss_mib": 3.0}
-    return pa.Table.from_pylist([{**r, "id": i, **extra} for r, i in zip(rows, ids)])
-
-
-def test_part_store_resumes_from_whole_parts_and_ignores_temporaries(tmp_path):
-    store = PartStore(tmp_path / "work", "fp1")
-    store.write(_work_rows(["a", "b"]))
-    store.write(_work_rows(["c"]))
-    (tmp_path / "work" / "part-x.tmp").write_bytes(b"half a part")  # a killed writer's leftover
-    again = PartStore(tmp_path / "work", "fp1")
-    assert again.done_ids() == {"a", "b", "c"}
-    assert not list((tmp_path / "work").glob("*.tmp"))
-    table = again.read()
-    assert table.schema.equals(WORK_SCHEMA) and sorted(table["id"].to_pylist()) == ["a", "b", "c"]
-
-
-def test_part_store_discards_parts_made_for_other_inputs(tmp_path):
-    PartStore(tmp_path / "work", "fp1").write(_work_rows(["a"]))
-    assert PartStore(tmp_path / "work", "fp2").done_ids() == set()
+def test_plan_splits_counts_drops_and_removes_every_row_of_a_duplicated_id():
+    ids = ["a", "b", "dup", "dup", None, "c", "d"]
+    reasons = [None, None, None, None, "invalid_json", "prompt_too_long", None]
+    plan = plan_splits(ids, reasons, train=10, val=0, test=0, seed=0)
+    assert plan.dropped == {"duplicate_id": 2, "invalid_json": 1, "prompt_too_long": 1}
+    assert (plan.rows_read, plan.usable) == (7, 3)
+    assert plan.splits == {"a": "train", "b": "train", "d": "train"}

@@ -1,0 +1,126 @@
+"""The generate stage's resumable work: parquet parts of an unfinished artifact, and the throughput
+of the run that wrote them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from peftbd.data.artifact import ARTIFACT_SCHEMA
+
+log = logging.getLogger(__name__)
+
+WORK_SCHEMA = pa.schema(list(ARTIFACT_SCHEMA) + [
+    pa.field("actor", pa.string()),  # which generation actor produced the row
+    pa.field("batch_start", pa.float64()),  # unix time its batch started / ended generating
+    pa.field("batch_end", pa.float64()),
+    pa.field("actor_rss_mib", pa.float64()),  # the actor's peak RSS after the batch
+])
+"""Rows of the resumable work parts: the artifact columns plus throughput bookkeeping."""
+
+
+class PartStore:
+    """Parquet parts of an unfinished artifact, one per generated block, in a work directory.
+
+    Each part is written to a temporary name and renamed, so a killed run leaves only whole parts;
+    a rerun reads the ids already written and generates the rest. `fingerprint` identifies the
+    run's inputs (config, source): parts of a different fingerprint are discarded.
+    """
+
+    PLAN = "plan.json"
+
+    def __init__(self, root: str | Path, fingerprint: str) -> None:
+        self.root = Path(root)
+        plan = self.root / self.PLAN
+        if plan.is_file() and json.loads(plan.read_text()).get("fingerprint") != fingerprint:
+            log.warning("discarding work parts in %s: they were made for other inputs", self.root)
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        plan.write_text(json.dumps({"fingerprint": fingerprint}))
+        for tmp in self.root.glob("*.tmp"):
+            tmp.unlink()
+
+    def parts(self) -> list[Path]:
+        """Finished part files, in name order."""
+        return sorted(self.root.glob("part-*.parquet"))
+
+    def done_ids(self) -> set[str]:
+        """Ids of every row already written."""
+        return {i for p in self.parts() for i in pq.read_table(p, columns=["id"])["id"].to_pylist()}
+
+    def write(self, table: pa.Table) -> Path:
+        """Write one block of WORK_SCHEMA rows as a part named by its ids (atomic)."""
+        table = table.select(WORK_SCHEMA.names).cast(WORK_SCHEMA)
+        digest = hashlib.sha256("\n".join(sorted(table["id"].to_pylist())).encode()).hexdigest()
+        path = self.root / f"part-{digest[:20]}.parquet"
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+        return path
+
+    def read(self, parts: Iterable[Path] | None = None) -> pa.Table:
+        """The rows of `parts` (default: all) as one WORK_SCHEMA table."""
+        tables = [pq.read_table(p) for p in (self.parts() if parts is None else parts)]
+        return pa.concat_tables(tables) if tables else WORK_SCHEMA.empty_table()
+
+    def read_complete(self, splits: dict[str, str]) -> pa.Table:
+        """All rows, after checking that they are exactly the planned ids (no gaps, no duplicates)
+        with their planned splits."""
+        table = self.read()
+        ids = table["id"].to_pylist()
+        if len(ids) != len(set(ids)) or set(ids) != splits.keys():
+            raise RuntimeError(
+                f"work parts in {self.root} hold {len(ids)} rows ({len(set(ids))} distinct) but "
+                f"the plan has {len(splits)}; delete {self.root} and rerun"
+            )
+        if any(splits[i] != s for i, s in zip(ids, table["split"].to_pylist())):
+            raise RuntimeError(f"work parts in {self.root} disagree with the split plan; "
+                               f"delete {self.root} and rerun")
+        return table
+
+    def remove(self) -> None:
+        """Delete the work directory (after the artifact is finalized)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
+    """Tokens/s of the WORK_SCHEMA rows generated in one run: over the span from the first batch
+    start to the last batch end (`tokens_per_s`), over the whole generation phase with actor
+    start-up (`stage_tokens_per_s`), and per actor (tokens over the actor's busy time)."""
+    if table.num_rows == 0:
+        return {"generated_rows": 0, "generated_tokens": 0}
+    batches = table.group_by(["actor", "batch_start", "batch_end"]).aggregate([
+        ("continuation_len", "sum"), ("id", "count"), ("actor_rss_mib", "max"),
+    ]).to_pylist()
+    per_actor: dict[str, dict[str, Any]] = {}
+    for b in batches:
+        a = per_actor.setdefault(b["actor"], {"rows": 0, "tokens": 0, "busy_seconds": 0.0,
+                                              "batches": 0, "peak_rss_mib": 0.0})
+        a["rows"] += b["id_count"]
+        a["tokens"] += b["continuation_len_sum"]
+        a["busy_seconds"] += b["batch_end"] - b["batch_start"]
+        a["batches"] += 1
+        a["peak_rss_mib"] = max(a["peak_rss_mib"], round(b["actor_rss_mib_max"], 1))
+    for a in per_actor.values():
+        a["tokens_per_s"] = round(a["tokens"] / max(a["busy_seconds"], 1e-9), 1)
+        a["busy_seconds"] = round(a["busy_seconds"], 3)
+    tokens = pc.sum(table["continuation_len"]).as_py()
+    span = pc.max(table["batch_end"]).as_py() - pc.min(table["batch_start"]).as_py()
+    return {
+        "generated_rows": table.num_rows,
+        "generated_tokens": tokens,
+        "tokens_per_s": round(tokens / max(span, 1e-9), 1),
+        "stage_tokens_per_s": round(tokens / max(stage_seconds, 1e-9), 1),
+        "span_seconds": round(span, 3),
+        "stage_seconds": round(stage_seconds, 3),
+        "per_actor": per_actor,
+    }
