@@ -28,6 +28,7 @@ def throughput_vs_accepted(results: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlabel("mean accepted tokens per round")
     ax.set_ylabel("output tokens / s (batch 1, greedy)")
     ax.set_title(f"Throughput vs accepted length\n{mo['model']} · {mo['hardware']}", fontsize=9)
+    ax.margins(x=0.15, y=0.1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

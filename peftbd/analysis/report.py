@@ -83,7 +83,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     for _, arm in arm_items(results):
         tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
         line = (f"{arm['label']}: {tps['mean']:.1f} ± {tps['std']:.1f} tok/s, "
-                f"{acc['mean']:.2f} accepted/round, audit {audit['exact_pct']:.0f}% exact")
+                f"{acc['mean']:.2f} accepted/round")
+        if audit:
+            line += f", audit {audit['exact']}/{audit['prompts']} exact"
         d, v = arm["forward"]["draft"], arm["forward"]["verify"]
         if d["calls"] and d["mean_ms"] and v["mean_ms"]:
             line += f", draft/verify latency {d['mean_ms'] / v['mean_ms']:.2f}"

@@ -62,11 +62,11 @@ def acceptance_table(results: dict[str, Any]) -> str:
     rows = []
     for _, arm in arm_items(results):
         audit = arm["audit"]
+        exact = (f"{audit['exact_pct']:.1f}% ({audit['exact']}/{audit['prompts']})" if audit
+                 else "reference")
         rows.append([
             arm["label"], fmt(_mean(arm["mean_accepted"]), 3), fmt_pct(arm["token_acceptance"]),
-            fmt_pct(arm["block_acceptance"]),
-            f"{audit['exact_pct']:.1f}% ({audit['exact']}/{audit['prompts']})",
-            fmt_stat(arm["tokens_per_s"]),
+            fmt_pct(arm["block_acceptance"]), exact, fmt_stat(arm["tokens_per_s"]),
         ])
     return markdown_table(
         ["arm", "accepted tokens / round", "token acceptance", "block acceptance",

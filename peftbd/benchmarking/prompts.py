@@ -42,7 +42,7 @@ class PromptSet:
         return dict(sorted(cats.items())) or None
 
 
-def test_split_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
+def held_out_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
     """The first `limit` prompts (by id) of the artifact's held-out test split."""
     if limit < 1:
         raise ValueError(f"decoding.num_prompts={limit}: need at least 1 prompt")

@@ -18,13 +18,16 @@ ARM = {
   "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,
                "rounds": int, "mean_accepted": float}, ...],      # one per repeated run
   "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
+  "mean_accepted_prefix": float | null,            # accepted draft tokens / round, bonus excluded
   "token_acceptance": float | null, "block_acceptance": float | null,
   "forward": {"draft": {"calls": int, "mean_ms": float | null},
               "verify": {"calls": int, "mean_ms": float | null}},   # per run (one repeat)
   "round": {"t0_s": float, "draft_share": float, "verify_share": float, "other_share": float},
-  "audit": {"prompts": int, "exact": int, "exact_pct": float, "mismatches": [{...}, ...]},
-  "oracle": {"reductions": [{"r": float, "t_s": float, "tokens_per_s": float}, ...],
-             "needed_accepted": {target_arm: float}} | null,      # speculative arms only
+  "audit": {"prompts": int, "exact": int, "exact_pct": float, "mismatches": [{...}, ...]} | null,
+                                                                   # null for AR, the reference
+  "oracle": {"t0_s": float, "draft_share": float, "accepted": float,  # speculative arms only:
+             "reductions": [{"r": float, "t_s": float, "tokens_per_s": float}, ...],
+             "needed_accepted": {target_arm: float}} | null,  # peftbd.analysis.cost_model's output
   "by_category": {category: {"prompts": int, "tokens_per_s": STAT, "mean_accepted": STAT}}
 }
 ```

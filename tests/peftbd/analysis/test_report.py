@@ -27,7 +27,7 @@ def _arm(label: str, method: str, tps: list[float], accepted: float, draft_ms: f
         "forward": {"draft": {"calls": calls if spec else 0, "mean_ms": draft_ms},
                     "verify": {"calls": calls, "mean_ms": 2.5}},
         "round": {"t0_s": 0.006, "draft_share": 0.45, "verify_share": 0.45, "other_share": 0.1},
-        "audit": {"prompts": 16, "exact": 16, "exact_pct": 100.0, "mismatches": []},
+        "audit": {"prompts": 16, "exact": 16, "exact_pct": 100.0, "mismatches": []} if spec else None,
         "oracle": {"reductions": [{"r": r, "t_s": 0.006 * (1 - r * 0.45),
                                    "tokens_per_s": accepted / (0.006 * (1 - r * 0.45))}
                                   for r in (0.0, 0.5, 1.0)],
@@ -112,7 +112,8 @@ def test_figure_is_a_valid_png(tmp_path: Path) -> None:
 def test_summary_lines_one_per_arm() -> None:
     lines = summary_lines(sample_results())
     assert len(lines) == 3
-    assert lines[1].startswith("PEFT-BD 1 step: 122.5 ± 0.8 tok/s, 1.37 accepted/round")
+    assert lines[0] == "AR: 400.3 ± 1.0 tok/s, 1.00 accepted/round"
+    assert lines[1].startswith("PEFT-BD 1 step: 122.5 ± 0.8 tok/s, 1.37 accepted/round, audit 16/16")
 
 
 @pytest.mark.parametrize("value, cell", [(None, "n/a"), ("a|b", "a\\|b"), (3, "3")])

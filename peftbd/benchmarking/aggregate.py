@@ -1,0 +1,94 @@
+"""From the workers' raw decodes to the per-arm entries of results.json (schema: `schema.py`).
+
+Run-level metrics come from the engine's `summarize` (its definitions: accepted tokens per round
+include the bonus token, as the paper counts them); this module only groups decodes by arm, repeat
+and category and takes mean ± std over the repeated runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from peftbd.analysis.cost_model import draft_cost_oracle
+from peftbd.benchmarking.arms import ArmSpec
+from peftbd.benchmarking.runner import ShardResult
+from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
+from peftbd.decoding import DecodeResult, audit_summary, summarize
+
+
+def merge_runs(shards: Sequence[ShardResult], arm_id: str) -> list[list[DecodeResult]]:
+    """`runs[repeat]`: the arm's decodes of every prompt (shards concatenated in order)."""
+    repeats = len(shards[0].results[arm_id])
+    return [[res for shard in shards for res in shard.results[arm_id][r]] for r in range(repeats)]
+
+
+def _repeat_stats(runs: Sequence[Sequence[DecodeResult]]) -> dict[str, Any]:
+    summaries = [summarize(run) for run in runs]
+    return {
+        "summaries": summaries,
+        "tokens_per_s": stat([m["tokens_per_s"] for m in summaries]),
+        "mean_accepted": stat([m["mean_accepted"] for m in summaries]),
+    }
+
+
+def _forward(overall: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
+    """Draft and verify calls per run (all prompts once) and mean latency over every run."""
+    out = {}
+    for mode in ("draft", "verify"):
+        f = overall["forward"].get(mode)
+        out[mode] = {"calls": round(f["calls"] / repeats), "mean_ms": f["mean_ms"]} if f else \
+            {"calls": 0, "mean_ms": None}
+    return out
+
+
+def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
+              mismatches: Sequence[Any]) -> dict[str, Any]:
+    """The results.json entry of one arm (its oracle is filled in by `add_oracles`)."""
+    stats = _repeat_stats(runs)
+    overall = summarize([res for run in runs for res in run])
+    by_category: dict[str, Any] = {}
+    for cat in sorted({c for c in categories if c is not None}):
+        idx = [i for i, c in enumerate(categories) if c == cat]
+        cat_stats = _repeat_stats([[run[i] for i in idx] for run in runs])
+        by_category[cat] = {"prompts": len(idx), "tokens_per_s": cat_stats["tokens_per_s"],
+                            "mean_accepted": cat_stats["mean_accepted"]}
+    rnd = overall["round"]
+    return {
+        "label": spec.label, "method": spec.method, "settings": spec.settings(),
+        "repeats": [{k: m[k] for k in ("tokens_per_s", "new_tokens", "decode_s", "rounds",
+                                        "mean_accepted")} for m in stats["summaries"]],
+        "tokens_per_s": stats["tokens_per_s"], "mean_accepted": stats["mean_accepted"],
+        "mean_accepted_prefix": overall["mean_accepted_prefix"],
+        "token_acceptance": overall["token_acceptance"],
+        "block_acceptance": overall["block_acceptance"],
+        "forward": _forward(overall, len(runs)),
+        "round": {k: rnd[k] for k in ("t0_s", "draft_share", "verify_share", "other_share")},
+        "audit": audit_summary(len(categories), mismatches) if spec.method != "ar" else None,
+        "oracle": None,
+        "by_category": by_category,
+    }
+
+
+def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
+                category_of: dict[str, str | None]) -> dict[str, dict[str, Any]]:
+    """Every arm's entry from the workers' shards; `category_of` maps prompt id -> category."""
+    categories = [category_of[i] for shard in shards for i in shard.prompt_ids]
+    return {
+        s.id: arm_entry(s, merge_runs(shards, s.id), categories,
+                        [m for shard in shards for m in shard.mismatches.get(s.id, [])])
+        for s in specs
+    }
+
+
+def add_oracles(results: dict[str, Any]) -> None:
+    """Fill each speculative arm's `oracle` with the engine's draft-cost oracle from its measured
+    T0, draft share and accepted tokens per round, targeting the measured throughput of the
+    ORACLE_TARGETS arms (FastMTP, AR)."""
+    arms = results["arms"]
+    targets = {t: arms[t]["tokens_per_s"]["mean"] for t in ORACLE_TARGETS if t in arms}
+    for arm in arms.values():
+        if arm["method"] != "ar":
+            rnd = arm["round"]
+            arm["oracle"] = draft_cost_oracle(rnd["t0_s"], rnd["draft_share"],
+                                              arm["mean_accepted"]["mean"], targets)

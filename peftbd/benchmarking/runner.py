@@ -1,0 +1,87 @@
+"""Time every arm over a shard of prompts in this process: batch 1, greedy, one prompt at a time.
+
+A shard is what one timing worker does. Per repeat, the arms take turns over the whole shard
+(AR, PEFT-BD, ..., then the next repeat), so slow drifts of the machine spread over every arm
+instead of landing on one. Each arm first decodes one prompt untimed (warm-up: allocator, kernels,
+lazy init). The greedy audit compares each speculative arm's first-repeat output with AR's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from peftbd.benchmarking.arms import ArmModels, ArmSpec, load_arm_models
+from peftbd.benchmarking.environment import engine_description, hardware_description
+from peftbd.benchmarking.prompts import Prompt
+from peftbd.config import Config
+from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardResult:
+    """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]`;
+    `mismatches[arm]` are the audit's findings (empty: every output equals AR's)."""
+
+    prompt_ids: list[str]
+    results: dict[str, list[list[DecodeResult]]]
+    mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
+    hardware: str = ""
+    engine: str = ""
+    dtype: str = ""
+
+
+def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
+              repeats: int, max_new_tokens: int) -> dict[str, list[list[DecodeResult]]]:
+    """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm."""
+    decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
+                                         models.eos_ids, max_new_tokens) for s in specs}
+    for dec in decoders.values():
+        dec.decode(prompts[0].prompt_ids)
+    results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
+    for r in range(repeats):
+        for s in specs:
+            results[s.id].append([decoders[s.id].decode(p.prompt_ids) for p in prompts])
+            run = results[s.id][-1]
+            log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
+                     len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
+    return results
+
+
+def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
+          results: dict[str, list[list[DecodeResult]]]) -> dict[str, list[Mismatch]]:
+    """Every speculative arm's outputs (first repeat) against greedy AR's, via the engine's
+    `compare` (which reports the first divergent position and the verifier's top-2 margin)."""
+    ar = results["ar"][0]
+    found: dict[str, list[Mismatch]] = {}
+    for s in specs:
+        if s.method == "ar":
+            continue
+        pairs = zip(prompts, ar, results[s.id][0])
+        found[s.id] = [m for p, a, b in pairs
+                       if (m := compare(models.verifier, p.id, p.prompt_ids, a.tokens, b.tokens))]
+    return found
+
+
+def run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
+              specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int) -> ShardResult:
+    """Load the models, time every arm over `prompts` and audit them (one process, serial)."""
+    if cfg.decoding.torch_threads > 0:
+        torch.set_num_threads(cfg.decoding.torch_threads)
+    if not any(s.method == "ar" for s in specs):
+        raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
+    models = load_arm_models(cfg, adapter_dir, head_dir)
+    results = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens)
+    return ShardResult(
+        prompt_ids=[p.id for p in prompts], results=results,
+        mismatches=audit(models, specs, prompts, results),
+        hardware=hardware_description(models.device),
+        engine=engine_description(cfg.model.attn_implementation),
+        dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),
+    )

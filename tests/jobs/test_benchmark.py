@@ -1,0 +1,135 @@
+"""The benchmark on the tiny world with untrained drafters: every arm's greedy output equals AR's,
+the counts add up, and the job writes results, report, figure and manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pyarrow as pa
+import pytest
+import torch
+
+from jobs.benchmark import RESULTS, BenchmarkInputError, load_prompts, main, run_benchmark
+from peftbd.analysis.report import FIGURE_1, REPORT
+from peftbd.benchmarking.aggregate import add_oracles, arm_entries
+from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.prompts import held_out_prompts
+from peftbd.benchmarking.runner import run_shard
+from peftbd.benchmarking.schema import ARMS
+from peftbd.config import Config, apply_override
+from peftbd.data.artifact import write_split
+from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.manifest import read_manifest, write_manifest
+from peftbd.models.loading import load_tokenizer
+from peftbd.training.tasks import ADAPTER_DIR, MTP_HEAD_DIR, make_task
+
+N_PROMPTS = 3
+
+
+@pytest.fixture(scope="module")
+def small_cfg(tiny_cfg: Config) -> Config:
+    cfg = tiny_cfg
+    for item in (f"decoding.num_prompts={N_PROMPTS}", "decoding.max_new_tokens=12",
+                 "decoding.repeats=2", "decoding.torch_threads=1"):
+        cfg = apply_override(cfg, item)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
+    """A pipeline output root: a test split of corpus prompts and untrained drafters exported by
+    the training tasks (as the training jobs export them)."""
+    root = tmp_path_factory.mktemp("artifacts")
+    tok = load_tokenizer(small_cfg)
+    rows = []
+    with open(tiny_world.corpus_path) as f:
+        for line in f:
+            rec = json.loads(line)
+            ids = encode_prompt(tok, prompt_messages(rec["messages"]))
+            rows.append({"id": rec["id"], "source": "test", "split": "test", "prompt_ids": ids,
+                         "continuation_ids": [], "prompt_len": len(ids), "continuation_len": 0,
+                         "finish_reason": "length", "category": None})
+            if len(rows) == N_PROMPTS + 2:
+                break
+    (root / "continuations").mkdir()
+    write_split(root / "continuations", "test", pa.Table.from_pylist(rows))
+    write_manifest(root / "continuations", {"stage": "generate", "wall_seconds": 11.5,
+                                            "peak_rss_mib": 512.0, "peak_gpu_mib": None})
+    torch.manual_seed(0)
+    for kind, sub in (("peftbd", "peftbd_adapter"), ("mtp", "mtp_head")):
+        task = make_task(kind, small_cfg)
+        task.export(task.build(torch.device("cpu")), root / sub)
+        write_manifest(root / sub, {"stage": f"train_{kind}", "untrained": True,
+                                    "wall_seconds": 0.5, "peak_rss_mib": 400.0})
+    return root
+
+
+def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
+    prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
+    specs = arm_specs(small_cfg)
+    shard = run_shard(small_cfg, artifacts / "peftbd_adapter" / ADAPTER_DIR,
+                      artifacts / "mtp_head" / MTP_HEAD_DIR, specs, prompts, repeats=2)
+    arms = arm_entries(specs, [shard], {p.id: None for p in prompts})
+    results = {"arms": arms}
+    add_oracles(results)
+
+    assert list(arms) == list(ARMS)
+    ar_tokens = [r.tokens for r in shard.results["ar"][0]]
+    for arm_id, arm in arms.items():
+        for repeat in shard.results[arm_id]:
+            assert [r.tokens for r in repeat] == ar_tokens  # greedy: identical to AR, every run
+        assert [r["new_tokens"] for r in arm["repeats"]] == [sum(map(len, ar_tokens))] * 2
+        assert arm["forward"]["verify"]["calls"] == arm["repeats"][0]["rounds"]  # 1 verify/round
+        if arm_id == "ar":
+            assert arm["audit"] is None and arm["forward"]["draft"]["calls"] == 0
+            assert arm["mean_accepted"]["mean"] == 1.0 and arm["oracle"] is None
+        else:
+            assert arm["audit"]["exact"] == N_PROMPTS and arm["audit"]["exact_pct"] == 100.0
+            assert arm["forward"]["draft"]["calls"] > 0
+            assert set(arm["oracle"]["needed_accepted"]) == {"fastmtp", "ar"}
+    assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, artifacts: Path,
+                                                          tmp_path: Path) -> None:
+    import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    out = run_benchmark(small_cfg, artifacts, tmp_path / "benchmark", repeats=1)
+    results = json.loads((out / RESULTS).read_text())
+    assert results["prompts"]["count"] == N_PROMPTS and results["timing"]["workers"] == 1
+    assert all(len(arm["repeats"]) == 1 for arm in results["arms"].values())
+    assert all(arm["audit"]["exact_pct"] == 100.0
+               for arm in results["arms"].values() if arm["method"] != "ar")
+    assert results["drafters"]["peftbd_adapter"]["untrained"] is True
+    report = (out / REPORT).read_text()
+    assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
+    assert mpimg.imread(out / FIGURE_1).shape[0] > 200
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
+    assert len(manifest["summary"]) == len(ARMS)
+
+
+def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec_bench_path: Path,
+                                                         tmp_path: Path) -> None:
+    cfg = apply_override(small_cfg, "decoding.num_prompts=12")
+    prompt_set = load_prompts(cfg, tmp_path, f"spec-bench:{spec_bench_path}")
+    cats = prompt_set.categories()
+    assert sum(cats.values()) == 12 and len(cats) >= 8  # round-robin, not the file's first 12
+    assert sum(prompt_set.dropped.values()) > 0  # long RAG/summarization turns exceed 96 tokens
+    assert all(p.id.startswith("spec-bench-") for p in prompt_set.prompts)
+
+
+def test_missing_artifacts_fail_with_the_fix(small_cfg: Config, tmp_path: Path) -> None:
+    with pytest.raises(BenchmarkInputError, match="peftbd_adapter.*jobs.train_peftbd"):
+        run_benchmark(small_cfg, tmp_path, tmp_path / "out")
+    with pytest.raises(SystemExit, match="error: .*continuations"):
+        (tmp_path / "peftbd_adapter").mkdir()
+        write_manifest(tmp_path / "peftbd_adapter", {})
+        (tmp_path / "mtp_head").mkdir()
+        write_manifest(tmp_path / "mtp_head", {})
+        main(["--artifacts", str(tmp_path)])
