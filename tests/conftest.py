@@ -13,6 +13,18 @@ SHARED = REPO.parent / "shared"
 SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """One intra-op torch thread in the test process: tiny forwards gain nothing from two, and
+    spin-waiting threads slow everything down on a busy 2-core machine. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> Config:
     """The `tiny` preset (its world is built once into the cache dir and reused)."""

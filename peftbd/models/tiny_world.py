@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 WORLD_FORMAT = 2
 """Bumped whenever the corpus, tokenizer or verifier code changes what a config builds."""
+BUILD_THREADS = 2
+"""The world is always trained with this many torch threads: CPU float reductions can depend on
+the thread count, and the weights must not depend on who built them."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,18 @@ def _sha256(path: Path) -> str:
 
 def build_tiny_world(tw: TinyWorldConfig, root: Path) -> TinyWorld:
     """Build corpus, tokenizer and trained verifier into `root` and write the manifest."""
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _build(tw, root)
+    finally:
+        torch.set_num_threads(caller_threads)
+
+
+def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
     start = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     world = TinyWorld(root)
-    torch_threads = torch.get_num_threads()
 
     rows = build_corpus(tw.seed, tw.corpus_rows)
     with world.corpus_path.open("w") as f:
@@ -142,7 +153,7 @@ def build_tiny_world(tw: TinyWorldConfig, root: Path) -> TinyWorld:
             "tokenizer": _sha256(world.tokenizer_dir / "tokenizer.json"),
             "verifier": _sha256(world.verifier_dir / "model.safetensors"),
         },
-        "torch_threads": torch_threads,
+        "torch_threads": BUILD_THREADS,
         "build_seconds": round(time.perf_counter() - start, 1),
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2))

@@ -13,15 +13,6 @@ from peftbd.decoding import DecodeState
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: tiny forwards gain nothing from two, and spin-waiting threads slow
-    everyone down on a shared 2-core machine. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_cfg):

@@ -11,14 +11,6 @@ from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import count_parameters
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: tiny forwards gain nothing from two on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def verifier(tiny_cfg):

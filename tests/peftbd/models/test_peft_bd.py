@@ -20,14 +20,6 @@ from peftbd.models.peft_bd import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: tiny forwards gain nothing from two on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def mask_id(tiny_cfg) -> int:
