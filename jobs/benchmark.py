@@ -33,7 +33,13 @@ from typing import Any
 import ray
 
 from jobs.ray_env import init_ray
-from peftbd.analysis.report import REPORT, build_report, read_stage_manifests, summary_lines
+from peftbd.analysis.report import (
+    BENCHMARK_STAGE,
+    REPORT,
+    build_report,
+    read_stage_manifests,
+    summary_lines,
+)
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import arm_specs
 from peftbd.benchmarking.prompts import PromptSet, spec_bench_prompts, held_out_prompts
@@ -117,7 +123,7 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: list[ShardResult],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "measured_on": {"model": cfg.model.name_or_path, "engine": first.engine,
                         "hardware": first.hardware,
-                        "device": first.hardware.split()[0].lower(), "dtype": first.dtype},
+                        "device": first.device, "dtype": first.dtype},
         "prompts": {"source": prompt_set.source, "path": prompt_set.path,
                     "count": len(prompt_set.prompts), "max_new_tokens": d.max_new_tokens,
                     "categories": prompt_set.categories(), "dropped": prompt_set.dropped},
@@ -129,6 +135,7 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: list[ShardResult],
                    "prompts after one untimed warm-up decode each; throughput = tokens / summed "
                    "per-prompt decode time.",
             "per_worker_hardware": [s.hardware for s in shards],
+            "per_worker_peak_rss_mib": [s.peak_rss_mib for s in shards],
         },
         "drafters": {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)},
         "arms": arm_entries(arm_specs(cfg), shards, category_of),
@@ -136,6 +143,15 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: list[ShardResult],
     }
     add_oracles(results)
     return results
+
+
+def stage_stats(timer: StageTimer, shards: list[ShardResult]) -> dict[str, Any]:
+    """Wall time, and peak memory as the max over the driver and the timing workers (where the
+    models live)."""
+    stats = timer.stats()
+    gpu = [s.peak_gpu_mib for s in shards if s.peak_gpu_mib is not None]
+    return {**stats, "peak_rss_mib": max([stats["peak_rss_mib"], *(s.peak_rss_mib for s in shards)]),
+            "peak_gpu_mib": max(gpu) if gpu else None, "driver_peak_rss_mib": stats["peak_rss_mib"]}
 
 
 def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
@@ -158,14 +174,14 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
     shards = time_on_workers(cfg, adapter / ADAPTER_DIR, head / MTP_HEAD_DIR, prompt_set, repeats)
     results = build_results(cfg, prompt_set, shards, repeats, adapter, head)
-    stats = timer.stats()
-    manifests = {**read_stage_manifests(artifacts), "benchmark": stats}
+    stats = stage_stats(timer, shards)  # the same numbers in the report and in manifest.json
+    manifests = {**read_stage_manifests(artifacts), BENCHMARK_STAGE: stats}
     with atomic_output_dir(out_dir) as tmp:
         (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
         build_report(results, manifests, tmp)
         write_manifest(tmp, {"stage": "benchmark", "prompts": results["prompts"],
                              "timing": results["timing"], "summary": summary_lines(results),
-                             "config": cfg.to_dict(), "versions": versions(), **timer.stats()})
+                             "config": cfg.to_dict(), "versions": versions(), **stats})
     return out_dir
 
 

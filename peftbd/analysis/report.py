@@ -17,14 +17,16 @@ from peftbd.manifest import is_complete, read_manifest
 
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
+BENCHMARK_STAGE = "benchmark + report"
 STAGE_DIRS: tuple[tuple[str, str], ...] = (
     ("tiny world", "world"),
     ("generate continuations", "continuations"),
     ("train PEFT-BD adapter", "peftbd_adapter"),
-    ("train MTP head", "mtp_head"),
-    ("benchmark", "benchmark"),
+    ("train FastMTP head", "mtp_head"),
+    (BENCHMARK_STAGE, "benchmark"),
 )
-"""(stage name, subdirectory of the artifacts root) of every pipeline stage, in order."""
+"""(stage name, subdirectory of the artifacts root) of every pipeline stage, in order (the names
+and subdirectories of `jobs/pipeline.py`)."""
 
 
 def read_stage_manifests(artifacts_dir: str | Path) -> dict[str, dict[str, Any]]:

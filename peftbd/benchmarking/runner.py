@@ -20,6 +20,7 @@ from peftbd.benchmarking.environment import engine_description, hardware_descrip
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
+from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,12 @@ class ShardResult:
     prompt_ids: list[str]
     results: dict[str, list[list[DecodeResult]]]
     mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
+    device: str = ""
     hardware: str = ""
     engine: str = ""
     dtype: str = ""
+    peak_rss_mib: float = 0.0
+    peak_gpu_mib: float | None = None
 
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
@@ -81,7 +85,8 @@ def run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=results,
         mismatches=audit(models, specs, prompts, results),
-        hardware=hardware_description(models.device),
+        device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),
+        peak_rss_mib=round(peak_rss_mib(), 1), peak_gpu_mib=peak_gpu_mib(),
     )

@@ -65,7 +65,7 @@ def _stage_manifests(root: Path) -> None:
 def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -> None:
     _stage_manifests(tmp_path / "artifacts")
     manifests = read_stage_manifests(tmp_path / "artifacts")
-    assert list(manifests) == ["generate continuations", "train PEFT-BD adapter", "train MTP head"]
+    assert list(manifests) == ["generate continuations", "train PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results(), manifests, tmp_path / "out").read_text()
     for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "The paper beside ours",
                     "Pipeline stages", "Per category"):
