@@ -65,7 +65,7 @@ def read_source(source: Source, cfg: Config, limit: int | None) -> ray.data.Data
     if source.kind == "parquet":
         ds = ray.data.read_parquet(source.location)
     else:
-        ds = ray.data.read_text(source.location)
+        ds = ray.data.read_text(source.location, file_extensions=["jsonl", "json"])
     if limit:
         ds = ds.limit(limit)
         ds.context.execution_options.preserve_order = True  # "first N" must be the file's first N

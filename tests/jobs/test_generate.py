@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
@@ -149,6 +151,22 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
     manifest = read_manifest(out)
     assert manifest["dropped"] == {k: len(v) for k, v in bad.items()}
     assert sorted(r["id"] for rows in _rows(out).values() for r in rows) == [g["id"] for g in good]
+
+
+def test_tulu_parquet_directory_source(local_ray, tmp_path):
+    rows = [{"id": f"t{i}", "source": "tulu", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Count to {i}."},
+        {"role": "assistant", "content": "1"}]} for i in range(5)]
+    rows.append({"id": "empty", "source": "tulu", "messages": []})
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:3]), tmp_path / "data" / "train-0.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[3:]), tmp_path / "data" / "train-1.parquet")
+    cfg = load_config("tiny", overrides=["data.max_new_tokens=4", "generate.num_actors=1"])
+    out = run_generate(cfg, tmp_path / "out", source=str(tmp_path / "data"))
+    assert read_manifest(out)["dropped"] == {"no_messages": 1}
+    got = [r for t in _rows(out).values() for r in t]
+    assert sorted(r["id"] for r in got) == [f"t{i}" for i in range(5)]
+    assert {r["source"] for r in got} == {"tulu"}
 
 
 def test_spec_bench_questions_render_and_generate(local_ray, spec_bench_path, tmp_path):
