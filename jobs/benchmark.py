@@ -23,7 +23,6 @@ the per-round clock. results.json records the placement.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import sys
@@ -40,13 +39,13 @@ from peftbd.analysis.report import (
     read_stage_manifests,
     summary_lines,
 )
-from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import arm_specs
-from peftbd.benchmarking.prompts import PromptSet, spec_bench_prompts, held_out_prompts
+from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
+from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
-from peftbd.benchmarking.schema import SCHEMA
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config
+from peftbd.data.artifact import ArtifactError
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError
 from peftbd.manifest import (
     StageTimer,
@@ -56,13 +55,16 @@ from peftbd.manifest import (
     versions,
     write_manifest,
 )
-from peftbd.models.loading import ModelUnavailableError, load_tokenizer
+from peftbd.models.loading import ModelUnavailableError
 from peftbd.training.tasks import ADAPTER_DIR, MTP_HEAD_DIR
 
 log = logging.getLogger(__name__)
 
 CONTINUATIONS, ADAPTER, MTP_HEAD, BENCHMARK = "continuations", "peftbd_adapter", "mtp_head", "benchmark"
 RESULTS = "results.json"
+PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
+             "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
+             "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time.")
 
 
 class BenchmarkInputError(ValueError):
@@ -77,22 +79,6 @@ def _require(artifacts: Path, sub: str, how: str) -> Path:
             f"{how}, or run the main job: python -m jobs.pipeline --out {artifacts}"
         )
     return path
-
-
-def load_prompts(cfg: Config, artifacts: Path, prompts: str) -> PromptSet:
-    """`prompts` = "test" (the artifact's test split) or "spec-bench:PATH" (question.jsonl)."""
-    limit = cfg.decoding.num_prompts
-    if prompts == "test":
-        cont = _require(artifacts, CONTINUATIONS, f"build it with python -m jobs.generate --out "
-                                                  f"{artifacts / CONTINUATIONS}")
-        return held_out_prompts(cont, limit)
-    if prompts.startswith(SPEC_BENCH_PREFIX):
-        path = prompts[len(SPEC_BENCH_PREFIX):]
-        return spec_bench_prompts(cfg, load_tokenizer(cfg), path, limit)
-    raise BenchmarkInputError(
-        f"prompts={prompts!r}: use 'test' (the artifact's held-out split) or "
-        f"'spec-bench:PATH' (Spec-Bench's question.jsonl)"
-    )
 
 
 def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSet,
@@ -113,47 +99,6 @@ def _drafter_info(path: Path) -> dict[str, Any]:
             **{k: v for k, v in manifest.items() if k not in ("config", "versions")}}
 
 
-def build_results(cfg: Config, prompt_set: PromptSet, shards: list[ShardResult], repeats: int,
-                  adapter: Path, head: Path) -> dict[str, Any]:
-    """results.json (schema: `peftbd.benchmarking.schema`) from the workers' measurements."""
-    d, first = cfg.decoding, shards[0]
-    category_of = {p.id: p.category for p in prompt_set.prompts}
-    results = {
-        "schema": SCHEMA, "preset": cfg.preset,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "measured_on": {"model": cfg.model.name_or_path, "engine": first.engine,
-                        "hardware": first.hardware,
-                        "device": first.device, "dtype": first.dtype},
-        "prompts": {"source": prompt_set.source, "path": prompt_set.path,
-                    "count": len(prompt_set.prompts), "max_new_tokens": d.max_new_tokens,
-                    "categories": prompt_set.categories(), "dropped": prompt_set.dropped},
-        "timing": {
-            "workers": len(shards), "torch_threads": d.torch_threads, "repeats": repeats,
-            "worker_num_cpus": d.worker_num_cpus, "worker_num_gpus": d.worker_num_gpus,
-            "how": "prompts split round-robin over the workers (Ray tasks); each worker times its "
-                   "prompts one at a time (batch 1); per repeat the arms take turns over all "
-                   "prompts after one untimed warm-up decode each; throughput = tokens / summed "
-                   "per-prompt decode time.",
-            "per_worker_hardware": [s.hardware for s in shards],
-            "per_worker_peak_rss_mib": [s.peak_rss_mib for s in shards],
-        },
-        "drafters": {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)},
-        "arms": arm_entries(arm_specs(cfg), shards, category_of),
-        "config": cfg.to_dict(),
-    }
-    add_oracles(results)
-    return results
-
-
-def stage_stats(timer: StageTimer, shards: list[ShardResult]) -> dict[str, Any]:
-    """Wall time, and peak memory as the max over the driver and the timing workers (where the
-    models live)."""
-    stats = timer.stats()
-    gpu = [s.peak_gpu_mib for s in shards if s.peak_gpu_mib is not None]
-    return {**stats, "peak_rss_mib": max([stats["peak_rss_mib"], *(s.peak_rss_mib for s in shards)]),
-            "peak_gpu_mib": max(gpu) if gpu else None, "driver_peak_rss_mib": stats["peak_rss_mib"]}
-
-
 def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
                   prompts: str = "test", repeats: int | None = None) -> Path:
     """Time every arm on the held-out prompts under `artifacts_dir`; write results.json, report.md,
@@ -164,17 +109,26 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
     repeats = cfg.decoding.repeats if repeats is None else repeats
     if repeats < 1:
         raise BenchmarkInputError(f"repeats={repeats}: need at least 1 (decoding.repeats / --repeats)")
+    if cfg.decoding.max_new_tokens < 2:
+        raise BenchmarkInputError(
+            f"decoding.max_new_tokens={cfg.decoding.max_new_tokens}: need >= 2, since prefill "
+            "commits the first token and speculative rounds start with the second"
+        )
     adapter = _require(artifacts, ADAPTER, f"train it with python -m jobs.train_peftbd --out "
                                            f"{artifacts / ADAPTER}")
     head = _require(artifacts, MTP_HEAD, f"train it with python -m jobs.train_mtp --out "
                                          f"{artifacts / MTP_HEAD}")
-    prompt_set = load_prompts(cfg, artifacts, prompts)
+    if prompts == "test":
+        _require(artifacts, CONTINUATIONS, f"build it with python -m jobs.generate --out "
+                                           f"{artifacts / CONTINUATIONS}")
+    prompt_set = load_prompts(cfg, artifacts / CONTINUATIONS, prompts)
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
     shards = time_on_workers(cfg, adapter / ADAPTER_DIR, head / MTP_HEAD_DIR, prompt_set, repeats)
-    results = build_results(cfg, prompt_set, shards, repeats, adapter, head)
-    stats = stage_stats(timer, shards)  # the same numbers in the report and in manifest.json
+    drafters = {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)}
+    results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
+    stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(artifacts), BENCHMARK_STAGE: stats}
     with atomic_output_dir(out_dir) as tmp:
         (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
@@ -194,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifacts", type=Path, required=True,
                         help="the main job's output root (holds continuations/, peftbd_adapter/, "
                              "mtp_head/)")
-    parser.add_argument("--prompts", nargs="+", default=["test"], metavar="test | spec-bench PATH",
+    parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",
                         help="'test': the artifact's held-out split (default); 'spec-bench PATH': "
                              "Spec-Bench's question.jsonl, reported per category")
     parser.add_argument("--repeats", type=int, default=None,
@@ -208,12 +162,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompts == ["test"]:
         prompts, default_out = "test", args.artifacts / BENCHMARK
     elif len(args.prompts) == 2 and args.prompts[0] == "spec-bench":
-        prompts, default_out = f"{SPEC_BENCH_PREFIX}{args.prompts[1]}", args.artifacts / f"{BENCHMARK}-spec-bench"
+        prompts = f"{SPEC_BENCH_PREFIX}{args.prompts[1]}"
+        default_out = args.artifacts / f"{BENCHMARK}-spec-bench"
     else:
         parser.error(f"--prompts {' '.join(args.prompts)}: use 'test' or 'spec-bench PATH'")
     try:
         out = run_benchmark(cfg, args.artifacts, args.out or default_out, prompts, args.repeats)
-    except (BenchmarkInputError, SourceError, ModelUnavailableError) as exc:
+    except (BenchmarkInputError, PromptError, ArtifactError, SourceError,
+            ModelUnavailableError) as exc:
         sys.exit(f"error: {exc}")
     results = json.loads((out / RESULTS).read_text())
     print("\n".join(summary_lines(results)))

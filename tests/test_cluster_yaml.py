@@ -40,7 +40,8 @@ def test_cluster_yaml_is_a_valid_launcher_config() -> None:
     cluster = _cluster()
     validate_config(prepare_config(copy.deepcopy(cluster)))  # raises on a schema error
     assert cluster["provider"]["type"] == "aws"
-    assert cluster["docker"]["image"].startswith("rayproject/ray:") and "gpu" in cluster["docker"]["image"]
+    image = cluster["docker"]["image"]
+    assert image.startswith("rayproject/ray:") and "gpu" in image
     assert any("install.sh" in c or "pip install -e" in c for c in cluster["setup_commands"])
     assert "/mnt/shared" in " ".join(cluster["initialization_commands"])
     starts = cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]
@@ -62,4 +63,5 @@ def test_serve_yaml_resources_are_provided_by_the_cluster() -> None:
     requested = {p.name: _serve_resources(p) for p in serve_yamls}
     assert any(requested.values()), f"no Serve YAML places a deployment by resource: {requested}"
     for name, names in requested.items():
-        assert names <= provided, f"{name} asks for {sorted(names - provided)}; cluster.yaml has {sorted(provided)}"
+        assert names <= provided, (f"{name} asks for {sorted(names - provided)}; "
+                                   f"cluster.yaml has {sorted(provided)}")

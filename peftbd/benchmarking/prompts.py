@@ -16,6 +16,11 @@ from transformers import PreTrainedTokenizerBase
 from peftbd.config import Config
 from peftbd.data.artifact import read_split
 from peftbd.data.sources import SPEC_BENCH_PREFIX, prepare_record, resolve_source
+from peftbd.models.loading import load_tokenizer
+
+
+class PromptError(ValueError):
+    """Benchmark prompts that cannot be loaded; the message says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,11 @@ class PromptSet:
 def held_out_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
     """The first `limit` prompts (by id) of the artifact's held-out test split."""
     if limit < 1:
-        raise ValueError(f"decoding.num_prompts={limit}: need at least 1 prompt")
+        raise PromptError(f"decoding.num_prompts={limit}: need at least 1 prompt")
     table = read_split(artifact_dir, "test").slice(0, limit)
     rows = table.select(["id", "prompt_ids", "category"]).to_pylist()
     if not rows:
-        raise ValueError(
+        raise PromptError(
             f"the test split of {str(artifact_dir)!r} is empty; regenerate the artifact with "
             "data.test_size >= 1"
         )
@@ -77,8 +82,22 @@ def spec_bench_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, path: st
             by_category.setdefault(cat, []).append(Prompt(row["id"], row["prompt_ids"], cat))
     interleaved = [p for group in itertools.zip_longest(*by_category.values()) for p in group if p]
     if not interleaved:
-        raise ValueError(
+        raise PromptError(
             f"no usable Spec-Bench question in {source.location!r} (dropped: {dict(dropped)}); "
             f"raise data.max_prompt_len (now {cfg.data.max_prompt_len}) if they are too long"
         )
     return PromptSet(interleaved[:limit], "spec-bench", source.location, dict(dropped))
+
+
+def load_prompts(cfg: Config, continuations_dir: str | Path, prompts: str) -> PromptSet:
+    """`prompts` = "test" (the held-out split of the artifact in `continuations_dir`) or
+    "spec-bench:PATH" (Spec-Bench's question.jsonl); at most `decoding.num_prompts` of them."""
+    limit = cfg.decoding.num_prompts
+    if prompts == "test":
+        return held_out_prompts(continuations_dir, limit)
+    if prompts.startswith(SPEC_BENCH_PREFIX):
+        return spec_bench_prompts(cfg, load_tokenizer(cfg), prompts[len(SPEC_BENCH_PREFIX):], limit)
+    raise PromptError(
+        f"prompts={prompts!r}: use 'test' (the artifact's held-out split) or "
+        f"'spec-bench:PATH' (Spec-Bench's question.jsonl)"
+    )

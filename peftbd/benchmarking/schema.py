@@ -6,12 +6,15 @@
   "preset": "tiny",
   "created": "2025-01-01T00:00:00+00:00",
   "measured_on": {"model": str, "engine": str, "hardware": str, "device": str, "dtype": str},
-  "prompts": {"source": "test" | "spec-bench", "path": str, "count": int,
-              "max_new_tokens": int, "categories": {category: count} | null},
-  "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str},
+  "prompts": {"source": "test" | "spec-bench", "path": str, "count": int, "max_new_tokens": int,
+              "categories": {category: count} | null, "dropped": {reason: count}},
+  "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str,
+             "worker_num_cpus": float, "worker_num_gpus": float,
+             "per_worker_hardware": [str], "per_worker_peak_rss_mib": [float]},
   "drafters": {"peftbd_adapter": {"path": str, "trained": bool, ...},
                "mtp_head": {"path": str, "trained": bool, ...}},
-  "arms": {arm_id: ARM, ...}          # ordered as ARMS
+  "arms": {arm_id: ARM, ...},         # ordered as ARMS
+  "config": {...}                      # the whole config tree
 }
 ARM = {
   "label": str, "method": "ar" | "peftbd" | "fastmtp", "settings": {...},

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from jobs.benchmark import RESULTS, BenchmarkInputError, load_prompts, main, run_benchmark
+from jobs.benchmark import RESULTS, BenchmarkInputError, main, run_benchmark
 from peftbd.analysis.report import FIGURE_1, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import arm_specs
-from peftbd.benchmarking.prompts import held_out_prompts
+from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
 from peftbd.config import Config, apply_override
@@ -117,7 +117,7 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
 def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec_bench_path: Path,
                                                          tmp_path: Path) -> None:
     cfg = apply_override(small_cfg, "decoding.num_prompts=12")
-    prompt_set = load_prompts(cfg, tmp_path, f"spec-bench:{spec_bench_path}")
+    prompt_set = load_prompts(cfg, tmp_path / "unused", f"spec-bench:{spec_bench_path}")
     cats = prompt_set.categories()
     assert sum(cats.values()) == 12 and len(cats) >= 8  # round-robin, not the file's first 12
     assert sum(prompt_set.dropped.values()) > 0  # long RAG/summarization turns exceed 96 tokens

@@ -1,0 +1,53 @@
+"""Assemble results.json (schema: `peftbd.benchmarking.schema`) and the stage's memory stats from
+the timing workers' shards."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from peftbd.benchmarking.aggregate import add_oracles, arm_entries
+from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.prompts import PromptSet
+from peftbd.benchmarking.runner import ShardResult
+from peftbd.benchmarking.schema import SCHEMA
+from peftbd.config import Config
+
+
+def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResult], repeats: int,
+                  drafters: dict[str, Any], how: str) -> dict[str, Any]:
+    """results.json from the workers' measurements; `drafters` describes the drafter artifacts,
+    `how` the timing placement."""
+    d, first = cfg.decoding, shards[0]
+    results = {
+        "schema": SCHEMA, "preset": cfg.preset,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "measured_on": {"model": cfg.model.name_or_path, "engine": first.engine,
+                        "hardware": first.hardware, "device": first.device, "dtype": first.dtype},
+        "prompts": {"source": prompt_set.source, "path": prompt_set.path,
+                    "count": len(prompt_set.prompts), "max_new_tokens": d.max_new_tokens,
+                    "categories": prompt_set.categories(), "dropped": prompt_set.dropped},
+        "timing": {
+            "workers": len(shards), "torch_threads": d.torch_threads, "repeats": repeats,
+            "worker_num_cpus": d.worker_num_cpus, "worker_num_gpus": d.worker_num_gpus,
+            "how": how,
+            "per_worker_hardware": [s.hardware for s in shards],
+            "per_worker_peak_rss_mib": [s.peak_rss_mib for s in shards],
+        },
+        "drafters": drafters,
+        "arms": arm_entries(arm_specs(cfg), shards, {p.id: p.category for p in prompt_set.prompts}),
+        "config": cfg.to_dict(),
+    }
+    add_oracles(results)
+    return results
+
+
+def stage_stats(driver: dict[str, Any], shards: Sequence[ShardResult]) -> dict[str, Any]:
+    """The driver's `StageTimer.stats()` with peak memory taken as the max over the driver and the
+    timing workers (where the models live); the driver's own peak RSS is kept beside it."""
+    gpu = [s.peak_gpu_mib for s in shards if s.peak_gpu_mib is not None]
+    return {**driver,
+            "peak_rss_mib": max([driver["peak_rss_mib"], *(s.peak_rss_mib for s in shards)]),
+            "peak_gpu_mib": max(gpu) if gpu else driver["peak_gpu_mib"],
+            "driver_peak_rss_mib": driver["peak_rss_mib"]}
