@@ -71,7 +71,7 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     specs = arm_specs(small_cfg)
     shard = run_shard(small_cfg, artifacts / "peftbd_adapter" / ADAPTER_DIR,
                       artifacts / "mtp_head" / MTP_HEAD_DIR, specs, prompts, repeats=2)
-    arms = arm_entries(specs, [shard], {p.id: None for p in prompts})
+    arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
     results = {"arms": arms}
     add_oracles(results)
 
@@ -90,6 +90,8 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             assert arm["forward"]["draft"]["calls"] > 0
             assert set(arm["oracle"]["needed_accepted"]) == {"fastmtp", "ar"}
     assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False}
+    by_cat = arms["ar"]["by_category"]
+    assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
 
 @pytest.mark.integration
