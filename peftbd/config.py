@@ -231,7 +231,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "source": EMBEDDED_TINY, "max_prompt_len": 96, "max_new_tokens": 48,
             "train_size": 1200, "val_size": 48, "test_size": 48,
         },
-        "generate": {"num_actors": 2, "batch_size": 32, "num_cpus_per_actor": 0.5},
+        "generate": {"num_actors": 2, "batch_size": 64, "num_cpus_per_actor": 0.5},
         "drafter": {"block_size": 8, "lora_r": 8, "lora_alpha": 16,
                     "optim": dataclasses.asdict(_tiny_optim(2e-3))},
         "mtp": {"optim": dataclasses.asdict(_tiny_optim(2e-3, warmup_ratio=0.05,
