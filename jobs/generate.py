@@ -135,12 +135,13 @@ class VerifierActor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
-        start = time.time()
+        start, cpu_start = time.time(), time.process_time()
         outs = greedy_continuations(
             self.model, [r["prompt_ids"] for r in rows], self.max_new_tokens, self.eos_ids,
             self.pad_id,
         )
         bookkeeping = {"actor": self.name, "batch_start": start, "batch_end": time.time(),
+                       "batch_cpu_seconds": time.process_time() - cpu_start,
                        "actor_rss_mib": peak_rss_mib()}
         return pa.Table.from_pylist([
             {**row, "continuation_ids": out.ids, "prompt_len": len(row["prompt_ids"]),

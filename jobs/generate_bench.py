@@ -47,6 +47,7 @@ def bench_run(cfg: Config, out: Path, actors: int, batch: int, limit: int | None
         "actors": actors, "batch_size": batch, "limit": limit,
         "rows": tp["generated_rows"], "tokens": tp["generated_tokens"],
         "tokens_per_s": tp["tokens_per_s"], "stage_tokens_per_s": tp["stage_tokens_per_s"],
+        "tokens_per_cpu_s": tp["tokens_per_cpu_s"],
         "per_actor_tokens_per_s": [a["tokens_per_s"] for a in tp["per_actor"].values()],
         "run_seconds": round(time.perf_counter() - start, 1),
         "load": {"loadavg_1m_before": round(load_before[0], 2),
@@ -71,13 +72,18 @@ def run_bench(cfg: Config, out_dir: Path, rows: int | None, batch1_rows: int) ->
         o[i] == outputs[0][i] for o in outputs[1:] for i in outputs[0].keys() & o.keys()
     )
     r = {name: res["tokens_per_s"] for name, res in results.items()}
+    cpu = {name: res["tokens_per_cpu_s"] for name, res in results.items()}
     return {
-        "metric": "generated tokens / seconds from the first batch start to the last batch end "
-                  "(actor start-up excluded; stage_tokens_per_s includes it)",
+        "metric": "tokens_per_s: generated tokens / seconds from the first batch start to the last "
+                  "batch end (actor start-up excluded; stage_tokens_per_s includes it); "
+                  "tokens_per_cpu_s: generated tokens / CPU-seconds of the actors (efficiency, "
+                  "insensitive to other processes competing for the cores)",
         "runs": results,
         "two_actors_over_one": round(r[f"2_actors_batch_{batch}"] / r[f"1_actor_batch_{batch}"], 2),
         f"batch_{batch}_over_batch_1": round(r[f"1_actor_batch_{batch}_small"]
                                              / r["1_actor_batch_1"], 2),
+        f"batch_{batch}_over_batch_1_per_cpu_s": round(cpu[f"1_actor_batch_{batch}_small"]
+                                                       / cpu["1_actor_batch_1"], 2),
         "identical_continuations_across_runs": identical,
         "machine": {"logical_cpus": os.cpu_count(),
                     "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     path = out / "generate_bench.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"generate bench: {path.resolve()} (2 actors / 1 = {result['two_actors_over_one']}x, "
-          f"{next(v for k, v in result.items() if k.endswith('_over_batch_1'))}x batched / batch 1)")
+          f"{next(v for k, v in result.items() if k.endswith('_over_batch_1'))}x batched / "
+          f"batch 1; load {result['runs']['1_actor_batch_1']['load']})")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ WORK_SCHEMA = pa.schema(list(ARTIFACT_SCHEMA) + [
     pa.field("actor", pa.string()),  # which generation actor produced the row
     pa.field("batch_start", pa.float64()),  # unix time its batch started / ended generating
     pa.field("batch_end", pa.float64()),
+    pa.field("batch_cpu_seconds", pa.float64()),  # CPU time the actor process spent on the batch
     pa.field("actor_rss_mib", pa.float64()),  # the actor's peak RSS after the batch
 ])
 """Rows of the resumable work parts: the artifact columns plus throughput bookkeeping."""
@@ -95,31 +96,37 @@ class PartStore:
 def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
     """Tokens/s of the WORK_SCHEMA rows generated in one run: over the span from the first batch
     start to the last batch end (`tokens_per_s`), over the whole generation phase with actor
-    start-up (`stage_tokens_per_s`), and per actor (tokens over the actor's busy time)."""
+    start-up (`stage_tokens_per_s`), per CPU-second of the actors (`tokens_per_cpu_s`: the
+    efficiency, insensitive to other load on a shared machine), and per actor."""
     if table.num_rows == 0:
         return {"generated_rows": 0, "generated_tokens": 0}
-    batches = table.group_by(["actor", "batch_start", "batch_end"]).aggregate([
+    batches = table.group_by(["actor", "batch_start", "batch_end", "batch_cpu_seconds"]).aggregate([
         ("continuation_len", "sum"), ("id", "count"), ("actor_rss_mib", "max"),
     ]).to_pylist()
     per_actor: dict[str, dict[str, Any]] = {}
     for b in batches:
         a = per_actor.setdefault(b["actor"], {"rows": 0, "tokens": 0, "busy_seconds": 0.0,
-                                              "batches": 0, "peak_rss_mib": 0.0})
+                                              "cpu_seconds": 0.0, "batches": 0,
+                                              "peak_rss_mib": 0.0})
         a["rows"] += b["id_count"]
         a["tokens"] += b["continuation_len_sum"]
         a["busy_seconds"] += b["batch_end"] - b["batch_start"]
+        a["cpu_seconds"] += b["batch_cpu_seconds"]
         a["batches"] += 1
         a["peak_rss_mib"] = max(a["peak_rss_mib"], round(b["actor_rss_mib_max"], 1))
     for a in per_actor.values():
         a["tokens_per_s"] = round(a["tokens"] / max(a["busy_seconds"], 1e-9), 1)
-        a["busy_seconds"] = round(a["busy_seconds"], 3)
+        a["tokens_per_cpu_s"] = round(a["tokens"] / max(a["cpu_seconds"], 1e-9), 1)
+        a["busy_seconds"], a["cpu_seconds"] = round(a["busy_seconds"], 3), round(a["cpu_seconds"], 3)
     tokens = pc.sum(table["continuation_len"]).as_py()
     span = pc.max(table["batch_end"]).as_py() - pc.min(table["batch_start"]).as_py()
+    cpu = sum(a["cpu_seconds"] for a in per_actor.values())
     return {
         "generated_rows": table.num_rows,
         "generated_tokens": tokens,
         "tokens_per_s": round(tokens / max(span, 1e-9), 1),
         "stage_tokens_per_s": round(tokens / max(stage_seconds, 1e-9), 1),
+        "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1),
         "span_seconds": round(span, 3),
         "stage_seconds": round(stage_seconds, 3),
         "per_actor": per_actor,
