@@ -216,10 +216,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _tiny_optim(lr: float, **kw: Any) -> OptimConfig:
+def _tiny_optim(lr: float, max_steps: int, **kw: Any) -> OptimConfig:
+    """Tiny training budget: ~1-2 min per job on 2 CPU workers (Ray + DeepSpeed start-up included)
+    that still clearly beats an untrained drafter (numbers in docs/architecture.md, Training)."""
     return OptimConfig(
-        lr=lr, global_batch_size=16, max_steps=300, eval_every=100, checkpoint_every=100,
-        eval_batches=4, **kw,
+        lr=lr, global_batch_size=16, max_steps=max_steps, eval_every=50, checkpoint_every=50,
+        eval_batches=3, **kw,
     )
 
 
@@ -233,8 +235,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "generate": {"num_actors": 2, "batch_size": 64, "num_cpus_per_actor": 0.5},
         "drafter": {"block_size": 8, "lora_r": 8, "lora_alpha": 16,
-                    "optim": dataclasses.asdict(_tiny_optim(2e-3))},
-        "mtp": {"optim": dataclasses.asdict(_tiny_optim(2e-3, warmup_ratio=0.05,
+                    "optim": dataclasses.asdict(_tiny_optim(3e-3, max_steps=200))},
+        "mtp": {"optim": dataclasses.asdict(_tiny_optim(3e-3, max_steps=150, warmup_ratio=0.05,
                                                         weight_decay=0.1))},
         "training": {"num_workers": 2, "cpus_per_worker": 0.5, "zero_stage": 0,
                      "precision": "fp32"},

@@ -69,6 +69,13 @@ def parameter_summary(trainable: int, total: int) -> dict[str, float | int]:
             "trainable_percent": round(100.0 * trainable / total, 4)}
 
 
+def mtp_parameter_counts(head: nn.Module, verifier: nn.Module) -> tuple[int, int]:
+    """(trainable, total) of the verifier enhanced with the MTP head: the head's own weights train;
+    the total adds the verifier's (the head shares its embeddings, final norm and LM head)."""
+    trainable, head_total = count_parameters(head)
+    return trainable, head_total + count_parameters(verifier)[1]
+
+
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return float(num) / max(float(den), 1e-12)
 
@@ -179,8 +186,7 @@ class MTPTask:
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
-        trainable, head_total = count_parameters(module)
-        return trainable, head_total + count_parameters(self.verifier)[1]
+        return mtp_parameter_counts(module, self.verifier)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         return module.save_pretrained(Path(out_dir) / MTP_HEAD_DIR)

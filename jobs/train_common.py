@@ -1,0 +1,307 @@
+"""Ray Train + DeepSpeed orchestration shared by `jobs.train_peftbd` and `jobs.train_mtp`.
+
+A `TorchTrainer` whose workers each call `deepspeed.initialize`, read their shard of the
+artifact's train split (`ray.train.get_dataset_shard`), evaluate on the val split, and report
+DeepSpeed checkpoints with `ray.train.report`. A run is `RunConfig(name=<out dir name>,
+storage_path=cfg.training.storage_path or <out dir>/../ray_train)`: rerunning with the same
+names resumes from its latest checkpoint (Ray Train V2 restores the run), and a lost worker
+restarts the group from that checkpoint (`FailureConfig`). What is computed lives in
+`peftbd.training` (no Ray there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import shutil
+import tempfile
+from itertools import islice
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import deepspeed
+import pyarrow as pa
+import pyarrow.fs
+import ray
+import ray.train
+import ray.train.torch
+from ray.data import ExecutionOptions
+from ray.train import (
+    Checkpoint,
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from ray.train.torch import TorchTrainer
+
+from jobs.ray_env import init_ray
+from peftbd.cli import add_config_args, config_from_args
+from peftbd.config import Config, ConfigError
+from peftbd.data.artifact import ArtifactError
+from peftbd.manifest import (
+    StageTimer,
+    atomic_output_dir,
+    is_complete,
+    peak_rss_mib,
+    read_manifest,
+    versions,
+    write_manifest,
+)
+from peftbd.models.loading import ModelUnavailableError, load_tokenizer
+from peftbd.training.checkpoint import (
+    EXPORT_DIR,
+    TrainState,
+    load_checkpoint,
+    run_fingerprint,
+    save_checkpoint,
+)
+from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, torch_extensions_dir
+from peftbd.training.evaluate import evaluate, rank_rows
+from peftbd.training.examples import collate_sequences, load_training_split
+from peftbd.training.tasks import make_task, parameter_summary
+
+log = logging.getLogger(__name__)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """One Ray Train worker: DeepSpeed engine, resume, train/eval/checkpoint, final export."""
+    cfg: Config = config["cfg"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(cfg)))
+    device = ray.train.torch.get_device()
+    task = make_task(config["kind"], cfg)
+    module = task.build(device)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(
+        model=module, model_parameters=trainable,
+        config=deepspeed_config(cfg.training, task.optim, world, device.type),
+    )
+    state = TrainState()
+    if (ckpt := ray.train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as ckpt_dir:
+            state = load_checkpoint(engine, ckpt_dir, config["fingerprint"])
+        log.info("rank %d resumed at step %d", rank, state.step)
+
+    plan = batch_plan(cfg.training, task.optim, world)
+    optim, pad_id = task.optim, config["pad_id"]
+    steps_per_epoch = plan.steps_per_epoch(config["train_rows"])
+    train_shard = ray.train.get_dataset_shard("train")
+    val_shard = ray.train.get_dataset_shard("val")
+
+    val_rows = [  # this worker's val rows, read once (each eval reuses them)
+        rank_rows(rows, rank, world)
+        for rows in val_shard.iter_batches(batch_size=plan.micro_batch * world, batch_format="numpy")
+    ]
+    val_batches = [collate_sequences(r, pad_id).to(device) for r in val_rows if len(r["id"])]
+
+    def report(metrics: dict[str, Any], checkpoint: bool, final: bool) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            if checkpoint:
+                save_checkpoint(engine, tmp, state, config["fingerprint"])
+            if final:
+                with deepspeed.zero.GatheredParameters(trainable, enabled=cfg.training.zero_stage == 3):
+                    if rank == 0:
+                        task.export(engine.module, Path(tmp) / EXPORT_DIR)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp) if checkpoint else None)
+
+    params = parameter_summary(*task.parameter_counts(engine.module))
+    losses: list[float] = []
+    train_seconds, steps_run, metrics = 0.0, 0, {}
+    while state.step < optim.max_steps:
+        epoch, done_in_epoch = divmod(state.step, steps_per_epoch)
+        micro_batches = islice(
+            train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy", drop_last=True),
+            steps_per_epoch * plan.accumulation,
+        )
+        for i, rows in enumerate(micro_batches):
+            if i < done_in_epoch * plan.accumulation:
+                continue  # consumed before the checkpoint this run resumed from
+            start = perf_counter()
+            loss = task.train_loss(engine.module, collate_sequences(rows, pad_id).to(device), epoch)
+            engine.backward(loss)
+            engine.step()
+            train_seconds += perf_counter() - start
+            losses.append(loss.item())
+            if (i + 1) % plan.accumulation:
+                continue
+            state = TrainState(step=state.step + 1)
+            steps_run += 1
+            final = state.step == optim.max_steps
+            do_eval = final or state.step % optim.eval_every == 0
+            do_ckpt = final or state.step % optim.checkpoint_every == 0
+            if do_eval or do_ckpt:
+                if do_eval:
+                    metrics = evaluate(task, engine.module, val_batches)
+                metrics.update(step=state.step, epoch=epoch, train_loss=sum(losses) / len(losses),
+                               lr=engine.get_lr()[0])
+                losses.clear()
+                log.info("rank %d step %d: %s", rank, state.step, metrics)
+                if final:
+                    metrics.update(
+                        parameters=params, steps_run=steps_run, train_seconds=round(train_seconds, 2),
+                        steps_per_second=round(steps_run / max(train_seconds, 1e-9), 3),
+                        worker_peak_rss_mib=round(peak_rss_mib(), 1))
+                report(dict(metrics), checkpoint=do_ckpt, final=final)
+                _maybe_inject_failure(config, state.step, rank)
+            if final:
+                break
+    if steps_run == 0:  # the checkpoint was already the last step: re-evaluate and re-export
+        metrics = evaluate(task, engine.module, val_batches)
+        metrics.update(step=state.step, parameters=params, steps_run=0, train_seconds=0.0,
+                       steps_per_second=None, worker_peak_rss_mib=round(peak_rss_mib(), 1))
+        report(metrics, checkpoint=True, final=True)
+
+
+def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
+    """Fault injection for tests and drills: fail once, right after the checkpoint of a step."""
+    marker = config.get("failure_marker")
+    if rank == 0 and step == config.get("fail_once_at_step") and not Path(marker).exists():
+        Path(marker).touch()
+        raise RuntimeError(f"injected failure after the checkpoint of step {step}")
+
+
+def run_location(cfg: Config, out_dir: Path) -> tuple[str, str]:
+    """(storage_path, run name) of the Ray Train run that writes `out_dir`."""
+    storage = cfg.training.storage_path or str(out_dir.resolve().parent / "ray_train")
+    return storage, out_dir.name
+
+
+def run_train(
+    kind: str,
+    cfg: Config,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    resume: bool = True,
+    fail_once_at_step: int | None = None,
+) -> Path:
+    """Train the `kind` drafter ("peftbd" or "mtp") on the artifact in `data_dir` and publish its
+    weights plus `manifest.json` in `out_dir`; returns `out_dir`.
+
+    `resume=True` continues the run's latest checkpoint (and returns at once when `out_dir` already
+    holds this exact run's result); `resume=False` discards the run's checkpoints first.
+    `fail_once_at_step` injects one worker failure after that step's checkpoint (tests, drills).
+    """
+    timer = StageTimer()
+    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
+    fingerprint = run_fingerprint(kind, cfg.to_dict(), str(data_dir))
+    if resume and is_complete(out_dir) and read_manifest(out_dir).get("fingerprint") == fingerprint:
+        log.info("%s already holds this run's result; nothing to do", out_dir)
+        return out_dir
+    task = make_task(kind, cfg)
+    block, seed, world = cfg.drafter.block_size, cfg.training.seed, cfg.training.num_workers
+    train, train_counts = load_training_split(data_dir, "train", block, seed)
+    val, val_counts = load_training_split(data_dir, "val", block, seed)
+    plan = batch_plan(cfg.training, task.optim, world)
+    plan.steps_per_epoch(train.num_rows)  # fails early when the split cannot fill one step
+    n_eval = min(val.num_rows, task.optim.eval_batches * plan.global_batch)
+    if n_eval < world:
+        raise ArtifactError(
+            f"the val split of {data_dir} has {val.num_rows} usable rows, fewer than "
+            f"training.num_workers={world}; regenerate with a larger data.val_size"
+        )
+    storage, name = run_location(cfg, out_dir)
+    if not resume:
+        _delete_run(storage, name)
+    init_ray()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
+            "pad_id": load_tokenizer(cfg).pad_token_id, "fail_once_at_step": fail_once_at_step,
+            "failure_marker": str(Path(storage) / name / "injected_failure"),
+        },
+        scaling_config=ScalingConfig(
+            num_workers=world, use_gpu=cfg.training.use_gpu,
+            resources_per_worker={"CPU": cfg.training.cpus_per_worker},
+        ),
+        run_config=RunConfig(
+            name=name, storage_path=storage,
+            failure_config=FailureConfig(max_failures=cfg.training.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+        datasets={"train": _dataset(train), "val": _dataset(val.slice(0, n_eval))},
+        dataset_config=DataConfig(
+            datasets_to_split=["train"],
+            execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
+        ),
+    )
+    result = trainer.fit()
+    metrics = dict(result.metrics)
+    with result.checkpoint.as_directory() as ckpt_dir, atomic_output_dir(out_dir) as tmp:
+        shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
+        write_manifest(tmp, {
+            "stage": f"train_{kind}",
+            "fingerprint": fingerprint,
+            "outputs": {task.export_subdir: task.export_subdir},
+            "parameters": metrics.pop("parameters"),
+            "metrics": {k: v for k, v in metrics.items() if k.startswith("eval_")},
+            "training": {
+                "steps": metrics["step"], "steps_run_last_attempt": metrics["steps_run"],
+                "steps_per_second": metrics["steps_per_second"],
+                "train_seconds": metrics["train_seconds"], "final_train_loss": metrics.get("train_loss"),
+                "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
+                "accumulation": plan.accumulation, "workers": world,
+                "steps_per_epoch": plan.steps_per_epoch(train.num_rows),
+                "worker_peak_rss_mib": metrics["worker_peak_rss_mib"],
+            },
+            "checkpoint": result.checkpoint.path,
+            "ray_run": {"storage_path": storage, "name": name},
+            "data": {"artifact_dir": str(data_dir), "train": train_counts.to_dict(),
+                     "val": {**val_counts.to_dict(), "evaluated_rows": n_eval}},
+            "config": cfg.to_dict(),
+            "versions": versions(),
+            **timer.stats(),
+        })
+    log.info("trained %s drafter -> %s", kind, out_dir)
+    return out_dir
+
+
+def _dataset(table: pa.Table) -> ray.data.Dataset:
+    ds = ray.data.from_arrow(table)
+    ds.context.enable_progress_bars = False  # two workers' bars per epoch and eval drown the log
+    return ds
+
+
+def _delete_run(storage: str, name: str) -> None:
+    """Remove a run's checkpoints and state (local or cloud storage) so it starts over."""
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    path = f"{root.rstrip('/')}/{name}"
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
+def main(kind: str, argv: list[str] | None = None) -> None:
+    """Command line of `python -m jobs.train_<kind>`."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m jobs.train_{kind}",
+        description=f"Distil the {'PEFT-BD adapter' if kind == 'peftbd' else 'FastMTP head'} from "
+        "the continuation artifact with Ray Train + DeepSpeed.",
+    )
+    add_config_args(parser)
+    parser.add_argument("--data", default=None, metavar="ARTIFACT_DIR",
+                        help="continuation artifact (default: <paths.out_dir>/generate)")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory, also the Ray Train run name "
+                        f"(default: <paths.out_dir>/train_{kind})")
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                        help="continue the run's latest checkpoint (default); --no-resume starts over")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    data = Path(args.data) if args.data else Path(cfg.paths.out_dir) / "generate"
+    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / f"train_{kind}"
+    try:
+        out = run_train(kind, cfg, data, out, resume=args.resume)
+    except (ArtifactError, ConfigError, ModelUnavailableError) as exc:
+        sys.exit(f"error: {exc}")
+    m = read_manifest(out)
+    p = m["parameters"]
+    print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "
+          f"eval loss {m['metrics']['eval_loss']:.4f}, target-token accuracy "
+          f"{m['metrics']['eval_target_token_accuracy']:.4f}, {m['wall_seconds']} s)")

@@ -1,0 +1,189 @@
+"""The two training jobs on a local Ray (2 CPU workers, gloo, DeepSpeed ZeRO-0): the loss falls,
+an interrupted run resumes to the same weights, the outputs load back and decode exactly through
+the engine. Small on purpose: 64 train rows, a dozen steps."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from jobs.ray_env import init_ray
+from jobs.train_common import main, run_train
+from peftbd.config import load_config
+from peftbd.data.artifact import ARTIFACT_SCHEMA, ArtifactError, read_split, write_split
+from peftbd.data.continuations import greedy_continuations
+from peftbd.data.sources import prepare_records, resolve_source
+from peftbd.decoding.audit import greedy_audit
+from peftbd.decoding.loop import SpeculativeDecoder
+from peftbd.decoding.metrics import summarize
+from peftbd.decoding.mtp_drafter import MTPDrafter
+from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
+from peftbd.manifest import read_manifest, write_manifest
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.models.mtp_head import MTPHead
+from peftbd.models.peft_bd import load_drafter_adapter, set_adapter_enabled
+from peftbd.training.evaluate import evaluate
+from peftbd.training.examples import collate_sequences, load_training_split
+from peftbd.training.tasks import make_task
+
+TRAIN_ROWS, VAL_ROWS = 64, 8
+OPTIM = ["global_batch_size=8", "max_steps=12", "eval_every=3", "checkpoint_every=3", "eval_batches=1"]
+OVERRIDES = [f"{section}.optim.{o}" for section in ("drafter", "mtp") for o in OPTIM] + [
+    "training.max_failures=1", "data.max_new_tokens=24"]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config("tiny", overrides=OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def artifact(cfg, tiny_world, tmp_path_factory):
+    """A small continuation artifact from the generate library (no Ray): greedy verifier
+    continuations of the first corpus prompts."""
+    tok, model = load_tokenizer(cfg), load_verifier(cfg)
+    lines = tiny_world.corpus_path.read_text().splitlines()[:200]
+    prepared = prepare_records(tok, resolve_source(cfg), [{"text": x} for x in lines],
+                               cfg.data.max_prompt_len).to_pylist()
+    rows = [r for r in prepared if r["drop_reason"] is None][: TRAIN_ROWS + VAL_ROWS]
+    outs = greedy_continuations(model, [r["prompt_ids"] for r in rows], cfg.data.max_new_tokens,
+                                eos_token_ids(model, tok), tok.pad_token_id)
+    out = tmp_path_factory.mktemp("artifact")
+    table = pa.Table.from_pylist([
+        {**r, "split": "train" if i < TRAIN_ROWS else "val", "continuation_ids": o.ids,
+         "prompt_len": len(r["prompt_ids"]), "continuation_len": len(o.ids),
+         "finish_reason": o.finish_reason}
+        for i, (r, o) in enumerate(zip(rows, outs, strict=True))
+    ])
+    for split in ("train", "val"):
+        write_split(out, split, table.filter(pc.equal(table["split"], split)))
+    write_manifest(out, {"stage": "test artifact"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_ray(tiny_world):
+    init_ray()
+    ray.data.DataContext.get_current().print_on_execution_start = False
+    yield
+    ray.shutdown()
+
+
+def _untrained_eval(kind: str, cfg, artifact) -> dict:
+    """The eval metrics of the freshly initialised drafter on the same val rows, in-process."""
+    task = make_task(kind, cfg)
+    module = task.build(torch.device("cpu"))
+    val, _ = load_training_split(artifact, "val", cfg.drafter.block_size, cfg.training.seed)
+    batch = collate_sequences(val.to_pydict(), load_tokenizer(cfg).pad_token_id)
+    return evaluate(task, module, [batch])
+
+
+def _decode_check(cfg, model, drafter, artifact) -> dict:
+    prompts = [(r["id"], r["prompt_ids"]) for r in read_split(artifact, "val").to_pylist()[:4]]
+    eos = eos_token_ids(model, load_tokenizer(cfg))
+    audit = greedy_audit(model, prompts, drafter, max_new_tokens=24, eos_ids=eos)
+    spec = SpeculativeDecoder(model, drafter, eos, 24)
+    return {"audit": audit, **summarize([spec.decode(ids) for _, ids in prompts])}
+
+
+@pytest.fixture(scope="module")
+def peftbd_run(local_ray, cfg, artifact, tmp_path_factory):
+    return run_train("peftbd", cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd", resume=False)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, artifact):
+    manifest = read_manifest(peftbd_run)
+    metrics, before = manifest["metrics"], _untrained_eval("peftbd", cfg, artifact)
+    assert metrics["eval_loss"] < before["eval_loss"] - 0.5
+    assert metrics["eval_loss_t1"] < before["eval_loss_t1"] - 0.5
+    assert manifest["training"]["steps"] == 12 and manifest["training"]["workers"] == 2
+    assert manifest["data"]["train"]["rows"] == TRAIN_ROWS
+    assert manifest["parameters"]["trainable"] < manifest["parameters"]["total"]
+    adapter = peftbd_run / "adapter"
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    assert any("trainable_tokens_delta" in k for k in weights)  # the mask row is in the adapter
+    plain = PeftModel.from_pretrained(load_verifier(cfg), str(adapter))
+    model = load_drafter_adapter(load_verifier(cfg), adapter)
+    set_adapter_enabled(model, False)  # peft loads it enabled; the engine verifies with it off
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
+    mask_id = load_tokenizer(cfg).mask_token_id
+    check = _decode_check(cfg, model, PeftBDDrafter(model, mask_id, cfg.drafter.block_size), artifact)
+    assert check["audit"]["exact"] == check["audit"]["prompts"] == 4
+    assert check["rounds"] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_interrupted_run_resumes_to_the_same_adapter(peftbd_run, cfg, artifact, tmp_path_factory):
+    # 64 rows / 2 workers / 4 per micro-batch = 8 steps per epoch: the failure after step 6's
+    # checkpoint resumes mid-epoch, skips the consumed batches, then crosses into epoch 1.
+    out = run_train("peftbd", cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd_failed",
+                    resume=False, fail_once_at_step=6)
+    manifest = read_manifest(out)
+    assert manifest["training"]["steps"] == 12 and manifest["training"]["steps_run_last_attempt"] == 6
+    resumed = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    straight = load_file(str(peftbd_run / "adapter" / "adapter_model.safetensors"))
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+    assert manifest["metrics"] == read_manifest(peftbd_run)["metrics"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, tmp_path_factory):
+    out = run_train("mtp", cfg, artifact, tmp_path_factory.mktemp("runs") / "mtp", resume=False)
+    manifest = read_manifest(out)
+    before = _untrained_eval("mtp", cfg, artifact)
+    assert manifest["metrics"]["eval_loss"] < before["eval_loss"] - 0.5
+    assert len(manifest["metrics"]["eval_step_accuracy"]) == 3
+    assert json.loads((out / "mtp_head" / "mtp_head.json").read_text())["hidden_size"] == 128
+    verifier = load_verifier(cfg)
+    head = MTPHead.from_pretrained(out / "mtp_head", verifier)
+    check = _decode_check(cfg, verifier, MTPDrafter(head, verifier, cfg.mtp.num_steps), artifact)
+    assert check["audit"]["exact"] == check["audit"]["prompts"] == 4
+    # A rerun of a finished run is a no-op (same fingerprint).
+    assert run_train("mtp", cfg, artifact, out) == out
+    assert read_manifest(out) == manifest
+
+
+def test_bad_artifacts_fail_before_training_with_the_problem_named(cfg, artifact, tmp_path):
+    train = read_split(artifact, "train")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    pq.write_table(train.drop_columns(["prompt_len"]), broken / "train.parquet")
+    write_manifest(broken, {})
+    with pytest.raises(ArtifactError, match="prompt_len"):
+        run_train("peftbd", cfg, broken, tmp_path / "out")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_split(empty, "train", pa.Table.from_pylist([], schema=ARTIFACT_SCHEMA))
+    write_manifest(empty, {})
+    with pytest.raises(ArtifactError, match="no row with a non-empty continuation"):
+        run_train("mtp", cfg, empty, tmp_path / "out")
+
+
+def test_empty_continuations_are_skipped_and_counted(cfg, artifact, tmp_path):
+    train = read_split(artifact, "train").to_pylist()
+    for row in train[:5]:
+        row.update(continuation_ids=[], continuation_len=0)
+    write_split(tmp_path, "train", pa.Table.from_pylist(train, schema=ARTIFACT_SCHEMA))
+    write_manifest(tmp_path, {})
+    table, counts = load_training_split(tmp_path, "train", 8, 0)
+    assert counts.rows == table.num_rows == TRAIN_ROWS - 5
+    assert counts.skipped_empty_continuation == 5
+
+
+def test_cli_names_a_missing_artifact(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main("peftbd", ["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    assert "nowhere" in str(exc.value) and "jobs.generate" in str(exc.value)

@@ -1,0 +1,54 @@
+"""The DeepSpeed config: the repo's ds_zero.json filled from the config tree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from peftbd.config import ConfigError, load_config
+from peftbd.training.deepspeed_config import batch_plan, deepspeed_config
+
+
+def test_tiny_config_is_zero0_fp32_torch_adamw_with_warmup_cosine():
+    cfg = load_config("tiny")
+    ds = deepspeed_config(cfg.training, cfg.drafter.optim, world_size=2, device_type="cpu")
+    optim = cfg.drafter.optim
+    assert ds["zero_optimization"]["stage"] == 0
+    assert ds["bf16"]["enabled"] is False
+    assert ds["train_batch_size"] == optim.global_batch_size
+    assert ds["train_micro_batch_size_per_gpu"] * 2 * ds["gradient_accumulation_steps"] == optim.global_batch_size
+    assert ds["optimizer"] == {"type": "AdamW", "params": {
+        "lr": optim.lr, "weight_decay": optim.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
+        "torch_adam": True}}
+    assert ds["scheduler"]["type"] == "WarmupCosineLR"
+    assert ds["scheduler"]["params"]["total_num_steps"] == optim.max_steps
+
+
+def test_paper_config_is_bf16_zero2_on_gpu_and_fp32_on_cpu():
+    cfg = load_config("qwen3-0.6b")
+    gpu = deepspeed_config(cfg.training, cfg.mtp.optim, world_size=1, device_type="cuda")
+    assert gpu["bf16"]["enabled"] is True and gpu["zero_optimization"]["stage"] == 2
+    assert gpu["optimizer"]["params"]["weight_decay"] == 0.1
+    assert deepspeed_config(cfg.training, cfg.mtp.optim, 1, "cpu")["bf16"]["enabled"] is False
+
+
+def test_micro_batches_and_accumulation():
+    cfg = load_config("tiny", overrides=["training.micro_batch_size=2"])
+    plan = batch_plan(cfg.training, cfg.drafter.optim, world_size=2)
+    assert (plan.micro_batch, plan.accumulation) == (2, cfg.drafter.optim.global_batch_size // 4)
+    assert plan.steps_per_epoch(rows=101) == 101 // 2 // 2 // plan.accumulation
+    with pytest.raises(ConfigError, match="fewer than one global batch"):
+        plan.steps_per_epoch(rows=3)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"global_batch_size": 7}, "multiple of training.num_workers"),
+    ({"scheduler": "linear"}, "cosine, constant"),
+])
+def test_bad_values_are_named(change, match):
+    cfg = load_config("tiny")
+    with pytest.raises(ConfigError, match=match):
+        deepspeed_config(cfg.training, dataclasses.replace(cfg.drafter.optim, **change), 2, "cpu")
+    with pytest.raises(ConfigError, match="micro_batch_size=3"):
+        batch_plan(dataclasses.replace(cfg.training, micro_batch_size=3), cfg.drafter.optim, 2)
