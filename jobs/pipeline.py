@@ -50,13 +50,38 @@ def _generate(cfg: Config, out: Path) -> Path:
     return run_generate(cfg, out)
 
 
+def _train_peftbd(cfg: Config, out: Path) -> Path:
+    from jobs.train_peftbd import run_train_peftbd
+
+    return run_train_peftbd(cfg, out.parent / CONTINUATIONS, out)
+
+
+def _train_mtp(cfg: Config, out: Path) -> Path:
+    from jobs.train_mtp import run_train_mtp
+
+    return run_train_mtp(cfg, out.parent / CONTINUATIONS, out)
+
+
+def _benchmark(cfg: Config, out: Path) -> Path:
+    from jobs.benchmark import run_benchmark
+
+    return run_benchmark(cfg, out.parent, out)
+
+
+CONTINUATIONS = "continuations"
+
+
 def stages(cfg: Config) -> list[Stage]:
     """The stages this configuration runs, in order."""
     chosen = []
     if cfg.model.name_or_path == EMBEDDED_TINY:
         chosen.append(Stage("tiny world", "world", _world))
-    chosen.append(Stage("generate continuations", "continuations", _generate))
-    return chosen
+    return chosen + [
+        Stage("generate continuations", CONTINUATIONS, _generate),
+        Stage("train PEFT-BD adapter", "peftbd_adapter", _train_peftbd),
+        Stage("train FastMTP head", "mtp_head", _train_mtp),
+        Stage("benchmark + report", "benchmark", _benchmark),
+    ]
 
 
 def run_pipeline(cfg: Config, out_dir: Path) -> dict:
@@ -111,6 +136,10 @@ def main(argv: list[str] | None = None) -> None:
           f"outputs under {out.resolve()}:")
     for row in manifest["stages"]:
         print(f"  {row['stage']:<28} {row['path']}")
+    bench = out / "benchmark"
+    print(f"\nreport: {(bench / 'report.md').resolve()}")
+    for line in read_manifest(bench).get("summary", []):
+        print(f"  {line}")
 
 
 if __name__ == "__main__":
