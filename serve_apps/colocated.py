@@ -7,6 +7,8 @@ adapter and the MTP head and runs each request's whole loop.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.serve import Application
 
 from serve_apps.args import AppArgs, actor_options
@@ -14,9 +16,16 @@ from serve_apps.deployments import Engine
 from serve_apps.ingress import Ingress
 
 
-def app_builder(args: AppArgs) -> Application:
-    """Build the app from its args (`preset`, `config`, `overrides`, `adapter_dir`, `mtp_dir`)."""
+def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
+    """The app; `options` (by role: `engine`, `ingress`) replaces the `.options(...)` that
+    `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
+    opts = {role: actor_options(cfg, role) for role in ("engine", "ingress")} | (options or {})
     plain = args.model_dump()
-    engine = Engine.options(**actor_options(cfg, "engine")).bind(plain)
-    return Ingress.options(**actor_options(cfg, "ingress")).bind(plain, engine=engine)
+    engine = Engine.options(**opts["engine"]).bind(plain)
+    return Ingress.options(**opts["ingress"]).bind(plain, engine=engine)
+
+
+def app_builder(args: AppArgs) -> Application:
+    """Serve's entry point (`import_path: serve_apps.colocated:app_builder`)."""
+    return build(args)

@@ -9,6 +9,8 @@ and resources; a request's rounds stick to one replica of each by session id.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.serve import Application
 
 from serve_apps.args import AppArgs, actor_options
@@ -16,12 +18,18 @@ from serve_apps.deployments import Drafter, Verifier
 from serve_apps.ingress import Ingress
 
 
-def app_builder(args: AppArgs) -> Application:
-    """Build the app from its args (`preset`, `config`, `overrides`, `adapter_dir`, `mtp_dir`)."""
+def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
+    """The app; `options` (by role: `drafter`, `verifier`, `ingress`) replaces the
+    `.options(...)` that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
+    roles = ("drafter", "verifier", "ingress")
+    opts = {role: actor_options(cfg, role) for role in roles} | (options or {})
     plain = args.model_dump()
-    drafter = Drafter.options(**actor_options(cfg, "drafter")).bind(plain)
-    verifier = Verifier.options(**actor_options(cfg, "verifier")).bind(plain)
-    return Ingress.options(**actor_options(cfg, "ingress")).bind(
-        plain, drafter=drafter, verifier=verifier
-    )
+    drafter = Drafter.options(**opts["drafter"]).bind(plain)
+    verifier = Verifier.options(**opts["verifier"]).bind(plain)
+    return Ingress.options(**opts["ingress"]).bind(plain, drafter=drafter, verifier=verifier)
+
+
+def app_builder(args: AppArgs) -> Application:
+    """Serve's entry point (`import_path: serve_apps.split:app_builder`)."""
+    return build(args)

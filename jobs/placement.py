@@ -1,0 +1,188 @@
+"""The placement experiment: the same prompts through the colocated and the split app (and, on a
+cluster, split across nodes, on one node, on fractional GPUs), per method (ar, peft-bd, fastmtp).
+
+    python -m jobs.placement --preset tiny --out outputs/tiny/placement
+    python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --out /shared/...
+
+Reports per placement and method: tokens/s, tokens per round and, per round, draft / verify /
+sync / other ms (replica-side) and transport ms (ingress wall time of the remote calls minus the
+replica-side time), draft cost / verify cost; as placement.json and placement.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from peftbd.cli import add_config_args, config_from_args
+from peftbd.config import Config, load_config
+from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
+from peftbd.serving.placement import (
+    RequestRecord,
+    markdown,
+    outputs_identical,
+    placement_prompts,
+    summarize,
+)
+from peftbd.serving.schemas import METHODS
+
+log = logging.getLogger("peftbd.placement")
+CLUSTER_RESOURCES = ("drafter", "verifier")  # custom resources of cluster.yaml's GPU node types
+
+
+def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(app, per-role `.options(...)` overrides) of a named placement.
+
+    split-cross-node: Drafter on a `drafter` node, Verifier on a `verifier` node, whole GPUs.
+    split-same-node: both on one `verifier` node, sharing its GPU (half each).
+    split-fractional-gpu: cross-node with two replicas of each at half a GPU.
+    """
+    s = cfg.serving
+
+    def role(resource: str, share: float, gpus: float, replicas: int = 1) -> dict[str, Any]:
+        return {"num_replicas": replicas, "ray_actor_options": {
+            "num_cpus": s.replica_num_cpus, "num_gpus": gpus, "resources": {resource: share}}}
+
+    table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
+        "colocated": ("colocated", {}),
+        "split": ("split", {}),
+        "split-cross-node": ("split", {"drafter": role("drafter", 1, s.drafter_num_gpus),
+                                       "verifier": role("verifier", 1, s.verifier_num_gpus)}),
+        "split-same-node": ("split", {"drafter": role("verifier", 0.5, s.drafter_num_gpus / 2),
+                                      "verifier": role("verifier", 0.5, s.verifier_num_gpus / 2)}),
+        "split-fractional-gpu": ("split", {
+            "drafter": role("drafter", 0.5, s.drafter_num_gpus / 2, replicas=2),
+            "verifier": role("verifier", 0.5, s.verifier_num_gpus / 2, replicas=2)}),
+    }
+    if name not in table:
+        raise ValueError(f"serving.placements: unknown placement {name!r}; known: {list(table)}")
+    return table[name]
+
+
+def _skip_reason(options: dict[str, dict[str, Any]], available: dict[str, float]) -> str | None:
+    needed = {r for o in options.values() for r in o["ray_actor_options"].get("resources", {})}
+    missing = sorted(needed - set(available))
+    if missing:
+        return (f"needs the custom resources {missing} of cluster.yaml's GPU node types; this "
+                f"cluster has {sorted(k for k in available if not k.startswith('node:'))}")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
+             model: str) -> list[RequestRecord]:
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
+    records = []
+    for method in METHODS:
+        client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
+        for _ in range(cfg.decoding.repeats):
+            for i, ids in enumerate(prompts):
+                start = time.perf_counter()
+                resp = client.completions.create(model=f"{model}:{method}", prompt=ids,
+                                                 max_tokens=cfg.decoding.max_new_tokens)
+                wall_ms = (time.perf_counter() - start) * 1e3
+                records.append(RequestRecord(
+                    placement, method, i, resp.choices[0].text, resp.usage.completion_tokens,
+                    wall_ms, resp.usage.model_extra["speculative"]))
+    return records
+
+
+def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
+                  mtp_dir: str | None = None) -> Path:
+    """Run every placement in `cfg.serving.placements` (those the cluster cannot host are
+    skipped with the reason); write placement.json, placement.md and manifest.json."""
+    import ray
+    from ray import serve
+
+    from jobs.ray_env import init_ray
+    from peftbd.models.loading import load_tokenizer
+    from serve_apps import colocated, split
+    from serve_apps.args import AppArgs
+
+    timer = StageTimer()
+    init_ray()
+    prompts = placement_prompts(cfg, load_tokenizer(cfg), cfg.decoding.num_prompts)
+    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), adapter_dir=adapter_dir,
+                   mtp_dir=mtp_dir)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    builders = {"colocated": colocated.build, "split": split.build}
+    records: list[RequestRecord] = []
+    skipped: dict[str, str] = {}
+    for name in cfg.serving.placements:
+        app, options = placement_options(name, cfg)
+        reason = _skip_reason(options, ray.cluster_resources())
+        if reason:
+            skipped[name] = reason
+            print(f"[placement] {name}: skipped ({reason})", flush=True)
+            continue
+        print(f"[placement] {name}: deploying the {app} app", flush=True)
+        serve.run(builders[app](args, options), name="placement", route_prefix="/placement")
+        records += _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
+                            cfg.serving.model_name)
+        serve.delete("placement")
+    serve.shutdown()
+    summary = summarize(records)
+    notes = [
+        f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
+        f"{cfg.decoding.max_new_tokens}, requests one at a time; preset {cfg.preset}",
+        f"adapter: {adapter_dir or 'untrained'}; MTP head: {mtp_dir or 'untrained'}",
+        "timings on a shared machine are noisy; compare placements within one run",
+    ]
+    result = {"summary": summary, "skipped": skipped, "notes": notes,
+              "outputs_identical": outputs_identical(records),
+              "requests": [dataclasses.asdict(r) for r in records]}
+    with atomic_output_dir(out_dir) as tmp:
+        (tmp / "placement.json").write_text(json.dumps(result, indent=2))
+        (tmp / "placement.md").write_text(markdown(summary, skipped, notes))
+        write_manifest(tmp, {"stage": "placement", "config": cfg.to_dict(), "versions": versions(),
+                             "counts": {"prompts": len(prompts), "requests": len(records)},
+                             "outputs_identical": result["outputs_identical"], **timer.stats()})
+    return Path(out_dir)
+
+
+def _overrides(cfg: Config) -> list[str]:
+    """`--set` overrides that turn `cfg.preset` into `cfg`, so the replicas rebuild this config."""
+    flat: list[str] = []
+
+    def diff(prefix: str, value: Any, base: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                diff(f"{prefix}{k}.", v, base[k])
+        elif value != base:
+            flat.append(f"{prefix[:-1]}={json.dumps(value)}")
+
+    diff("", cfg.to_dict(), load_config(cfg.preset).to_dict())
+    return flat
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    parser.add_argument("--out", default=None, help="output dir (default: outputs/<preset>/placement)")
+    parser.add_argument("--adapter-dir", default=None, help="trained PEFT-BD adapter (train_peftbd)")
+    parser.add_argument("--mtp-dir", default=None, help="trained MTP head (train_mtp)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    cfg = config_from_args(args)
+    out = Path(args.out or Path(cfg.paths.out_dir) / cfg.preset / "placement")
+    path = run_placement(cfg, out, args.adapter_dir, args.mtp_dir)
+    print((path / "placement.md").read_text())
+    print(f"[placement] wrote {path / 'placement.json'} and {path / 'placement.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

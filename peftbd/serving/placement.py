@@ -1,0 +1,131 @@
+"""The placement experiment's library side (no Ray): its prompts, per-request records, the
+per-placement summary (transport separated from compute) and the Markdown table."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from peftbd.config import Config
+from peftbd.data.sources import prepare_record, resolve_source
+
+
+def placement_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, n: int) -> list[list[int]]:
+    """Token ids of the first `n` usable prompts of `cfg.data.source` (a JSON-lines source: the
+    embedded corpus, a TULU-schema .jsonl or Spec-Bench), chat template applied."""
+    source = resolve_source(cfg)
+    if not source.is_json_lines:
+        raise ValueError(
+            f"data.source={cfg.data.source!r}: the placement job reads JSON-lines prompts; use the "
+            "embedded corpus, a TULU-schema .jsonl file or spec-bench:PATH"
+        )
+    prompts: list[list[int]] = []
+    with open(source.location, encoding="utf-8") as f:
+        for line in itertools.islice((line for line in f if line.strip()), 50 * n):
+            row = prepare_record(tokenizer, source, {"text": line}, cfg.serving.max_prompt_tokens)
+            if not row["drop_reason"]:
+                prompts.append(row["prompt_ids"])
+            if len(prompts) == n:
+                break
+    if not prompts:
+        raise ValueError(f"no usable prompt in {source.location!r}")
+    return prompts
+
+
+@dataclass
+class RequestRecord:
+    """One measured request: its output and timings (client wall time and `usage.speculative`)."""
+
+    placement: str
+    method: str
+    prompt: int
+    text: str
+    completion_tokens: int
+    wall_ms: float
+    spec: dict[str, Any]
+
+
+TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transport_ms")
+
+
+def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Per (placement, method): tokens/s from client wall time, tokens per round, per-round
+    draft / verify / sync / other / transport ms, and draft cost over verify cost."""
+    out: dict[str, Any] = {}
+    key = lambda r: (r.placement, r.method)  # noqa: E731
+    for (placement, method), group in itertools.groupby(sorted(records, key=key), key=key):
+        group = list(group)
+        rounds = sum(r.spec["rounds"] for r in group)
+        tokens = sum(r.completion_tokens for r in group)
+        wall_s = sum(r.wall_ms for r in group) / 1e3
+        totals = {t: sum(r.spec[t] for r in group) for t in TIMES}
+        per_round = {t: _div(totals[t], rounds) for t in TIMES if t != "prefill_ms"}
+        replica_ms = sum(totals.values())
+        out.setdefault(placement, {})[method] = {
+            "requests": len(group), "completion_tokens": tokens, "rounds": rounds,
+            "tokens_per_s": _div(tokens, wall_s),
+            "tokens_per_round": _div(tokens - len(group), rounds),  # the prefill token is no round's
+            "acceptance_rate": _div(sum(r.spec["accepted_tokens"] for r in group),
+                                    sum(r.spec["proposed_tokens"] for r in group)),
+            "prefill_ms_per_request": _div(totals["prefill_ms"], len(group)),
+            **{f"{t}_per_round": v for t, v in per_round.items()},
+            "draft_over_verify": _div(totals["draft_ms"] + totals["sync_ms"], totals["verify_ms"]),
+            "transport_share": _div(totals["transport_ms"], wall_s * 1e3),
+            "ingress_http_ms_per_request": _div(wall_s * 1e3 - replica_ms, len(group)),
+            "resumes": sum(r.spec["resumes"] for r in group),
+        }
+    return out
+
+
+def _div(num: float, den: float) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+def outputs_identical(records: Sequence[RequestRecord]) -> bool:
+    """Every placement and method gave the same text for each prompt (greedy exactness)."""
+    by_prompt: dict[int, set[str]] = {}
+    for r in records:
+        by_prompt.setdefault(r.prompt, set()).add(r.text)
+    return all(len(texts) == 1 for texts in by_prompt.values())
+
+
+COLUMNS = [
+    ("tokens/s", "tokens_per_s"), ("tokens/round", "tokens_per_round"),
+    ("draft ms", "draft_ms_per_round"), ("sync ms", "sync_ms_per_round"),
+    ("verify ms", "verify_ms_per_round"), ("other ms", "other_ms_per_round"),
+    ("transport ms", "transport_ms_per_round"), ("draft/verify cost", "draft_over_verify"),
+    ("transport share", "transport_share"),
+]
+
+
+def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[str]) -> str:
+    """The placement table (ms are per round) plus skipped placements and notes."""
+    head = "| placement | method | " + " | ".join(c for c, _ in COLUMNS) + " |"
+    lines = ["# Placement: colocated vs split draft/verify", "", head,
+             "|" + "---|" * (len(COLUMNS) + 2)]
+    for placement, methods in summary.items():
+        for method, row in methods.items():
+            cells = [_fmt(row[k]) for _, k in COLUMNS]
+            lines.append(f"| {placement} | {method} | " + " | ".join(cells) + " |")
+    lines += ["", "Per-round times: draft / verify = the replicas' draft and verify calls; sync = a "
+              "split drafter catching its copy of the verifier KV up with the committed tokens "
+              "(plus any state rebuild); other = the rest of the replica-side work; transport = "
+              "the ingress's wall time of its remote calls minus all replica-side time. "
+              "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
+              "(HTTP and ingress included)."]
+    if skipped:
+        lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]
+    if notes:
+        lines += ["", "Notes:"] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
