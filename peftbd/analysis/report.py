@@ -65,7 +65,8 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
     ]
     per_category = tables.category_table(results)
     if per_category:
-        parts += ["## Per category", per_category]
+        parts += ["## Per category (columns by arm id; acc/round = accepted tokens per round)",
+                  per_category]
     parts += [
         "## The paper beside ours",
         "Different model, engine and hardware: compare shapes (draft vs verify latency, "

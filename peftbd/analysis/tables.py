@@ -126,8 +126,8 @@ def category_table(results: dict[str, Any]) -> str | None:
             row += [fmt_stat(c and c["tokens_per_s"]), fmt(c and _mean(c["mean_accepted"]), 3)]
         rows.append(row)
     header = ["category", "prompts"]
-    for _, arm in arms:
-        header += [f"{arm['label']} tok/s", f"{arm['label']} acc/round"]
+    for arm_id, _ in arms:
+        header += [f"{arm_id} tok/s", f"{arm_id} acc/round"]
     return markdown_table(header, rows)
 
 
