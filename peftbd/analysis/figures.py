@@ -18,12 +18,11 @@ def throughput_vs_accepted(results: dict[str, Any], path: str | Path) -> Path:
     accepted tokens per round (error bar: std over runs) and save a PNG at `path`."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    for arm_id, arm in arm_items(results):
+    markers = "osD^vP*X"
+    for i, (_, arm) in enumerate(arm_items(results)):
         tps, acc = arm["tokens_per_s"], arm["mean_accepted"]
-        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"], yerr=tps["std"], fmt="o",
-                    capsize=4, label=arm["label"])
-        ax.annotate(arm_id, (acc["mean"], tps["mean"]), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)
+        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"], yerr=tps["std"],
+                    fmt=markers[i % len(markers)], capsize=4, label=arm["label"])
     mo = results["measured_on"]
     ax.set_xlabel("mean accepted tokens per round")
     ax.set_ylabel("output tokens / s (batch 1, greedy)")
