@@ -52,6 +52,8 @@ def load_serving_models(
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if cfg.decoding.torch_threads > 0:  # the replica's intra-op threads, as the benchmark's
+        torch.set_num_threads(cfg.decoding.torch_threads)
     device = device or resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(cfg)
     verifier = load_verifier(cfg, device)

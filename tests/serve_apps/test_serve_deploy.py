@@ -4,8 +4,10 @@ own `ray start --block` process: stopping it stops exactly the Ray processes it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -28,22 +30,22 @@ def cluster(free_port):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     env.pop("RAY_ADDRESS", None)
     for attempt in range(3):  # on a loaded box the raylet may give up on its agents (15 s)
-        proc, address = _start_head(free_port, env)
+        proc, temp, address = _start_head(free_port, env)
         try:
             _wait(lambda: _serve(["status"], address, env).returncode == 0, 150, "the dashboard",
                   alive=proc)
             break
         except TimeoutError:
-            _stop(proc)
+            _stop(proc, temp)
             if attempt == 2:
                 raise
     try:
         yield address, env, free_port()
     finally:
-        _stop(proc)
+        _stop(proc, temp)
 
 
-def _start_head(free_port, env: dict) -> tuple[subprocess.Popen, str]:
+def _start_head(free_port, env: dict) -> tuple[subprocess.Popen, str, str]:
     temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must fit
     dashboard = free_port()
     ports = {name: free_port() for name in (
@@ -56,17 +58,24 @@ def _start_head(free_port, env: dict) -> tuple[subprocess.Popen, str]:
     with open(Path(temp) / "ray_start.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return proc, f"http://127.0.0.1:{dashboard}"
+    return proc, temp, f"http://127.0.0.1:{dashboard}"
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """`ray start --block` drains and stops the processes it started on SIGTERM."""
+def _stop(proc: subprocess.Popen, temp: str) -> None:
+    """`ray start --block` drains and stops the processes it started on SIGTERM; whatever of its
+    session is left (a failed start can leave some) is killed by pid."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(90)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        pass
+    ps = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for pid, sid in (line.split() for line in ps.splitlines()):
+        if int(sid) == proc.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _serve(args: list[str], address: str, env: dict) -> subprocess.CompletedProcess:

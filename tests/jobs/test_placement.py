@@ -1,0 +1,76 @@
+"""The placement job: its placement table and summary (no Ray), then one small local run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.placement import _overrides, _skip_reason, placement_options
+from peftbd.config import load_config
+from peftbd.serving.placement import RequestRecord, markdown, outputs_identical, summarize
+
+
+def _record(placement: str, method: str, prompt: int, text: str = "t") -> RequestRecord:
+    spec = {"rounds": 4, "proposed_tokens": 8, "accepted_tokens": 2, "prefill_ms": 5.0,
+            "draft_ms": 8.0, "verify_ms": 10.0, "sync_ms": 2.0, "other_ms": 1.0,
+            "transport_ms": 20.0, "resumes": 0}
+    return RequestRecord(placement, method, prompt, text, completion_tokens=7, wall_ms=100.0, spec=spec)
+
+
+def test_summary_separates_transport_from_compute():
+    records = [_record("split", "peft-bd", i) for i in range(2)] + [_record("colocated", "ar", 0)]
+    row = summarize(records)["split"]["peft-bd"]
+    assert (row["requests"], row["rounds"], row["completion_tokens"]) == (2, 8, 14)
+    assert row["tokens_per_s"] == pytest.approx(14 / 0.2)
+    assert row["tokens_per_round"] == pytest.approx((14 - 2) / 8)
+    assert row["transport_ms_per_round"] == pytest.approx(40 / 8)
+    assert row["draft_ms_per_round"] == pytest.approx(16 / 8)
+    assert row["draft_over_verify"] == pytest.approx((16 + 4) / 20)
+    assert row["ingress_http_ms_per_request"] == pytest.approx(100 - 46)
+    assert "| split | peft-bd |" in markdown(summarize(records), {"x": "why"}, ["note"])
+
+
+def test_outputs_identical_compares_each_prompt_across_placements():
+    same = [_record("split", "ar", 0, "a"), _record("colocated", "fastmtp", 0, "a")]
+    assert outputs_identical(same)
+    assert not outputs_identical(same + [_record("split", "peft-bd", 0, "b")])
+
+
+def test_cluster_placements_need_the_cluster_yaml_resources():
+    cfg = load_config("qwen3-0.6b")
+    app, opts = placement_options("split-same-node", cfg)
+    assert app == "split"
+    assert opts["drafter"]["ray_actor_options"]["resources"] == {"verifier": 0.5}
+    assert opts["drafter"]["ray_actor_options"]["num_gpus"] == 0.5
+    assert _skip_reason(opts, {"CPU": 4.0}) is not None
+    assert _skip_reason(opts, {"CPU": 4.0, "verifier": 1.0, "GPU": 1.0}) is None
+    assert placement_options("colocated", cfg) == ("colocated", {})
+    with pytest.raises(ValueError, match="unknown placement"):
+        placement_options("moon", cfg)
+
+
+def test_overrides_rebuild_the_config_from_its_preset():
+    cfg = load_config("tiny", overrides=["decoding.num_prompts=3", "serving.placements=[split]"])
+    assert load_config("tiny", overrides=_overrides(cfg)) == cfg
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_placement_job_on_this_machine(tmp_path):
+    from jobs.placement import run_placement
+
+    cfg = load_config("tiny", overrides=[
+        "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
+        "serving.placements=[colocated, split, split-cross-node]"])
+    out = run_placement(cfg, tmp_path / "placement")
+    result = json.loads((out / "placement.json").read_text())
+    assert set(result["summary"]) == {"colocated", "split"}
+    for methods in result["summary"].values():
+        assert set(methods) == {"ar", "peft-bd", "fastmtp"}
+        assert all(m["requests"] == 2 and m["transport_ms_per_round"] is not None
+                   for m in methods.values())
+    assert "split-cross-node" in result["skipped"]
+    assert result["outputs_identical"] is True
+    assert (out / "placement.md").read_text().startswith("# Placement")
+    assert (out / "manifest.json").is_file()
