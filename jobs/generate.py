@@ -164,10 +164,11 @@ def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> r
     )
 
 
-def fingerprint(cfg: Config, limit: int | None) -> str:
+def fingerprint(cfg: Config, source: Source, limit: int | None) -> str:
     """Hash of everything that decides the artifact's rows (not actors or batch size)."""
     payload = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
-               "tiny_world": dataclasses.asdict(cfg.tiny_world), "limit": limit}
+               "tiny_world": dataclasses.asdict(cfg.tiny_world), "source": source.signature(),
+               "limit": limit}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -183,11 +184,11 @@ def run_generate(
     out_dir = Path(out_dir)
     if source:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source))
-    fp = fingerprint(cfg, limit)
-    if is_complete(out_dir) and read_manifest(out_dir).get("fingerprint") == fp:
-        log.info("generate: %s is already complete for this config", out_dir)
-        return out_dir
     src = resolve_source(cfg)
+    fp = fingerprint(cfg, src, limit)
+    if is_complete(out_dir) and read_manifest(out_dir).get("fingerprint") == fp:
+        log.info("generate: %s is already complete for these inputs", out_dir)
+        return out_dir
     init_ray()
     prepared = prepare(src, cfg, limit)
     plan = plan_rows(prepared, cfg, src)

@@ -49,6 +49,15 @@ class Source:
     location: str
     name: str
 
+    def signature(self) -> list[Any]:
+        """What identifies the source's content: the location, plus size and mtime of each local
+        file (so a resumed run notices an edited source)."""
+        path = Path(self.location)
+        if self.kind == "hub" or not path.exists():
+            return [self.location]
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        return [self.location] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
     @property
     def is_json_lines(self) -> bool:
         """Records are raw JSON lines (parsed by `parse_record`), not already-parsed rows."""

@@ -118,3 +118,12 @@ def test_real_spec_bench_file_renders_every_question(tok, spec_bench_path):
     assert table["drop_reason"].null_count == 480
     assert len(set(table["id"].to_pylist())) == 480
     assert len(set(table["category"].to_pylist())) == 13
+
+
+def test_signature_changes_when_a_local_source_is_edited(tiny_cfg, tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("{}\n")
+    before = resolve_source(tiny_cfg, str(path)).signature()
+    path.write_text("{}\n{}\n")
+    assert resolve_source(tiny_cfg, str(path)).signature() != before
+    assert resolve_source(tiny_cfg, "owner/name").signature() == ["owner/name"]
