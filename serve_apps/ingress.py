@@ -50,7 +50,7 @@ api = FastAPI(title="peftbd: speculative decoding, OpenAI-compatible")
 
 
 class _Outcome:
-    """Filled in while a request streams: final text pieces, finish reason, stats."""
+    """Filled in while a request streams: its stats, finish reason and completion tokens."""
 
     def __init__(self, method: str) -> None:
         self.stats = RequestStats(method)

@@ -14,19 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from peftbd.decoding import DecodeState, advance
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
-from peftbd.serving.sessions import SessionStore, resume
-
-
-@dataclass
-class _Session:
-    state: DecodeState
-    proposed_at: int = -1  # len(state.tokens) when the drafter last proposed
+from peftbd.serving.sessions import Session, SessionStore, resume
 
 
 class ReplicaDecoder:
@@ -83,7 +76,7 @@ class ReplicaDecoder:
                 if len(committed) > len(sess.state.tokens):
                     advance(dec.model, sess.state, committed[len(sess.state.tokens):])
             else:  # a new session (its first round), or a lost / stale one
-                sess = _Session(resume(dec, committed, prompt_len, max_new_tokens))
+                sess = Session(resume(dec, committed, prompt_len, max_new_tokens))
                 resumed = len(committed) > prompt_len + 1
                 self._count_rebuild(fresh=not resumed)
                 self.sessions.put(session_id, sess)
@@ -105,7 +98,7 @@ class ReplicaDecoder:
             state = dec.start(prompt_ids, max_new_tokens)
             self.counters["prefills"] += 1
             if not state.done:
-                self.sessions.put(session_id, _Session(state))
+                self.sessions.put(session_id, Session(state))
         end = self.models.clock.now()
         return {"tokens": state.new_tokens, "done": state.done, "finish_reason": _finish(state),
                 "prefill_ms": state.prefill_s * 1e3, "handler_ms": (end - start) * 1e3}
@@ -122,7 +115,7 @@ class ReplicaDecoder:
             sync_start = clock.now()
             resumed = sess is None or sess.state.tokens != list(committed)
             if resumed:
-                sess = _Session(resume(dec, committed, prompt_len, max_new_tokens))
+                sess = Session(resume(dec, committed, prompt_len, max_new_tokens))
                 self._count_rebuild(fresh=False)
                 self.sessions.put(session_id, sess)
             verify_start = clock.now()
@@ -152,7 +145,7 @@ def _finish(state: DecodeState) -> str | None:
     return "stop" if state.tokens[-1] in state.eos_ids else "length"
 
 
-def _extends(sess: _Session, committed: Sequence[int]) -> bool:
+def _extends(sess: Session, committed: Sequence[int]) -> bool:
     """The session's tokens are a prefix of `committed` and it has not drafted from exactly
     `committed` yet (the MTP drafter consumes each verify's hidden states once)."""
     n = len(sess.state.tokens)

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder
+
+
+@dataclass
+class Session:
+    """One request's state in a replica; `proposed_at` = len(state.tokens) when the drafter last
+    proposed (the MTP drafter consumes each verify's hidden states exactly once)."""
+
+    state: DecodeState
+    proposed_at: int = -1
 
 
 def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
@@ -38,27 +48,27 @@ def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: in
 
 
 class SessionStore:
-    """Least-recently-used map of session id -> `DecodeState`, at most `max_sessions` entries."""
+    """Least-recently-used map of session id -> `Session`, at most `max_sessions` entries."""
 
     def __init__(self, max_sessions: int) -> None:
         if max_sessions < 1:
             raise ValueError(f"serving.max_sessions={max_sessions}; must be >= 1")
         self.max_sessions = max_sessions
-        self._states: OrderedDict[str, DecodeState] = OrderedDict()
+        self._states: OrderedDict[str, Session] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def get(self, session_id: str) -> DecodeState | None:
+    def get(self, session_id: str) -> Session | None:
         """The state of `session_id` (marked most recently used), or None."""
         state = self._states.get(session_id)
         if state is not None:
             self._states.move_to_end(session_id)
         return state
 
-    def put(self, session_id: str, state: DecodeState) -> None:
-        """Keep `state`; evicts the least recently used beyond `max_sessions`."""
-        self._states[session_id] = state
+    def put(self, session_id: str, session: Session) -> None:
+        """Keep `session`; evicts the least recently used beyond `max_sessions`."""
+        self._states[session_id] = session
         self._states.move_to_end(session_id)
         while len(self._states) > self.max_sessions:
             self._states.popitem(last=False)

@@ -164,7 +164,7 @@ def _check_greedy(req: BaseModel) -> None:
         )
 
 
-def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> tuple[int, str]:
+def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> int:
     param, value = "max_tokens", req.max_tokens
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         if value is not None and value != req.max_completion_tokens:
@@ -174,13 +174,13 @@ def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> tuple[int, str]:
             )
         param, value = "max_completion_tokens", req.max_completion_tokens
     if value is None:
-        return serving.max_tokens_cap, param
+        return serving.max_tokens_cap
     if value > serving.max_tokens_cap:
         raise RequestError(
             f"{param}={value} exceeds this server's cap of {serving.max_tokens_cap} "
             "(serving.max_tokens_cap); send a smaller value", param=param,
         )
-    return value, param
+    return value
 
 
 def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], str]:
@@ -215,7 +215,7 @@ def build_spec(
     """Apply the serving policy to a parsed request and tokenize its prompt."""
     _check_greedy(req)
     method = resolve_method(req.model, req.method, serving.model_name, serving.default_method)
-    max_new, _ = _max_new_tokens(req, serving)
+    max_new = _max_new_tokens(req, serving)
     ids, field = prompt_ids(req, tokenizer)
     if len(ids) > serving.max_prompt_tokens:
         raise RequestError(

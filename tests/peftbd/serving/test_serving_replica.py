@@ -10,9 +10,9 @@ from peftbd.decoding import decode
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RequestStats, split_round
 from peftbd.serving.schemas import METHODS
-from peftbd.serving.sessions import SessionStore
+from peftbd.serving.sessions import Session, SessionStore
 
-MAX_NEW = 24
+MAX_NEW = 16
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +89,9 @@ def test_session_store_evicts_least_recently_used(models, prompt):
     store = SessionStore(2)
     dec = models.decoder("ar")
     for sid in ("a", "b"):
-        store.put(sid, dec.start(prompt, 2))
+        store.put(sid, Session(dec.start(prompt, 2)))
     assert store.get("a") is not None  # "a" becomes most recently used
-    store.put("c", dec.start(prompt, 2))
+    store.put("c", Session(dec.start(prompt, 2)))
     assert (store.get("b"), len(store)) == (None, 2)
     with pytest.raises(ValueError, match="max_sessions"):
         SessionStore(0)
