@@ -38,9 +38,11 @@ class Stage:
 def _world(cfg: Config, out: Path) -> Path:
     from peftbd.models.tiny_world import ensure_tiny_world
 
+    timer = StageTimer()
     world = ensure_tiny_world(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    write_manifest(out, {"stage": "tiny_world", "path": str(world.root), **world.manifest()})
+    write_manifest(out, {"stage": "tiny_world", "path": str(world.root),
+                         "world": world.manifest(), **timer.stats()})
     return world.root
 
 
@@ -107,7 +109,7 @@ def run_pipeline(cfg: Config, out_dir: Path) -> dict:
         m = read_manifest(target)
         table.append({
             "stage": stage.name, "path": str(target),
-            "wall_seconds": m.get("wall_seconds", m.get("build_seconds")),
+            "wall_seconds": m.get("wall_seconds"),
             "peak_rss_mib": m.get("peak_rss_mib"), "peak_gpu_mib": m.get("peak_gpu_mib"),
         })
     manifest = {"preset": cfg.preset, "config": cfg.to_dict(), "versions": versions(),
