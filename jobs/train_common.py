@@ -110,9 +110,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         task.export(engine.module, Path(tmp) / EXPORT_DIR)
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp) if checkpoint else None)
 
-    params = parameter_summary(*task.parameter_counts(engine.module))
     losses: list[float] = []
-    train_seconds, steps_run, metrics = 0.0, 0, {}
+    train_seconds, steps_run, metrics, evaluated_at = 0.0, 0, {}, -1
     while state.step < optim.max_steps:
         epoch, done_in_epoch = divmod(state.step, steps_per_epoch)
         micro_batches = islice(
@@ -132,30 +131,26 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 continue
             state = TrainState(step=state.step + 1)
             steps_run += 1
-            final = state.step == optim.max_steps
-            do_eval = final or state.step % optim.eval_every == 0
-            do_ckpt = final or state.step % optim.checkpoint_every == 0
-            if do_eval or do_ckpt:
-                if do_eval:
-                    metrics = evaluate(task, engine.module, val_batches)
-                metrics.update(step=state.step, epoch=epoch, train_loss=sum(losses) / len(losses),
-                               lr=engine.get_lr()[0])
-                losses.clear()
-                log.info("rank %d step %d: %s", rank, state.step, metrics)
-                if final:
-                    metrics.update(
-                        parameters=params, steps_run=steps_run, train_seconds=round(train_seconds, 2),
-                        steps_per_second=round(steps_run / max(train_seconds, 1e-9), 3),
-                        worker_peak_rss_mib=round(peak_rss_mib(), 1))
-                report(dict(metrics), checkpoint=do_ckpt, final=final)
-                _maybe_inject_failure(config, state.step, rank)
-            if final:
+            if state.step % optim.eval_every == 0 or state.step == optim.max_steps:
+                metrics, evaluated_at = evaluate(task, engine.module, val_batches), state.step
+            metrics.update(step=state.step, epoch=epoch, lr=engine.get_lr()[0],
+                           train_loss=sum(losses) / len(losses))
+            if state.step == optim.max_steps:
                 break
-    if steps_run == 0:  # the checkpoint was already the last step: re-evaluate and re-export
-        metrics = evaluate(task, engine.module, val_batches)
-        metrics.update(step=state.step, parameters=params, steps_run=0, train_seconds=0.0,
-                       steps_per_second=None, worker_peak_rss_mib=round(peak_rss_mib(), 1))
-        report(metrics, checkpoint=True, final=True)
+            if evaluated_at == state.step or state.step % optim.checkpoint_every == 0:
+                log.info("rank %d step %d: %s", rank, state.step, metrics)
+                losses.clear()
+                report(dict(metrics), checkpoint=state.step % optim.checkpoint_every == 0, final=False)
+                _maybe_inject_failure(config, state.step, rank)
+    if evaluated_at != state.step:  # resumed from the last step's checkpoint: nothing trained
+        metrics = {**evaluate(task, engine.module, val_batches), "step": state.step}
+    metrics.update(
+        parameters=parameter_summary(*task.parameter_counts(engine.module)), steps_run=steps_run,
+        train_seconds=round(train_seconds, 2), worker_peak_rss_mib=round(peak_rss_mib(), 1),
+        steps_per_second=round(steps_run / train_seconds, 3) if steps_run else None,
+    )
+    log.info("rank %d finished at step %d: %s", rank, state.step, metrics)
+    report(metrics, checkpoint=True, final=True)
 
 
 def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
