@@ -81,11 +81,13 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
         return Source("spec_bench", str(path), name)
     path = Path(name).expanduser()
     kind = _local_kind(path)
+    if kind is None and path.is_dir():
+        raise SourceError(
+            f"data.source={name!r}: directory {str(path)!r} holds no *.parquet or *.jsonl files"
+        )
     if kind is not None:
         if not path.exists():
             raise SourceError(f"data.source={name!r}: {str(path)!r} does not exist")
-        if path.is_dir() and not any(path.rglob(f"*.{kind}")):
-            raise SourceError(f"data.source={name!r}: directory {str(path)!r} holds no *.{kind} files")
         if not os.access(path, os.R_OK):
             raise SourceError(f"data.source={name!r}: {str(path)!r} is not readable")
         return Source(kind, str(path), name)

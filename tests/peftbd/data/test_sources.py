@@ -53,6 +53,13 @@ def test_unreadable_source_fails_at_once_naming_it(tiny_cfg, name, match):
         resolve_source(tiny_cfg, name)
 
 
+def test_local_directory_without_rows_is_not_mistaken_for_a_hub_id(tiny_cfg, tmp_path, monkeypatch):
+    (tmp_path / "data" / "tulu").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match="holds no .*parquet or .*jsonl files"):
+        resolve_source(tiny_cfg, "data/tulu")
+
+
 def test_unreachable_hub_fails_fast_saying_how_to_use_a_local_copy(monkeypatch):
     from huggingface_hub import HfApi
 
