@@ -65,7 +65,8 @@ class Source:
 
 
 def resolve_source(cfg: Config, source: str | None = None) -> Source:
-    """The source named by `source` (default `cfg.data.source`); fails at once if it is unreadable."""
+    """The source named by `source` (default `cfg.data.source`); fails at once if it is unreadable
+    (a missing path, or a hub id while the hub is unreachable)."""
     name = source or cfg.data.source
     if name == EMBEDDED_TINY:
         from peftbd.models.tiny_world import ensure_tiny_world
@@ -92,6 +93,7 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
             raise SourceError(f"data.source={name!r}: {str(path)!r} is not readable")
         return Source(kind, str(path), name)
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        check_hub_reachable(name)
         return Source("hub", name, name)
     raise SourceError(
         f"data.source={name!r} is not a source; use {EMBEDDED_TINY}, a TULU-3-schema .jsonl or "
@@ -199,5 +201,4 @@ def load_hub_dataset(source: Source, split: str, limit: int | None = None) -> An
     """The hub dataset `source.location` (a `datasets.Dataset`), first `limit` rows if given."""
     import datasets
 
-    check_hub_reachable(source.location)
     return datasets.load_dataset(source.location, split=f"{split}[:{limit}]" if limit else split)

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from peftbd.config import load_config
 from peftbd.data.chat import encode_prompt
 from peftbd.data.sources import (
     PREPARED_SCHEMA,
     Source,
     SourceError,
-    check_hub_reachable,
     prepare_record,
     prepare_records,
     resolve_source,
@@ -32,7 +32,8 @@ def _line(obj) -> dict:
     return {"text": obj if isinstance(obj, str) else json.dumps(obj)}
 
 
-def test_resolve_embedded_local_spec_bench_and_hub(tiny_cfg, tiny_world, tmp_path):
+def test_resolve_embedded_local_spec_bench_and_hub(tiny_cfg, tiny_world, tmp_path, monkeypatch):
+    monkeypatch.setattr("peftbd.data.sources.check_hub_reachable", lambda dataset_id: None)
     src = resolve_source(tiny_cfg)
     assert (src.kind, src.location) == ("jsonl", str(tiny_world.corpus_path))
     (tmp_path / "a.parquet").write_bytes(b"")
@@ -68,7 +69,7 @@ def test_unreachable_hub_fails_fast_saying_how_to_use_a_local_copy(monkeypatch):
 
     monkeypatch.setattr(HfApi, "dataset_info", offline)
     with pytest.raises(SourceError, match="--source /data/tulu-3-sft-mixture/data .*HF_HUB_OFFLINE"):
-        check_hub_reachable("allenai/tulu-3-sft-mixture")
+        resolve_source(load_config("qwen3-0.6b"))
 
 
 def test_good_rows_keep_system_turn_and_stop_before_first_assistant(tok):
@@ -133,4 +134,4 @@ def test_signature_changes_when_a_local_source_is_edited(tiny_cfg, tmp_path):
     before = resolve_source(tiny_cfg, str(path)).signature()
     path.write_text("{}\n{}\n")
     assert resolve_source(tiny_cfg, str(path)).signature() != before
-    assert resolve_source(tiny_cfg, "owner/name").signature() == ["owner/name"]
+    assert Source("hub", "owner/name", "owner/name").signature() == ["owner/name"]
