@@ -6,8 +6,8 @@ and resources; a request's rounds stick to one replica of each by session id.
     serve deploy serve_apps/split.yaml            # local
     serve deploy serve_apps/split_cluster.yaml    # GPU cluster: `drafter` / `verifier` resources
 """
-
-from __future__ import annotations
+# No `from __future__ import annotations`: Serve reads `app_builder`'s `args` annotation at
+# runtime to validate the config's `args` into `AppArgs`.
 
 from typing import Any
 

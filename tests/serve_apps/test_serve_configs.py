@@ -49,6 +49,18 @@ def test_local_yaml_matches_the_tiny_config_and_listens_on_loopback(name):
         assert d["ray_actor_options"] == expected["ray_actor_options"]
 
 
+@pytest.mark.parametrize("name", ["colocated", "split"])
+def test_builder_takes_the_yaml_args_as_serve_deploy_passes_them(name):
+    from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    import_path = _config(name)["applications"][0]["import_path"]
+    module, attr = import_path.split(":")
+    builder = getattr(__import__(module, fromlist=[attr]), attr)
+    args = _config(name)["applications"][0]["args"]  # a plain dict, as in the YAML
+    assert isinstance(call_user_app_builder_with_args_if_necessary(builder, args), Application)
+
+
 def test_cluster_yaml_targets_the_drafter_and_verifier_worker_resources():
     deployments = {d["name"]: d for d in _config("split_cluster")["applications"][0]["deployments"]}
     wanted = {name: set(deployments[name]["ray_actor_options"]["resources"])
