@@ -32,7 +32,7 @@ from peftbd.config import Config, OptimConfig
 from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters, set_adapter_enabled
-from peftbd.training.block_diffusion import block_diffusion_stats, build_draft_batch
+from peftbd.training.block_diffusion import BlockStats, block_diffusion_stats, build_draft_batch
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
 
@@ -98,7 +98,9 @@ class PeftBDTask:
         set_adapter_enabled(model, False)
         return model
 
-    def _stats(self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]):
+    def _stats(
+        self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]
+    ) -> BlockStats:
         d = self.cfg.drafter
         draft = build_draft_batch(
             batch, block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
