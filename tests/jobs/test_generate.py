@@ -22,6 +22,7 @@ from jobs.generate import run_generate
 from jobs.ray_env import init_ray
 from peftbd.config import apply_override, load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
+from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
@@ -82,14 +83,23 @@ def test_tiny_end_to_end_artifact(reference):
     assert read_manifest(out) == manifest
 
 
-def test_every_continuation_equals_single_sequence_greedy(reference):
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model: as fast, and immune to a busy machine
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_prompts_and_continuations_equal_single_sequence_greedy(reference, tiny_world, one_thread):
     cfg, out = reference
-    torch.set_num_threads(1)
     tok, model = load_tokenizer(cfg), load_verifier(cfg)
     eos = eos_token_ids(model, tok)
+    corpus = {row["id"]: row for row in map(json.loads, tiny_world.corpus_path.open())}
     rows = [r for t in _rows(out).values() for r in t]
     assert {r["finish_reason"] for r in rows} == {"eos", "length"}
     for r in rows:
+        assert r["prompt_ids"] == encode_prompt(tok, prompt_messages(corpus[r["id"]]["messages"]))
         ids = torch.tensor([r["prompt_ids"]])
         gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=12, eos_token_id=eos, pad_token_id=tok.pad_token_id)
