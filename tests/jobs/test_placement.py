@@ -63,7 +63,12 @@ def test_placement_job_on_this_machine(tmp_path):
     cfg = load_config("tiny", overrides=[
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
         "serving.placements=[colocated, split, split-cross-node]"])
-    out = run_placement(cfg, tmp_path / "placement")
+    import ray
+
+    try:
+        out = run_placement(cfg, tmp_path / "placement")
+    finally:
+        ray.shutdown()  # leave no Ray (and no Serve) behind for later test modules
     result = json.loads((out / "placement.json").read_text())
     assert set(result["summary"]) == {"colocated", "split"}
     for methods in result["summary"].values():

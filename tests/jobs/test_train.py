@@ -71,6 +71,7 @@ def artifact(cfg, tiny_world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray(tiny_world):
+    ray.shutdown()  # a fresh local Ray: an earlier module's (e.g. Serve's) must not hold its CPUs
     init_ray()
     ray.data.DataContext.get_current().print_on_execution_start = False
     yield
