@@ -1,26 +1,43 @@
-"""Fixtures for the Serve tests: free loopback ports and the engine's reference outputs."""
+"""Fixtures for the Serve tests: the engine's reference outputs, and one local Ray cluster
+(`ray start --head --block`, token auth on, loopback only) with both apps deployed from
+`serve_apps/colocated.yaml` and `serve_apps/split.yaml` by `serve deploy`.
+
+The cluster is this session's own `ray start --block` process: stopping it stops exactly the Ray
+processes it started (and whatever of its process session is left is killed by pid).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
 import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 
-def _free_port() -> int:
+APPS = Path(__file__).resolve().parents[2] / "serve_apps"
+DRAFTER_REPLICAS = 2  # so that sticky routing has a choice to get wrong
+ATTEMPTS = 5  # `ray start` tries: Ray 2.60 waits a fixed 15 s for its dashboard agent
+
+
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
-def free_port():
-    """A function returning a free TCP port on 127.0.0.1."""
-    return _free_port
-
-
-@pytest.fixture(scope="session")
 def engine(tiny_cfg):
-    """(tokenizer, greedy(prompt_text, max_tokens) -> text): the engine's output, in-process."""
+    """(tokenizer, greedy(user_text, max_tokens) -> text): the engine's output, in-process."""
     from peftbd.data.chat import encode_prompt
     from peftbd.decoding import decode
     from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
@@ -34,8 +51,123 @@ def engine(tiny_cfg):
         key = (user_text, max_tokens)
         if key not in cache:
             ids = encode_prompt(tok, [{"role": "user", "content": user_text}])
-            out = decode(model, ids, None, max_tokens, eos).tokens
-            cache[key] = tok.decode(out, skip_special_tokens=True)
+            cache[key] = tok.decode(decode(model, ids, None, max_tokens, eos).tokens,
+                                    skip_special_tokens=True)
         return cache[key]
 
     return tok, greedy
+
+
+@dataclass
+class Served:
+    """The running cluster: dashboard address, CLI env, app URLs, metrics port."""
+
+    address: str
+    env: dict
+    metrics_port: int
+    urls: dict[str, str] | None = None
+    config: dict | None = None  # the serve config that was deployed
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """A Ray / Serve CLI command against this cluster (`serve status`, `ray list ...`)."""
+        return subprocess.run([*args, "--address", self.address], env=self.env,
+                              capture_output=True, text=True, timeout=300)
+
+    def status(self) -> dict:
+        return yaml.safe_load(self.cli("serve", "status").stdout or "{}") or {}
+
+    def replica_pids(self, app: str, deployment: str) -> list[int]:
+        out = self.cli("ray", "list", "actors", "--format", "json", "--detail",
+                       "--filter", f"class_name=ServeReplica:{app}:{deployment}",
+                       "--filter", "state=ALIVE")
+        return [a["pid"] for a in json.loads(out.stdout)]
+
+
+def combined_config(http_port: int) -> dict:
+    """Both shipped YAMLs as one serve config: their apps under /colocated and /split, HTTP on a
+    free port, two Drafter replicas; everything else exactly as shipped."""
+    conf = yaml.safe_load((APPS / "colocated.yaml").read_text())
+    conf["http_options"]["port"] = http_port
+    conf["applications"] = []
+    for name in ("colocated", "split"):
+        (app,) = yaml.safe_load((APPS / f"{name}.yaml").read_text())["applications"]
+        app["route_prefix"] = f"/{name}"
+        for d in app["deployments"]:
+            if d["name"] == "Drafter":
+                d["num_replicas"] = DRAFTER_REPLICAS
+        conf["applications"].append(app)
+    return conf
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory) -> Served:
+    """Start the cluster, `serve deploy` both apps, wait until they run."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("RAY_ADDRESS", None)
+    for attempt in range(ATTEMPTS):  # on a loaded box the raylet gives up on its agents (15 s)
+        proc, temp, cluster = _start_head(env)
+        try:
+            _wait(lambda: cluster.cli("serve", "status").returncode == 0, 150, "the dashboard", proc)
+            break
+        except TimeoutError:
+            _stop(proc, temp)
+            if attempt == ATTEMPTS - 1:
+                raise
+    try:
+        http_port = free_port()
+        cluster.config = combined_config(http_port)
+        path = tmp_path_factory.mktemp("serve") / "apps.yaml"
+        path.write_text(yaml.safe_dump(cluster.config))
+        deployed = cluster.cli("serve", "deploy", str(path))
+        assert deployed.returncode == 0, deployed.stderr[-2000:]
+
+        def running() -> bool:
+            apps = cluster.status().get("applications") or {}
+            failed = {k: a.get("message") for k, a in apps.items() if a.get("status") == "DEPLOY_FAILED"}
+            assert not failed, failed
+            return len(apps) == 2 and all(a.get("status") == "RUNNING" for a in apps.values())
+
+        _wait(running, 900, "the apps", proc)
+        cluster.urls = {n: f"http://127.0.0.1:{http_port}/{n}/v1" for n in ("colocated", "split")}
+        yield cluster
+    finally:
+        _stop(proc, temp)
+
+
+def _start_head(env: dict) -> tuple[subprocess.Popen, str, Served]:
+    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must fit
+    dashboard, metrics = free_port(), free_port()
+    ports = {name: free_port() for name in (
+        "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "ray-client-server-port", "runtime-env-agent-port")}
+    cmd = ["ray", "start", "--head", "--block", f"--temp-dir={temp}", "--node-ip-address=127.0.0.1",
+           "--num-cpus=6", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+           "--disable-usage-stats", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
+           *[f"--{k}={v}" for k, v in ports.items()]]
+    with open(Path(temp) / "ray_start.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, temp, Served(f"http://127.0.0.1:{dashboard}", env, metrics)
+
+
+def _stop(proc: subprocess.Popen, temp: str) -> None:
+    """`ray start --block` drains and stops the processes it started on SIGTERM; whatever of its
+    process session is left (a failed start can leave some) is killed by pid."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(90)
+    ps = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for pid, sid in (line.split() for line in ps.splitlines()):
+        if int(sid) == proc.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait(ready, timeout_s: float, what: str, alive: subprocess.Popen) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        if time.time() > deadline or alive.poll() is not None:
+            raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
+        time.sleep(3)

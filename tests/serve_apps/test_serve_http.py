@@ -1,10 +1,13 @@
-"""Both apps over HTTP on a local Ray (loopback only), through the official `openai` client:
-output equal to the engine's, 8 concurrent requests, bad requests, metrics, a killed Drafter."""
+"""Both apps over HTTP (deployed from the YAMLs by the `served` fixture, loopback only), through
+the official `openai` client: output equal to the engine's, 8 concurrent requests on two Drafter
+replicas, bad requests, metrics under the dashboard's names, killed Drafter replicas."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -33,31 +36,8 @@ LONG_PROMPT = (  # the tiny verifier does not stop on its own here: many rounds
 
 MODEL = "peftbd-tiny"
 MAX_TOKENS = 16
+LONG_TOKENS = 128  # the tiny preset's cap: many rounds, so the kill lands mid-request
 DASHBOARD = Path(__file__).resolve().parents[2] / "serve_apps" / "grafana_dashboard.json"
-
-
-@pytest.fixture(scope="module")
-def served(free_port):
-    """Both apps in one local Ray: /colocated and /split (2 Drafter replicas)."""
-    import ray
-    from ray import serve
-
-    from jobs.ray_env import init_ray
-    from serve_apps.args import AppArgs
-    from serve_apps.colocated import app_builder as colocated
-    from serve_apps.split import app_builder as split
-
-    port = free_port()
-    init_ray(num_cpus=8)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = AppArgs(overrides=["serving.drafter_replicas=2", "serving.recovery_timeout_s=240"])
-    serve.run_many([
-        serve.RunTarget(colocated(args), name="colocated", route_prefix="/colocated"),
-        serve.RunTarget(split(args), name="split", route_prefix="/split"),
-    ])
-    yield {app: f"http://127.0.0.1:{port}/{app}/v1" for app in ("colocated", "split")}
-    serve.shutdown()
-    ray.shutdown()
 
 
 def _client(base: str) -> openai.OpenAI:
@@ -74,10 +54,10 @@ def _chat(base: str, text: str, method: str, max_tokens: int = MAX_TOKENS):
 @pytest.mark.parametrize("app", ["colocated", "split"])
 def test_both_apps_answer_with_the_engine_output(served, engine, app):
     tok, greedy = engine
-    client = _client(served[app])
+    client = _client(served.urls[app])
     assert [m.id for m in client.models.list().data] == [MODEL] + [f"{MODEL}:{m}" for m in METHODS]
     for method in METHODS:
-        resp = _chat(served[app], PROMPTS[0], method)
+        resp = _chat(served.urls[app], PROMPTS[0], method)
         assert resp.choices[0].message.content == greedy(PROMPTS[0], MAX_TOKENS)
         spec = resp.usage.model_extra["speculative"]
         assert spec["method"] == method and spec["rounds"] >= 1
@@ -101,7 +81,7 @@ def test_eight_concurrent_requests_are_all_correct(served, engine):
     _, greedy = engine
     jobs = [(PROMPTS[i % len(PROMPTS)], METHODS[i % len(METHODS)]) for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda job: _chat(served["split"], *job), jobs))
+        answers = list(pool.map(lambda job: _chat(served.urls["split"], *job), jobs))
     for (text, method), resp in zip(jobs, answers):
         assert resp.choices[0].message.content == greedy(text, MAX_TOKENS), (text, method)
         # session-sticky routing: no request's state had to be rebuilt on another replica
@@ -109,7 +89,7 @@ def test_eight_concurrent_requests_are_all_correct(served, engine):
 
 
 def test_bad_requests_get_4xx_naming_the_field(served):
-    url = served["split"] + "/chat/completions"
+    url = served.urls["split"] + "/chat/completions"
     ok = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     cases = [
         (b'{"model": "peftbd-tiny", "messages": [', 400, None, "not valid JSON"),
@@ -127,40 +107,37 @@ def test_bad_requests_get_4xx_naming_the_field(served):
         err = resp.json()["error"]
         assert err["param"] == param and words in err["message"], err
     with pytest.raises(openai.BadRequestError) as info:
-        _client(served["colocated"]).chat.completions.create(
+        _client(served.urls["colocated"]).chat.completions.create(
             model=MODEL, messages=ok["messages"], temperature=0.8)
     assert info.value.body["param"] == "temperature" and "greedily" in info.value.body["message"]
 
 
 def test_round_metrics_are_exported_under_the_dashboard_names(served):
-    import ray
-
     names = set(re.findall(r"ray_peftbd_\w+?(?=_bucket|_sum|_count|_total|\{|\[)",
                            DASHBOARD.read_text()))
     assert {"ray_peftbd_draft_ms", "ray_peftbd_verify_ms", "ray_peftbd_transport_ms",
             "ray_peftbd_tokens_per_round"} <= names
-    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    wanted = names - {"ray_peftbd_session_resumes"}  # counted only when a state is rebuilt
+    url = f"http://127.0.0.1:{served.metrics_port}/metrics"
     deadline, text = time.time() + 90, ""
     while time.time() < deadline:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        if all(n in text for n in names - {"ray_peftbd_session_resumes"}):
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        if all(n in text for n in wanted):
             break
         time.sleep(5)
-    missing = [n for n in names - {"ray_peftbd_session_resumes"} if n not in text]
-    assert not missing, f"not exported yet: {missing}"
+    assert not [n for n in wanted if n not in text], "not exported yet"
     assert re.search(r'ray_peftbd_draft_ms_bucket\{[^}]*placement="split"', text)
 
 
 def test_killed_drafter_replica_mid_request_recovers(served, engine):
-    """Kill every Drafter replica while a streamed request is mid-way: the request resumes on a
-    new replica from its committed tokens and the answer is still exactly the engine's."""
-    import ray
-    from ray.util import list_named_actors
-
+    """Kill every Drafter replica process while a streamed request is mid-way: the request
+    resumes on a new replica from its committed tokens and the answer is still the engine's."""
     _, greedy = engine
-    stream = _client(served["split"]).chat.completions.create(
+    pids = served.replica_pids("split", "Drafter")  # looked up first: the CLI takes seconds
+    assert len(pids) == 2
+    stream = _client(served.urls["split"]).chat.completions.create(
         model=f"{MODEL}:fastmtp", messages=[{"role": "user", "content": LONG_PROMPT}],
-        max_tokens=64, stream=True, stream_options={"include_usage": True},
+        max_tokens=LONG_TOKENS, stream=True, stream_options={"include_usage": True},
     )
     pieces: list[str] = []
     chunks = iter(stream)
@@ -168,12 +145,9 @@ def test_killed_drafter_replica_mid_request_recovers(served, engine):
         pieces.append(chunk.choices[0].delta.content or "")
         if len(pieces) == 3:
             break
-    drafters = [a for a in list_named_actors(all_namespaces=True)
-                if a["name"].startswith("SERVE_REPLICA::split#Drafter#")]
-    assert len(drafters) == 2
-    for actor in drafters:
-        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    for pid in pids:  # replica processes of this test's own cluster
+        os.kill(pid, signal.SIGKILL)
     rest = list(chunks)
     pieces += [c.choices[0].delta.content or "" for c in rest if c.choices]
-    assert "".join(pieces) == greedy(LONG_PROMPT, 64)
+    assert "".join(pieces) == greedy(LONG_PROMPT, LONG_TOKENS)
     assert rest[-1].usage.model_extra["speculative"]["resumes"] >= 1
