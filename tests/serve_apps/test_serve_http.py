@@ -77,15 +77,16 @@ def test_both_apps_answer_with_the_engine_output(served, engine, app):
     assert comp.choices[0].text == greedy(PROMPTS[2], MAX_TOKENS)
 
 
-def test_eight_concurrent_requests_are_all_correct(served, engine):
+def test_eight_concurrent_requests_per_app_are_all_correct(served, engine):
     _, greedy = engine
-    jobs = [(PROMPTS[i % len(PROMPTS)], METHODS[i % len(METHODS)]) for i in range(8)]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda job: _chat(served.urls["split"], *job), jobs))
-    for (text, method), resp in zip(jobs, answers):
-        assert resp.choices[0].message.content == greedy(text, MAX_TOKENS), (text, method)
+    jobs = [(app, PROMPTS[i % len(PROMPTS)], METHODS[i % len(METHODS)])
+            for app in ("split", "colocated") for i in range(8)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: _chat(served.urls[job[0]], *job[1:]), jobs))
+    for job, resp in zip(jobs, answers):
+        assert resp.choices[0].message.content == greedy(job[1], MAX_TOKENS), job
         # session-sticky routing: no request's state had to be rebuilt on another replica
-        assert resp.usage.model_extra["speculative"]["resumes"] == 0
+        assert resp.usage.model_extra["speculative"]["resumes"] == 0, job
 
 
 def test_bad_requests_get_4xx_naming_the_field(served):

@@ -1,0 +1,117 @@
+"""The ingress backends without a cluster: deployment handles faked over in-process replicas, so
+the split rounds, retries after a lost replica and the clear error are checked in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from peftbd.data.chat import encode_prompt
+from peftbd.decoding import decode
+from peftbd.serving.replica import ReplicaDecoder
+from peftbd.serving.validation import GenerationSpec
+from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend
+
+MAX_NEW = 12
+
+
+class FakeHandle:
+    """A `DeploymentHandle` stand-in over one in-process replica. While `deaths` > 0, the replica
+    dies in `dies_on`: a call from the third on fails with ActorDiedError (a stream fails after
+    three items), and the death wipes its sessions (the retry meets a fresh replica)."""
+
+    def __init__(self, replica: ReplicaDecoder, dies_on: str = "", deaths: int = 0) -> None:
+        self.replica, self.dies_on, self.deaths, self.calls = replica, dies_on, deaths, 0
+
+    def options(self, **_: Any) -> FakeHandle:
+        return self
+
+    def die(self) -> ActorDiedError:
+        self.deaths -= 1
+        self.replica.sessions = type(self.replica.sessions)(4)
+        return ActorDiedError()
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+        dying = method == self.dies_on and self.deaths > 0
+
+        class Method:
+            def remote(self, *args: Any) -> Any:
+                handle.calls += 1
+                if method == "rounds":
+                    return _stream(handle, handle.replica.rounds(*args), dying)
+                if method == "release":  # fire and forget: nobody awaits it
+                    return handle.replica.release(*args)
+                if dying and handle.calls >= 3:
+                    return _raise(handle.die())
+                return _value(getattr(handle.replica, method)(*args))
+
+        return Method()
+
+
+async def _value(value: Any) -> Any:
+    return value
+
+
+async def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+async def _stream(handle: FakeHandle, events: Any, dying: bool) -> Any:
+    for i, event in enumerate(events):
+        if dying and i == 3:
+            raise handle.die()
+        yield event.to_dict()
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_cfg):
+    from peftbd.models.loading import load_tokenizer
+    from peftbd.serving.models import load_serving_models
+
+    models = load_serving_models(tiny_cfg)
+    tok = load_tokenizer(tiny_cfg)
+    prompt = encode_prompt(tok, [{"role": "user", "content": "Count from 9 to 15."}])
+    expected = decode(models.model, prompt, None, MAX_NEW, models.eos_ids).tokens
+    return models, prompt, expected
+
+
+def _spec(prompt: list[int], method: str) -> GenerationSpec:
+    return GenerationSpec(request_id="r1", kind="chat", model="m", method=method,
+                          prompt_ids=prompt, max_new_tokens=MAX_NEW, stream=False,
+                          include_usage=False)
+
+
+def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
+    async def run() -> list:
+        return [e async for e in backend.rounds(spec)]
+
+    events = asyncio.run(run())
+    return [t for e in events for t in e.tokens], sum(e.resumes for e in events)
+
+
+@pytest.mark.parametrize("method", ["peft-bd", "fastmtp"])
+def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
+    models, prompt, expected = setup
+    drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose", deaths=1)
+    backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
+    tokens, resumes = _collect(backend, _spec(prompt, method))
+    assert tokens == expected and resumes == 1 and drafter.deaths == 0
+
+
+def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):
+    models, prompt, expected = setup
+    engine = FakeHandle(ReplicaDecoder(models, 4), dies_on="rounds", deaths=1)
+    tokens, resumes = _collect(ColocatedBackend(engine, tiny_cfg.serving), _spec(prompt, "fastmtp"))
+    assert tokens == expected and resumes == 1 and engine.deaths == 0
+
+
+def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
+    models, prompt, _ = setup
+    verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify", deaths=99)
+    backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
+    with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
+        _collect(backend, _spec(prompt, "peft-bd"))
