@@ -235,7 +235,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "generate": {"num_actors": 2, "batch_size": 64, "num_cpus_per_actor": 0.5},
         "drafter": {"block_size": 8, "lora_r": 8, "lora_alpha": 16,
-                    "optim": dataclasses.asdict(_tiny_optim(3e-3, max_steps=150))},
+                    "optim": dataclasses.asdict(_tiny_optim(6e-3, max_steps=150))},
         "mtp": {"optim": dataclasses.asdict(_tiny_optim(3e-3, max_steps=100, warmup_ratio=0.05,
                                                         weight_decay=0.1))},
         "training": {"num_workers": 2, "cpus_per_worker": 0.5, "zero_stage": 0,
