@@ -102,7 +102,8 @@ def combined_config(http_port: int) -> dict:
 @pytest.fixture(scope="session")
 def served(tmp_path_factory) -> Served:
     """Start the cluster, `serve deploy` both apps, wait until they run."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"}  # a test cluster needs no 30 s drain
     env.pop("RAY_ADDRESS", None)
     for attempt in range(ATTEMPTS):  # on a loaded box the raylet gives up on its agents (15 s)
         proc, temp, cluster = _start_head(env)
