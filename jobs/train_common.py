@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import shutil
+import sys
 import tempfile
 from itertools import islice
 from pathlib import Path
@@ -24,7 +24,6 @@ from typing import Any
 
 import deepspeed
 import pyarrow as pa
-import pyarrow.fs
 import ray
 import ray.train
 import ray.train.torch
@@ -56,13 +55,16 @@ from peftbd.models.loading import ModelUnavailableError, load_tokenizer
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
     TrainState,
+    delete_run,
     load_checkpoint,
+    run_location,
     run_fingerprint,
     save_checkpoint,
 )
 from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, torch_extensions_dir
 from peftbd.training.evaluate import evaluate, rank_rows
 from peftbd.training.examples import collate_sequences, load_training_split
+from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
 
 log = logging.getLogger(__name__)
@@ -161,12 +163,6 @@ def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
         raise RuntimeError(f"injected failure after the checkpoint of step {step}")
 
 
-def run_location(cfg: Config, out_dir: Path) -> tuple[str, str]:
-    """(storage_path, run name) of the Ray Train run that writes `out_dir`."""
-    storage = cfg.training.storage_path or str(out_dir.resolve().parent / "ray_train")
-    return storage, out_dir.name
-
-
 def run_train(
     kind: str,
     cfg: Config,
@@ -202,7 +198,7 @@ def run_train(
         )
     storage, name = run_location(cfg, out_dir)
     if not resume:
-        _delete_run(storage, name)
+        delete_run(storage, name)
     init_ray()
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -227,24 +223,12 @@ def run_train(
         ),
     )
     result = trainer.fit()
-    metrics = dict(result.metrics)
     with result.checkpoint.as_directory() as ckpt_dir, atomic_output_dir(out_dir) as tmp:
         shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
         write_manifest(tmp, {
-            "stage": f"train_{kind}",
+            **training_sections(kind, result.metrics, plan, train.num_rows),
             "fingerprint": fingerprint,
             "outputs": {task.export_subdir: task.export_subdir},
-            "parameters": metrics.pop("parameters"),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith("eval_")},
-            "training": {
-                "steps": metrics["step"], "steps_run_last_attempt": metrics["steps_run"],
-                "steps_per_second": metrics["steps_per_second"],
-                "train_seconds": metrics["train_seconds"], "final_train_loss": metrics.get("train_loss"),
-                "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
-                "accumulation": plan.accumulation, "workers": world,
-                "steps_per_epoch": plan.steps_per_epoch(train.num_rows),
-                "worker_peak_rss_mib": metrics["worker_peak_rss_mib"],
-            },
             "checkpoint": result.checkpoint.path,
             "ray_run": {"storage_path": storage, "name": name},
             "data": {"artifact_dir": str(data_dir), "train": train_counts.to_dict(),
@@ -261,14 +245,6 @@ def _dataset(table: pa.Table) -> ray.data.Dataset:
     ds = ray.data.from_arrow(table)
     ds.context.enable_progress_bars = False  # two workers' bars per epoch and eval drown the log
     return ds
-
-
-def _delete_run(storage: str, name: str) -> None:
-    """Remove a run's checkpoints and state (local or cloud storage) so it starts over."""
-    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
-    path = f"{root.rstrip('/')}/{name}"
-    if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
-        fs.delete_dir(path)
 
 
 def main(kind: str, argv: list[str] | None = None) -> None:

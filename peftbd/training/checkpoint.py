@@ -3,6 +3,7 @@
 A checkpoint directory holds DeepSpeed's files under the tag `ds` (trainable weights, optimizer,
 LR scheduler; the frozen backbone is excluded), `client_state` with the step and the run's
 fingerprint, and, in the final checkpoint, `export/` with the artifact the job publishes.
+A run lives at `<storage_path>/<name>` (Ray Train's layout), local or on cloud storage.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs
+
+from peftbd.config import Config
 
 TAG = "ds"
 EXPORT_DIR = "export"
@@ -50,3 +55,20 @@ def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> Trai
             "to start over, or use another --out (the run name)"
         )
     return TrainState(step=int(client["step"]))
+
+
+def run_location(cfg: Config, out_dir: Path) -> tuple[str, str]:
+    """(storage_path, run name) of the training run that writes `out_dir`: the name is the out
+    dir's, the storage `cfg.training.storage_path` or a `ray_train/` dir beside `out_dir`."""
+    storage = cfg.training.storage_path or str(Path(out_dir).resolve().parent / "ray_train")
+    if "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())  # Ray Train wants an absolute path
+    return storage, Path(out_dir).name
+
+
+def delete_run(storage: str, name: str) -> None:
+    """Remove a run's checkpoints and state (local or cloud storage) so it starts over."""
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    path = f"{root.rstrip('/')}/{name}"
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+        fs.delete_dir(path)

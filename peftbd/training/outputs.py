@@ -1,0 +1,30 @@
+"""The manifest sections of a finished training run, from the metrics its workers reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from peftbd.training.deepspeed_config import BatchPlan
+
+
+def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_rows: int) -> dict[str, Any]:
+    """`stage`, `parameters`, `metrics` (the eval_* values) and `training` (steps, throughput,
+    batch layout, worker memory) of a run whose last report was `final`."""
+    return {
+        "stage": f"train_{kind}",
+        "parameters": final["parameters"],
+        "metrics": {k: v for k, v in final.items() if k.startswith("eval_")},
+        "training": {
+            "steps": final["step"],
+            "steps_run_last_attempt": final["steps_run"],
+            "steps_per_second": final["steps_per_second"],
+            "train_seconds": final["train_seconds"],
+            "final_train_loss": final.get("train_loss"),
+            "global_batch": plan.global_batch,
+            "micro_batch": plan.micro_batch,
+            "accumulation": plan.accumulation,
+            "workers": plan.world_size,
+            "steps_per_epoch": plan.steps_per_epoch(train_rows),
+            "worker_peak_rss_mib": final["worker_peak_rss_mib"],
+        },
+    }
