@@ -104,7 +104,8 @@ def lora_config(drafter_cfg: DrafterConfig, mask_token_id: int) -> LoraConfig:
 def attach_drafter_adapter(
     model: PreTrainedModel, drafter_cfg: DrafterConfig, mask_token_id: int
 ) -> PeftModel:
-    """Wrap the verifier with a fresh (untrained) drafter adapter; only adapter weights train.
+    """Wrap the verifier with a fresh (untrained) drafter adapter, switched off (the model rests
+    as the verifier; drafting and training switch it on); only adapter weights train.
 
     With tied embeddings (the tiny verifier, Qwen3-0.6B), peft 0.21 also wraps `lm_head` with a
     token adapter tied to the embedding's, so the mask row is shared by input and output exactly
@@ -118,11 +119,13 @@ def attach_drafter_adapter(
         )
     peft_model = get_peft_model(model, lora_config(drafter_cfg, mask_token_id))
     _register_toggles(peft_model)
+    set_adapter_enabled(peft_model, False)  # at rest the model is the verifier; drafting opts in
     return peft_model
 
 
 def load_drafter_adapter(model: PreTrainedModel, adapter_dir: str | Path, is_trainable: bool = False) -> PeftModel:
-    """Load a saved drafter adapter (`PeftModel.save_pretrained` output) onto the verifier."""
+    """Load a saved drafter adapter (`PeftModel.save_pretrained` output) onto the verifier,
+    switched off (the model rests as the verifier; drafting switches it on)."""
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(
@@ -131,6 +134,7 @@ def load_drafter_adapter(model: PreTrainedModel, adapter_dir: str | Path, is_tra
         )
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=is_trainable)
     _register_toggles(peft_model)
+    set_adapter_enabled(peft_model, False)  # at rest the model is the verifier; drafting opts in
     return peft_model
 
 

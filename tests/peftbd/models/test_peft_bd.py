@@ -151,3 +151,19 @@ def test_eager_attention_gives_the_same_draft(tiny_cfg, mask_id):
             _draft_logits(eager, IDS, chunk, anchored), _draft_logits(sdpa, IDS, chunk, anchored),
             atol=1e-4, rtol=1e-4,
         )
+
+
+def test_attached_and_loaded_adapters_rest_switched_off(tiny_cfg, mask_id, tmp_path):
+    """At rest the wrapped model must be the verifier: AR/verify passes never see the adapter."""
+    ids = torch.tensor([[5, 17, 300, 21, 42]])
+    ref = load_verifier(tiny_cfg)(ids).logits
+    peft_model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, mask_id)
+    for p in peft_model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.5)  # a non-trivial adapter
+    assert torch.equal(peft_model(ids).logits, ref)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    loaded = load_drafter_adapter(load_verifier(tiny_cfg), tmp_path / "adapter")
+    assert torch.equal(loaded(ids).logits, ref)
+    with adapter_on(loaded):
+        assert not torch.equal(loaded(ids).logits, ref)
