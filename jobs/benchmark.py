@@ -56,7 +56,6 @@ from peftbd.manifest import (
     write_manifest,
 )
 from peftbd.models.loading import ModelUnavailableError
-from peftbd.training.tasks import ADAPTER_DIR, MTP_HEAD_DIR
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
-    shards = time_on_workers(cfg, adapter / ADAPTER_DIR, head / MTP_HEAD_DIR, prompt_set, repeats)
+    shards = time_on_workers(cfg, adapter, head, prompt_set, repeats)
     drafters = {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from peftbd.config import Config, load_config
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
+
+# Local Ray clusters in tests start without the dashboard (2-3 s and a few processes less each).
+os.environ.setdefault("PEFTBD_RAY_DASHBOARD", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -35,6 +35,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
 WEIGHTS_FILE = "mtp_head.safetensors"
 CONFIG_FILE = "mtp_head.json"
 FORMAT = "peftbd-mtp-head-v1"
+HEAD_SUBDIR = "mtp_head"
+"""Where a FastMTP training run (jobs.train_mtp) puts the head under its output dir."""
 
 
 @dataclass
@@ -114,12 +116,16 @@ class MTPHead(nn.Module):
 
     @classmethod
     def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> MTPHead:
-        """Load a head saved by `save_pretrained` onto `verifier` (shapes must match)."""
+        """Load a head saved by `save_pretrained` (or the output dir of a FastMTP training run,
+        which holds it in `mtp_head/`) onto `verifier` (shapes must match)."""
         head_dir = Path(head_dir)
+        if not (head_dir / CONFIG_FILE).is_file():
+            head_dir = head_dir / HEAD_SUBDIR
         meta_path = head_dir / CONFIG_FILE
         if not meta_path.is_file():
             raise FileNotFoundError(
-                f"head_dir={str(head_dir)!r} holds no {CONFIG_FILE}; pass a directory written by "
+                f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
+                f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_mtp or a directory written by "
                 "MTPHead.save_pretrained"
             )
         meta = json.loads(meta_path.read_text())

@@ -36,6 +36,8 @@ from transformers import PreTrainedModel
 from peftbd.config import DrafterConfig
 
 _TOGGLES = "_peftbd_adapter_toggles"
+ADAPTER_SUBDIR = "adapter"
+"""Where a PEFT-BD training run (jobs.train_peftbd) puts the adapter under its output dir."""
 
 
 def draft_visibility(cache_len: int, block_size: int, anchored: bool, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -124,13 +126,17 @@ def attach_drafter_adapter(
 
 
 def load_drafter_adapter(model: PreTrainedModel, adapter_dir: str | Path, is_trainable: bool = False) -> PeftModel:
-    """Load a saved drafter adapter (`PeftModel.save_pretrained` output) onto the verifier,
-    switched off (the model rests as the verifier; drafting switches it on)."""
+    """Load a saved drafter adapter (`PeftModel.save_pretrained` output, or the output dir of a
+    PEFT-BD training run, which holds it in `adapter/`) onto the verifier, switched off (the
+    model rests as the verifier; drafting switches it on)."""
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
+        adapter_dir = adapter_dir / ADAPTER_SUBDIR
+    if not (adapter_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(
-            f"adapter_dir={str(adapter_dir)!r} holds no adapter_config.json; pass the directory a "
-            "PEFT-BD training run saved with PeftModel.save_pretrained"
+            f"adapter_dir={str(adapter_dir.parent)!r} holds no adapter_config.json, nor does its "
+            f"{ADAPTER_SUBDIR}/; pass the output dir of jobs.train_peftbd or a directory saved "
+            "with PeftModel.save_pretrained"
         )
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=is_trainable)
     _register_toggles(peft_model)

@@ -30,17 +30,19 @@ from transformers import PreTrainedModel
 
 from peftbd.config import Config, OptimConfig
 from peftbd.models.loading import load_tokenizer, load_verifier
-from peftbd.models.mtp_head import MTPHead
-from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters, set_adapter_enabled
+from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
+from peftbd.models.peft_bd import (
+    ADAPTER_SUBDIR,
+    attach_drafter_adapter,
+    count_parameters,
+    set_adapter_enabled,
+)
 from peftbd.training.block_diffusion import BlockStats, block_diffusion_stats, build_draft_batch
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
 
 EVAL_EPOCH = -1
 """The noise epoch of evaluation: the same eval noise at every eval of every run."""
-
-ADAPTER_DIR = "adapter"
-MTP_HEAD_DIR = "mtp_head"
 
 
 class DistillTask(Protocol):
@@ -84,7 +86,7 @@ class PeftBDTask:
     """LoRA block-diffusion drafter on the frozen verifier (`peftbd.training.block_diffusion`)."""
 
     kind = "peftbd"
-    export_subdir = ADAPTER_DIR
+    export_subdir = ADAPTER_SUBDIR
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -141,7 +143,7 @@ class PeftBDTask:
         return count_parameters(module)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
-        path = Path(out_dir) / ADAPTER_DIR
+        path = Path(out_dir) / ADAPTER_SUBDIR
         module.save_pretrained(str(path))
         return path
 
@@ -150,7 +152,7 @@ class MTPTask:
     """FastMTP head on the frozen verifier's hidden states (`peftbd.training.mtp_objective`)."""
 
     kind = "mtp"
-    export_subdir = MTP_HEAD_DIR
+    export_subdir = HEAD_SUBDIR
 
     def __init__(self, cfg: Config) -> None:
         if len(cfg.mtp.loss_weights) != cfg.mtp.num_steps:
@@ -191,7 +193,7 @@ class MTPTask:
         return mtp_parameter_counts(module, self.verifier)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
-        return module.save_pretrained(Path(out_dir) / MTP_HEAD_DIR)
+        return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)
 
 
 def make_task(kind: str, cfg: Config) -> DistillTask:

@@ -23,7 +23,7 @@ from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
-from peftbd.training.tasks import ADAPTER_DIR, MTP_HEAD_DIR, make_task
+from peftbd.training.tasks import make_task
 
 N_PROMPTS = 3
 
@@ -69,8 +69,8 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
 def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
     prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
     specs = arm_specs(small_cfg)
-    shard = run_shard(small_cfg, artifacts / "peftbd_adapter" / ADAPTER_DIR,
-                      artifacts / "mtp_head" / MTP_HEAD_DIR, specs, prompts, repeats=2)
+    shard = run_shard(small_cfg, artifacts / "peftbd_adapter",
+                      artifacts / "mtp_head", specs, prompts, repeats=2)
     arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
     results = {"arms": arms}
     add_oracles(results)

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from peftbd.models.loading import load_verifier
-from peftbd.models.mtp_head import MTPHead
+from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
 from peftbd.models.peft_bd import count_parameters
 
 
@@ -58,10 +58,12 @@ def test_teacher_forcing_equals_cached_decoding(verifier, head):
 def test_save_and_load_round_trip(verifier, head, tmp_path):
     for p in head.parameters():
         p.add_(0.01)
-    head.save_pretrained(tmp_path / "mtp")
-    loaded = MTPHead.from_pretrained(tmp_path / "mtp", verifier)
+    head.save_pretrained(tmp_path / HEAD_SUBDIR)
     h, pos = _hidden(verifier), torch.arange(1, IDS.shape[1])[None]
-    assert torch.equal(loaded(h[:, :-1], IDS[:, 1:], pos).logits, head(h[:, :-1], IDS[:, 1:], pos).logits)
+    for where in (tmp_path / HEAD_SUBDIR, tmp_path):  # the head's dir, or a training run's out dir
+        loaded = MTPHead.from_pretrained(where, verifier)
+        assert torch.equal(loaded(h[:, :-1], IDS[:, 1:], pos).logits,
+                           head(h[:, :-1], IDS[:, 1:], pos).logits)
 
 
 def test_load_rejects_a_different_verifier(tiny_cfg, head, tmp_path):

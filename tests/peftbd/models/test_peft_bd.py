@@ -86,6 +86,9 @@ def test_save_and_load_round_trip(tiny_cfg, drafter, mask_id, tmp_path):
     with adapter_on(drafter), adapter_on(loaded):
         assert torch.equal(_logits(loaded), _logits(drafter))
     assert torch.equal(_logits(loaded), _logits(drafter))
+    run_dir = load_drafter_adapter(load_verifier(tiny_cfg), tmp_path)  # a training run's out dir
+    with adapter_on(drafter), adapter_on(run_dir):
+        assert torch.equal(_logits(run_dir), _logits(drafter))
     with pytest.raises(FileNotFoundError, match="adapter_dir"):
         load_drafter_adapter(load_verifier(tiny_cfg), tmp_path / "missing")
 
