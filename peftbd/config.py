@@ -102,6 +102,8 @@ class DrafterConfig:
     block_size: int = 16
     denoise_steps: int = 1
     anchored: bool = False
+    draft_layers: int = 0  # 0: the whole backbone drafts (the paper); k: only layers 0..k-1 do
+    early_exit_layers: int = 0  # the main job's early-exit arm: its adapter's draft_layers (0: none)
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0

@@ -1,7 +1,8 @@
 """PEFT-BD drafting: the adapter-on backbone denoises a block of masks against the verifier's KV.
 
 The chunk layout, positions and attention pattern are `peftbd.models.peft_bd`'s (shared with
-training). The draft's KV is cropped off the verifier cache after every forward.
+training). The draft's KV is cropped off the verifier cache after every forward. An early-exit
+adapter (`peftbd.models.early_exit`) drafts through its first k layers only.
 
 Unmasking rule for `denoise_steps = S > 1` (MaskGIT-style, linear schedule): after step s the
 ceil(D * s / S) most confident positions are fixed (confidence = the max softmax probability,
@@ -20,6 +21,7 @@ from peft import PeftModel
 
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import unwrap
+from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
 from peftbd.models.peft_bd import adapter_on, draft_attention_mask, draft_input_ids, draft_position_ids
 
 
@@ -39,6 +41,7 @@ class PeftBDDrafter:
                 f"({block_size})"
             )
         self.model = peft_model
+        self.depth = adapter_depth(peft_model)  # all layers, or an early-exit adapter's k
         self.mask_id = mask_id
         self.block_size = block_size
         self.denoise_steps = denoise_steps
@@ -58,13 +61,13 @@ class PeftBDDrafter:
         mask = draft_attention_mask(n, d, self.anchored, base.dtype, state.device)
         block = chunk[:, 1:].clone()
         fixed = torch.zeros_like(block, dtype=torch.bool)
-        with adapter_on(self.model):
+        with adapter_on(self.model), first_layers(base.config, self.depth):
             for step in range(1, steps + 1):
                 with state.forwards.timed("draft"):
                     out = base.model(input_ids=chunk, cache=state.cache, position_ids=positions,
                                      attention_mask=mask, use_cache=True)
                     logits = base.lm_head(out.last_hidden_state[:, 1:]).float()
-                state.cache.crop(-(d + 1))
+                crop_first_layers(state.cache, d + 1, self.depth)
                 logits[..., self.mask_id] = -math.inf
                 if step == steps:
                     block = torch.where(fixed, block, logits.argmax(-1))

@@ -34,6 +34,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from peftbd.config import DrafterConfig
+from peftbd.models.early_exit import early_exit_layers
 
 _TOGGLES = "_peftbd_adapter_toggles"
 ADAPTER_SUBDIR = "adapter"
@@ -97,6 +98,8 @@ def lora_config(drafter_cfg: DrafterConfig, mask_token_id: int) -> LoraConfig:
         lora_alpha=drafter_cfg.lora_alpha,
         lora_dropout=drafter_cfg.lora_dropout,
         target_modules=list(drafter_cfg.target_modules),
+        layers_to_transform=early_exit_layers(drafter_cfg.draft_layers),
+        layers_pattern="layers" if drafter_cfg.draft_layers else None,
         trainable_token_indices={"embed_tokens": [mask_token_id]},
         bias="none",
         task_type="CAUSAL_LM",
@@ -113,7 +116,12 @@ def attach_drafter_adapter(
     token adapter tied to the embedding's, so the mask row is shared by input and output exactly
     as the base weights are; with the adapter off both use the original row.
     """
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab, depth = model.get_input_embeddings().num_embeddings, model.config.num_hidden_layers
+    if not 0 <= drafter_cfg.draft_layers <= depth:
+        raise ValueError(
+            f"drafter.draft_layers={drafter_cfg.draft_layers}: the verifier has {depth} layers; "
+            f"use 0 (the whole backbone drafts) or 1..{depth} (early exit after that many)"
+        )
     if not 0 <= mask_token_id < vocab:
         raise ValueError(
             f"mask_token_id={mask_token_id} is outside the embedding table ({vocab} rows); "

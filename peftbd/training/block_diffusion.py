@@ -31,6 +31,9 @@ whole clean sequence is computed once; all block chunks of a sequence are concat
 query sequence whose 4D mask over [clean KV | chunks] gives chunk k the columns of context
 y_0..y_{s_k-2} and its own chunk (with `draft_visibility`'s pattern), nothing else. A test shows
 the logits equal the plain per-block draft forward.
+
+An early-exit adapter (`drafter.draft_layers = k`, `peftbd.models.early_exit`) runs both forwards
+through its first k layers only, exactly as it drafts.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import DynamicCache
 
+from peftbd.models.early_exit import adapter_depth, first_layers
 from peftbd.models.peft_bd import (
     adapter_on,
     draft_input_ids,
@@ -170,12 +174,12 @@ def build_draft_batch(
 def chunk_hidden_states(model: PeftModel, draft: DraftBatch) -> torch.Tensor:
     """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
     drafted against the adapter-off (verifier) KV of the clean sequences."""
-    backbone = model.get_base_model().model
+    backbone, depth = model.get_base_model().model, adapter_depth(model)
     set_adapter_enabled(model, False)
     cache = DynamicCache(config=backbone.config)
-    with torch.no_grad():
+    with torch.no_grad(), first_layers(backbone.config, depth):  # an early-exit drafter's k layers
         backbone(input_ids=draft.clean_ids, cache=cache, use_cache=True)
-    with adapter_on(model):
+    with adapter_on(model), first_layers(backbone.config, depth):
         out = backbone(
             input_ids=draft.chunk_ids, position_ids=draft.chunk_positions,
             attention_mask=draft.attention_mask, cache=cache, use_cache=True,

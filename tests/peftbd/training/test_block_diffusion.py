@@ -3,6 +3,7 @@ drafts exactly like the engine (same chunks, same attention pattern, same logits
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import DynamicCache
 
 from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
 from peftbd.decoding.verify import prefill
+from peftbd.models.early_exit import adapter_depth, first_layers
 from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.models.peft_bd import (
     adapter_on,
@@ -47,11 +49,13 @@ def ids(tiny_cfg):
     return tok.mask_token_id, tok.pad_token_id
 
 
-@pytest.fixture(scope="module")
-def drafter(tiny_cfg, ids):
-    """A drafter whose adapter visibly changes the outputs (fresh LoRA B is zero)."""
+@pytest.fixture(scope="module", params=[0, 2], ids=["whole-backbone", "early-exit-2"])
+def drafter(request, tiny_cfg, ids):
+    """A drafter whose adapter visibly changes the outputs (fresh LoRA B is zero): a whole-backbone
+    one, and an early-exit one drafting from the first 2 layers."""
     torch.manual_seed(0)
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, ids[0])
+    drafter_cfg = dataclasses.replace(tiny_cfg.drafter, draft_layers=request.param)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), drafter_cfg, ids[0])
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
@@ -129,7 +133,7 @@ def _plain_block_logits(model, seq: torch.Tensor, s: int, chunk: torch.Tensor, a
     base = model.get_base_model()
     cache = DynamicCache()
     base(input_ids=seq[None, : s - 1], cache=cache)
-    with adapter_on(model):
+    with adapter_on(model), first_layers(base.config, adapter_depth(model)):
         return base(
             input_ids=chunk[None], cache=cache, position_ids=draft_position_ids(s - 1, D),
             attention_mask=draft_attention_mask(s - 1, D, anchored, torch.float32),

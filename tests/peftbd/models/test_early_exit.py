@@ -1,0 +1,115 @@
+"""Early-exit PEFT-BD: LoRA only in the first k layers, drafts equal to a backbone physically cut
+to k layers, the verifier cache's deeper layers untouched, and speculative output equal to AR."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from peftbd.decoding import PeftBDDrafter, decode
+from peftbd.decoding.verify import prefill
+from peftbd.models.early_exit import adapter_depth
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.models.peft_bd import (
+    adapter_on,
+    attach_drafter_adapter,
+    draft_attention_mask,
+    draft_input_ids,
+    draft_position_ids,
+    load_drafter_adapter,
+    set_adapter_enabled,
+)
+
+K, D = 2, 8
+PROMPTS = [[5, 17, 300, 21, 42, 99, 64, 7, 12], [40, 41, 900, 3, 77]]
+
+
+@pytest.fixture(scope="module")
+def mask_id(tiny_cfg) -> int:
+    return load_tokenizer(tiny_cfg).mask_token_id
+
+
+def _early_exit(tiny_cfg, mask_id: int, k: int = K, seed: int = 0):
+    """An early-exit drafter whose adapter visibly changes its drafts (fresh LoRA B is zero)."""
+    model = attach_drafter_adapter(
+        load_verifier(tiny_cfg), dataclasses.replace(tiny_cfg.drafter, draft_layers=k), mask_id)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    set_adapter_enabled(model, False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_cfg, mask_id):
+    return _early_exit(tiny_cfg, mask_id)
+
+
+def test_lora_lives_only_in_the_first_k_layers_and_the_depth_survives_saving(
+        tiny_cfg, drafter, mask_id, tmp_path):
+    layers = {int(n.split(".layers.")[1].split(".")[0])
+              for n, p in drafter.named_parameters() if p.requires_grad and ".layers." in n}
+    assert layers == set(range(K))
+    assert adapter_depth(drafter) == K
+    whole = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, mask_id)
+    assert adapter_depth(whole) == whole.get_base_model().config.num_hidden_layers == 4
+    drafter.save_pretrained(tmp_path / "adapter")
+    assert adapter_depth(load_drafter_adapter(load_verifier(tiny_cfg), tmp_path)) == K
+
+
+def test_draft_layers_beyond_the_backbone_is_rejected(tiny_cfg, mask_id):
+    with pytest.raises(ValueError, match=r"drafter.draft_layers=5: the verifier has 4 layers"):
+        _early_exit(tiny_cfg, mask_id, k=5)
+
+
+@torch.no_grad()
+def test_early_exit_draft_equals_a_backbone_cut_to_k_layers(drafter, mask_id):
+    state = prefill(drafter, PROMPTS[0], max_new_tokens=32, eos_ids=())
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
+    proposal = PeftBDDrafter(drafter, mask_id, D).propose(state, D)[0]
+
+    cut = copy.deepcopy(drafter)  # the reference: the first K layers, physically
+    cut.get_base_model().model.layers = nn.ModuleList(cut.get_base_model().model.layers[:K])
+    cut.get_base_model().config.num_hidden_layers = K
+    n = len(state.tokens) - 1
+    with adapter_on(cut):
+        out = cut.get_base_model()(
+            input_ids=draft_input_ids(state.tokens[-1], mask_id, D),
+            position_ids=draft_position_ids(n, D),
+            attention_mask=draft_attention_mask(n, D, False, torch.float32),
+            past_key_values=None if n == 0 else _cache_prefix(state, K),
+        )
+    logits = out.logits[0, 1:].clone()
+    logits[:, mask_id] = -torch.inf
+    assert proposal.tolist() == logits.argmax(-1).tolist()
+    after = [(layer.keys, layer.values) for layer in state.cache.layers]
+    for (k0, v0), (k1, v1) in zip(before, after, strict=True):  # every layer back as it was
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def _cache_prefix(state, k: int):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, layer in enumerate(state.cache.layers[:k]):
+        cache.update(layer.keys.clone(), layer.values.clone(), i)
+    return cache
+
+
+@torch.no_grad()
+def test_speculative_decoding_with_an_early_exit_drafter_equals_ar(tiny_cfg, drafter, mask_id):
+    eos = eos_token_ids(drafter.get_base_model(), load_tokenizer(tiny_cfg))
+    spec = PeftBDDrafter(drafter, mask_id, D)
+    drafts = 0
+    for prompt in PROMPTS:
+        ar = decode(drafter, prompt, max_new_tokens=40, eos_ids=eos)
+        out = decode(drafter, prompt, drafter=spec, max_new_tokens=40, eos_ids=eos)
+        assert out.tokens == ar.tokens
+        drafts += out.forward_calls.get("draft", 0)
+    assert drafts > 30  # the verifier cache went through many early-exit drafts and crops
