@@ -60,6 +60,7 @@ from peftbd.models.loading import ModelUnavailableError
 log = logging.getLogger(__name__)
 
 CONTINUATIONS, ADAPTER, MTP_HEAD, BENCHMARK = "continuations", "peftbd_adapter", "mtp_head", "benchmark"
+EARLY_EXIT = "peftbd_early_exit"
 RESULTS = "results.json"
 PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
@@ -81,14 +82,15 @@ def _require(artifacts: Path, sub: str, how: str) -> Path:
 
 
 def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSet,
-                    repeats: int) -> list[ShardResult]:
+                    repeats: int, early_exit: Path | None = None) -> list[ShardResult]:
     """Split the prompts round-robin over `decoding.workers` Ray tasks; each times its share."""
     d = cfg.decoding
     n = max(1, min(d.workers, len(prompt_set.prompts)))
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs = arm_specs(cfg)
-    refs = [task.remote(cfg, str(adapter), str(head), specs, prompt_set.prompts[i::n], repeats)
-            for i in range(n)]
+    exit_dir = None if early_exit is None else str(early_exit)
+    refs = [task.remote(cfg, str(adapter), str(head), specs, prompt_set.prompts[i::n], repeats,
+                        exit_dir) for i in range(n)]
     return ray.get(refs)
 
 
@@ -117,6 +119,11 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
                                            f"{artifacts / ADAPTER}")
     head = _require(artifacts, MTP_HEAD, f"train it with python -m jobs.train_mtp --out "
                                          f"{artifacts / MTP_HEAD}")
+    exit_k = cfg.drafter.early_exit_layers
+    early_exit = None if exit_k <= 0 else _require(
+        artifacts, EARLY_EXIT, f"train it with python -m jobs.train_peftbd --set "
+        f"drafter.draft_layers={exit_k} --out {artifacts / EARLY_EXIT} (or set "
+        "drafter.early_exit_layers=0 to leave the early-exit arm out)")
     if prompts == "test":
         _require(artifacts, CONTINUATIONS, f"build it with python -m jobs.generate --out "
                                            f"{artifacts / CONTINUATIONS}")
@@ -124,8 +131,10 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
-    shards = time_on_workers(cfg, adapter, head, prompt_set, repeats)
+    shards = time_on_workers(cfg, adapter, head, prompt_set, repeats, early_exit)
     drafters = {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)}
+    if early_exit is not None:
+        drafters[EARLY_EXIT] = _drafter_info(early_exit)
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(artifacts), BENCHMARK_STAGE: stats}
@@ -146,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     parser.add_argument("--artifacts", type=Path, required=True,
                         help="the main job's output root (holds continuations/, peftbd_adapter/, "
-                             "mtp_head/)")
+                             "mtp_head/ and, when drafter.early_exit_layers > 0, "
+                             "peftbd_early_exit/)")
     parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",
                         help="'test': the artifact's held-out split (default); 'spec-bench PATH': "
                              "Spec-Bench's question.jsonl, reported per category")

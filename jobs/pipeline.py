@@ -1,4 +1,5 @@
-"""The main job: tiny world -> generate -> train PEFT-BD and MTP -> benchmark -> report.
+"""The main job: tiny world -> generate -> train PEFT-BD (whole-backbone and early-exit) and MTP
+-> benchmark -> report.
 
     python -m jobs.pipeline                      # the embedded tiny world, CPU, no network
     python -m jobs.pipeline --preset qwen3-0.6b --out /shared/peftbd   # the paper, on a cluster
@@ -12,6 +13,7 @@ end, where everything went.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -58,6 +60,13 @@ def _train_peftbd(cfg: Config, out: Path) -> Path:
     return run_train_peftbd(cfg, out.parent / CONTINUATIONS, out)
 
 
+def _train_early_exit(cfg: Config, out: Path) -> Path:
+    from jobs.train_peftbd import run_train_peftbd
+
+    drafter = dataclasses.replace(cfg.drafter, draft_layers=cfg.drafter.early_exit_layers)
+    return run_train_peftbd(dataclasses.replace(cfg, drafter=drafter), out.parent / CONTINUATIONS, out)
+
+
 def _train_mtp(cfg: Config, out: Path) -> Path:
     from jobs.train_mtp import run_train_mtp
 
@@ -78,9 +87,14 @@ def stages(cfg: Config) -> list[Stage]:
     chosen = []
     if cfg.model.name_or_path == EMBEDDED_TINY:
         chosen.append(Stage("tiny world", "world", _world))
-    return chosen + [
+    chosen += [
         Stage("generate continuations", CONTINUATIONS, _generate),
         Stage("train PEFT-BD adapter", "peftbd_adapter", _train_peftbd),
+    ]
+    if cfg.drafter.early_exit_layers > 0:
+        chosen.append(Stage(f"train early-exit PEFT-BD adapter ({cfg.drafter.early_exit_layers} "
+                            "layers)", "peftbd_early_exit", _train_early_exit))
+    return chosen + [
         Stage("train FastMTP head", "mtp_head", _train_mtp),
         Stage("benchmark + report", "benchmark", _benchmark),
     ]
@@ -122,8 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m jobs.pipeline",
         description=__doc__.split("\n\n")[0],
-        epilog="Stages: tiny world (tiny preset only), generate, train_peftbd, train_mtp, "
-        "benchmark. Run one alone with python -m jobs.<stage> --help.",
+        epilog="Stages: tiny world (tiny preset only), generate, train_peftbd, train_peftbd with "
+        "drafter.draft_layers=drafter.early_exit_layers (the early-exit adapter; skipped when that "
+        "is 0), train_mtp, benchmark. Run one alone with python -m jobs.<stage> --help.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(parser)

@@ -74,13 +74,15 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
 
 
 def run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
-              specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int) -> ShardResult:
-    """Load the models, time every arm over `prompts` and audit them (one process, serial)."""
+              specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
+              early_exit_dir: str | Path | None = None) -> ShardResult:
+    """Load the models, time every arm over `prompts` and audit them (one process, serial);
+    `early_exit_dir` holds the early-exit arm's adapter."""
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
-    models = load_arm_models(cfg, adapter_dir, head_dir)
+    models = load_arm_models(cfg, adapter_dir, head_dir, early_exit_dir)
     results = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens)
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=results,

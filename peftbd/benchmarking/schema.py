@@ -47,9 +47,10 @@ from typing import Any
 
 SCHEMA = "peftbd-benchmark/1"
 
-ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "fastmtp")
+ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
+                         "fastmtp")
 """Benchmark arms in report order: greedy AR, PEFT-BD (1 step unanchored; 2 steps; anchored),
-FastMTP."""
+early-exit PEFT-BD (beyond the paper; only when `drafter.early_exit_layers` > 0), FastMTP."""
 
 ORACLE_TARGETS: tuple[str, ...] = ("fastmtp", "ar")
 """Arms whose measured throughput the draft-cost oracle asks each speculative arm to match."""

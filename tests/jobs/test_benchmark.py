@@ -3,6 +3,7 @@ the counts add up, and the job writes results, report, figure and manifest."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from jobs.benchmark import RESULTS, BenchmarkInputError, main, run_benchmark
 from peftbd.analysis.report import FIGURE_1, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
-from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.arms import arm_specs, load_arm_models
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
@@ -58,8 +59,11 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
     write_manifest(root / "continuations", {"stage": "generate", "wall_seconds": 11.5,
                                             "peak_rss_mib": 512.0, "peak_gpu_mib": None})
     torch.manual_seed(0)
-    for kind, sub in (("peftbd", "peftbd_adapter"), ("mtp", "mtp_head")):
-        task = make_task(kind, small_cfg)
+    early_exit = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
+        small_cfg.drafter, draft_layers=small_cfg.drafter.early_exit_layers))
+    for kind, sub, cfg in (("peftbd", "peftbd_adapter", small_cfg), ("mtp", "mtp_head", small_cfg),
+                           ("peftbd", "peftbd_early_exit", early_exit)):
+        task = make_task(kind, cfg)
         task.export(task.build(torch.device("cpu")), root / sub)
         write_manifest(root / sub, {"stage": f"train_{kind}", "untrained": True,
                                     "wall_seconds": 0.5, "peak_rss_mib": 400.0})
@@ -69,8 +73,8 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
 def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
     prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
     specs = arm_specs(small_cfg)
-    shard = run_shard(small_cfg, artifacts / "peftbd_adapter",
-                      artifacts / "mtp_head", specs, prompts, repeats=2)
+    shard = run_shard(small_cfg, artifacts / "peftbd_adapter", artifacts / "mtp_head", specs,
+                      prompts, repeats=2, early_exit_dir=artifacts / "peftbd_early_exit")
     arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
     results = {"arms": arms}
     add_oracles(results)
@@ -90,6 +94,8 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             assert arm["forward"]["draft"]["calls"] > 0
             assert set(arm["oracle"]["needed_accepted"]) == {"fastmtp", "ar"}
     assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False}
+    assert arms["peftbd_early_exit"]["settings"] == {"denoise_steps": 1, "anchored": False,
+                                                     "draft_layers": 2}
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
@@ -134,4 +140,15 @@ def test_missing_artifacts_fail_with_the_fix(small_cfg: Config, tmp_path: Path) 
         write_manifest(tmp_path / "peftbd_adapter", {})
         (tmp_path / "mtp_head").mkdir()
         write_manifest(tmp_path / "mtp_head", {})
+        with pytest.raises(BenchmarkInputError, match="peftbd_early_exit.*draft_layers=2"):
+            run_benchmark(small_cfg, tmp_path, tmp_path / "out")
+        (tmp_path / "peftbd_early_exit").mkdir()
+        write_manifest(tmp_path / "peftbd_early_exit", {})
         main(["--artifacts", str(tmp_path)])
+
+
+def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:
+    cfg = apply_override(small_cfg, "drafter.early_exit_layers=1")
+    with pytest.raises(ValueError, match="drafts from 2 layers but drafter.early_exit_layers=1"):
+        load_arm_models(cfg, artifacts / "peftbd_adapter", artifacts / "mtp_head",
+                        artifacts / "peftbd_early_exit")

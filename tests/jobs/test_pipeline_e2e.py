@@ -16,7 +16,7 @@ TRIM = [
     "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
     "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=24",
 ]
-STAGES = ("world", "continuations", "peftbd_adapter", "mtp_head", "benchmark")
+STAGES = ("world", "continuations", "peftbd_adapter", "peftbd_early_exit", "mtp_head", "benchmark")
 
 
 def _pipeline(out: Path) -> str:
