@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(parser)
-    parser.add_argument("--artifacts", type=Path, required=True,
+    parser.add_argument("--artifacts", type=Path, default=None,
                         help="the main job's output root (holds continuations/, peftbd_adapter/, "
                              "mtp_head/ and, when drafter.early_exit_layers > 0, "
-                             "peftbd_early_exit/)")
+                             "peftbd_early_exit/; default: <paths.out_dir>/<preset>)")
     parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",
                         help="'test': the artifact's held-out split (default); 'spec-bench PATH': "
                              "Spec-Bench's question.jsonl, reported per category")
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args.artifacts = args.artifacts or Path(cfg.paths.out_dir) / cfg.preset
     if args.prompts == ["test"]:
         prompts, default_out = "test", args.artifacts / BENCHMARK
     elif len(args.prompts) == 2 and args.prompts[0] == "spec-bench":

@@ -4,7 +4,7 @@ read (Ray Data) -> render + tokenize (tasks) -> split assignment (driver, by row
 batched greedy generation (`map_batches` over an actor pool, one verifier per actor) ->
 parquet parts in `<out>.work/` (resumable) -> `<out>/{train,val,test}.parquet` + manifest.json.
 
-    python -m jobs.generate --preset tiny --out outputs/generate
+    python -m jobs.generate --preset tiny --out outputs/tiny/continuations
     python -m jobs.generate --preset tiny --source spec-bench:../shared/data/spec_bench/question.jsonl \
         --set data.train_size=0 --set data.val_size=0 --set data.test_size=480 --out outputs/specbench
     ray job submit --working-dir . -- python -m jobs.generate --preset tiny --out /abs/path
@@ -248,11 +248,12 @@ def main(argv: list[str] | None = None) -> None:
         "file or directory, a hub dataset id, or spec-bench:PATH/question.jsonl",
     )
     parser.add_argument("--limit", type=int, default=None, help="read only the first N source rows")
-    parser.add_argument("--out", default=None, help="artifact directory (default: <paths.out_dir>/generate)")
+    parser.add_argument("--out", default=None, help="artifact directory (default: <paths.out_dir>/<preset>/continuations, "
+                        "the main job's layout)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / "generate"
+    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / cfg.preset / "continuations"
     try:
         run_generate(cfg, out, source=args.source, limit=args.limit)
     except (SourceError, ModelUnavailableError) as exc:

@@ -68,6 +68,8 @@ from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
 
 log = logging.getLogger(__name__)
+STAGE_DIRS = {"peftbd": "peftbd_adapter", "mtp": "mtp_head"}
+"""Default output dirs under <paths.out_dir>/<preset>/: the main job's layout."""
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -256,17 +258,19 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     )
     add_config_args(parser)
     parser.add_argument("--data", default=None, metavar="ARTIFACT_DIR",
-                        help="continuation artifact (default: <paths.out_dir>/generate)")
+                        help="continuation artifact (default: <paths.out_dir>/<preset>/continuations, where "
+                             "python -m jobs.generate and the main job put it)")
     parser.add_argument("--out", default=None,
                         help=f"output directory, also the Ray Train run name "
-                        f"(default: <paths.out_dir>/train_{kind})")
+                        f"(default: <paths.out_dir>/<preset>/{STAGE_DIRS[kind]}, the main job's layout)")
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                         help="continue the run's latest checkpoint (default); --no-resume starts over")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    data = Path(args.data) if args.data else Path(cfg.paths.out_dir) / "generate"
-    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / f"train_{kind}"
+    root = Path(cfg.paths.out_dir) / cfg.preset
+    data = Path(args.data) if args.data else root / "continuations"
+    out = Path(args.out) if args.out else root / STAGE_DIRS[kind]
     try:
         out = run_train(kind, cfg, data, out, resume=args.resume)
     except (ArtifactError, ConfigError, ModelUnavailableError) as exc:

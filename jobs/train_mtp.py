@@ -1,6 +1,6 @@
 """Distil the FastMTP head (3 recursive steps, weights [0.51, 0.31, 0.18]) with Ray Train.
 
-    python -m jobs.train_mtp --data outputs/generate --out outputs/train_mtp
+    python -m jobs.train_mtp --data outputs/tiny/continuations --out outputs/tiny/mtp_head
     ray job submit --working-dir . -- python -m jobs.train_mtp --preset qwen3-0.6b \\
         --data /shared/peftbd/continuations --out /shared/peftbd/train_mtp
 

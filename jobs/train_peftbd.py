@@ -1,6 +1,6 @@
 """Distil the PEFT-BD drafter (LoRA + mask-token row, block-diffusion objective) with Ray Train.
 
-    python -m jobs.train_peftbd --data outputs/generate --out outputs/train_peftbd
+    python -m jobs.train_peftbd --data outputs/tiny/continuations --out outputs/tiny/peftbd_adapter
     ray job submit --working-dir . -- python -m jobs.train_peftbd --preset qwen3-0.6b \\
         --data /shared/peftbd/continuations --out /shared/peftbd/train_peftbd
 

@@ -14,7 +14,6 @@ import importlib.util
 import inspect
 import random
 import re
-import sys
 from typing import Any
 
 import pydoc_data.topics

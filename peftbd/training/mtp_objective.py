@@ -41,7 +41,7 @@ def mtp_stats(
 ) -> dict[str, torch.Tensor]:
     """Sums over the batch: per step `ce_sum`, `targets`, `correct` (K,), plus `prefix_correct`
     and `round_targets` of the draft rounds, and `loss` (keeps its graph; see module doc)."""
-    ids, n_steps = batch.ids, len(loss_weights)
+    ids = batch.ids
     width = ids.shape[1]
     index = torch.arange(width, device=ids.device)
     hidden = verifier_hidden_states(verifier, ids)

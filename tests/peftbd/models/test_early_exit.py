@@ -21,7 +21,6 @@ from peftbd.models.peft_bd import (
     draft_input_ids,
     draft_position_ids,
     load_drafter_adapter,
-    set_adapter_enabled,
 )
 
 K, D = 2, 8
@@ -33,22 +32,9 @@ def mask_id(tiny_cfg) -> int:
     return load_tokenizer(tiny_cfg).mask_token_id
 
 
-def _early_exit(tiny_cfg, mask_id: int, k: int = K, seed: int = 0):
-    """An early-exit drafter whose adapter visibly changes its drafts (fresh LoRA B is zero)."""
-    model = attach_drafter_adapter(
-        load_verifier(tiny_cfg), dataclasses.replace(tiny_cfg.drafter, draft_layers=k), mask_id)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    set_adapter_enabled(model, False)
-    return model
-
-
 @pytest.fixture(scope="module")
-def drafter(tiny_cfg, mask_id):
-    return _early_exit(tiny_cfg, mask_id)
+def drafter(perturbed_drafter):
+    return perturbed_drafter(draft_layers=K, seed=0)
 
 
 def test_lora_lives_only_in_the_first_k_layers_and_the_depth_survives_saving(
@@ -65,7 +51,8 @@ def test_lora_lives_only_in_the_first_k_layers_and_the_depth_survives_saving(
 
 def test_draft_layers_beyond_the_backbone_is_rejected(tiny_cfg, mask_id):
     with pytest.raises(ValueError, match=r"drafter.draft_layers=5: the verifier has 4 layers"):
-        _early_exit(tiny_cfg, mask_id, k=5)
+        attach_drafter_adapter(load_verifier(tiny_cfg),
+                               dataclasses.replace(tiny_cfg.drafter, draft_layers=5), mask_id)
 
 
 @torch.no_grad()

@@ -3,7 +3,6 @@ drafts exactly like the engine (same chunks, same attention pattern, same logits
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -14,14 +13,8 @@ from transformers import DynamicCache
 from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
 from peftbd.decoding.verify import prefill
 from peftbd.models.early_exit import adapter_depth, first_layers
-from peftbd.models.loading import load_tokenizer, load_verifier
-from peftbd.models.peft_bd import (
-    adapter_on,
-    attach_drafter_adapter,
-    draft_attention_mask,
-    draft_position_ids,
-    set_adapter_enabled,
-)
+from peftbd.models.loading import load_tokenizer
+from peftbd.models.peft_bd import adapter_on, draft_attention_mask, draft_position_ids
 from peftbd.training.block_diffusion import (
     IGNORE,
     block_diffusion_stats,
@@ -50,19 +43,10 @@ def ids(tiny_cfg):
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["whole-backbone", "early-exit-2"])
-def drafter(request, tiny_cfg, ids):
-    """A drafter whose adapter visibly changes the outputs (fresh LoRA B is zero): a whole-backbone
-    one, and an early-exit one drafting from the first 2 layers."""
-    torch.manual_seed(0)
-    drafter_cfg = dataclasses.replace(tiny_cfg.drafter, draft_layers=request.param)
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), drafter_cfg, ids[0])
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    set_adapter_enabled(model, False)
-    return model
+def drafter(request, perturbed_drafter):
+    """A drafter whose adapter visibly changes the outputs: a whole-backbone one, and an
+    early-exit one drafting from the first 2 layers."""
+    return perturbed_drafter(draft_layers=request.param)
 
 
 def _draft(ids, rows=ROWS, t_range=(0.3, 1.0), anchored=False, epoch=0, gamma=0.9):
