@@ -21,6 +21,9 @@ class Drafter(Protocol):
     """Proposes a block of draft tokens for the verifier to check."""
 
     name: str
+    kv_layers: int | None
+    """Leading layers of the verifier KV that `propose` reads (a split drafter replica keeps only
+    those in sync); None: every layer, and `state.hidden`."""
 
     def start(self, state: DecodeState) -> None:
         """Set up `state.drafter_state` for a new request (called once, right after prefill)."""
@@ -33,6 +36,7 @@ class NoDrafter:
     """Greedy AR: proposes nothing, so every round is one verifier step emitting one token."""
 
     name = "ar"
+    kv_layers = None
 
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None

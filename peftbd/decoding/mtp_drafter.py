@@ -22,6 +22,7 @@ class MTPDrafter:
     """The FastMTP drafter: `num_steps` recursive MTP steps per round (paper: 3, verify width 4)."""
 
     name = "fastmtp"
+    kv_layers = None  # reads `state.hidden`: the verifier's final hidden states
 
     def __init__(self, head: MTPHead, verifier: PreTrainedModel, num_steps: int = 3) -> None:
         if num_steps < 1:

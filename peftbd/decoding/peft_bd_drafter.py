@@ -42,6 +42,8 @@ class PeftBDDrafter:
             )
         self.model = peft_model
         self.depth = adapter_depth(peft_model)  # all layers, or an early-exit adapter's k
+        total = unwrap(peft_model).config.num_hidden_layers
+        self.kv_layers = self.depth if self.depth < total else None
         self.mask_id = mask_id
         self.block_size = block_size
         self.denoise_steps = denoise_steps

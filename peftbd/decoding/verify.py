@@ -7,6 +7,7 @@ verifier KV of every committed token but the last.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.state import DecodeState
+from peftbd.models.early_exit import first_layers
 
 
 @dataclass(frozen=True)
@@ -131,9 +133,14 @@ def verify(model: torch.nn.Module, state: DecodeState,
 
 
 @torch.inference_mode()
-def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int]) -> list[int]:
+def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int],
+            layers: int | None = None) -> list[int]:
     """Commit tokens that another process verified (split draft/verify serving) and catch this
-    state's verifier cache and `hidden` up with one adapter-off forward; returns what was kept."""
+    state's verifier cache and `hidden` up with one adapter-off forward; returns what was kept.
+
+    `layers` = k syncs only the first k layers (a drafter that reads no more: an early-exit
+    PEFT-BD drafter's `kv_layers`); deeper layers then fall behind and `hidden` becomes None, so
+    such a state may draft but never verify."""
     if state.done:
         raise ValueError("advance() on a finished request (state.done is True); start a new one")
     if len(new_tokens) == 0:
@@ -141,5 +148,7 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
     uncached = state.tokens[-1:]
     kept = _commit(state, new_tokens)
     uncached = uncached + kept[:-1]
-    _, state.hidden = _forward(model, state, _as_ids(uncached, state.device), keep=0, mode="sync")
+    with first_layers(unwrap(model).config, layers) if layers else contextlib.nullcontext():
+        _, hidden = _forward(model, state, _as_ids(uncached, state.device), keep=0, mode="sync")
+    state.hidden = None if layers else hidden
     return kept

@@ -74,7 +74,8 @@ class ReplicaDecoder:
             resumed = False
             if sess is not None and _extends(sess, committed):
                 if len(committed) > len(sess.state.tokens):
-                    advance(dec.model, sess.state, committed[len(sess.state.tokens):])
+                    advance(dec.model, sess.state, committed[len(sess.state.tokens):],
+                            layers=dec.drafter.kv_layers)  # an early-exit drafter's k layers
             else:  # a new session (its first round), or a lost / stale one
                 sess = Session(resume(dec, committed, prompt_len, max_new_tokens))
                 resumed = len(committed) > prompt_len + 1

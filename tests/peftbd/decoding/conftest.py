@@ -42,6 +42,7 @@ class ScriptedDrafter:
     index on ((token + 1) mod vocab), so acceptance is exactly predictable."""
 
     name = "scripted"
+    kv_layers = None
 
     def __init__(self, continuation: list[int], block: int, wrong_from: int | None = None,
                  vocab: int = 2112) -> None:

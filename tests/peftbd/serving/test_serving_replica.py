@@ -3,6 +3,8 @@ engine's greedy output, also when a replica loses a request's state mid-way (res
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from peftbd.data.chat import encode_prompt
@@ -49,9 +51,11 @@ def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
     assert summary.tokens_per_round == pytest.approx((len(reference) - 1) / summary.rounds, abs=1e-3)
 
 
-def _split(models, prompt, method, lose_at: int | None = None) -> tuple[list[int], int]:
-    """Run the split protocol in-process; at round `lose_at` both replicas lose the session."""
-    drafter, verifier = ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
+def _split(models, prompt, method, lose_at: int | None = None,
+           drafter: ReplicaDecoder | None = None, drafts: list | None = None) -> tuple[list[int], int]:
+    """Run the split protocol in-process; at round `lose_at` both replicas lose the session.
+    `drafts` collects every proposal."""
+    drafter, verifier = drafter or ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
     reply = verifier.prefill("s", prompt, MAX_NEW)
     committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
     while not done:
@@ -61,6 +65,8 @@ def _split(models, prompt, method, lose_at: int | None = None) -> tuple[list[int
         proposal = None
         if method != "ar":
             proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method)
+            if drafts is not None:
+                drafts.append(proposal["draft"])
         reply = verifier.verify("s", committed, len(prompt), MAX_NEW,
                                 proposal["draft"] if proposal else [])
         event = split_round(proposal, 5.0, reply, 5.0)
@@ -76,6 +82,25 @@ def test_split_protocol_equals_the_engine_and_survives_lost_state(models, prompt
     tokens, resumes = _split(models, prompt, method, lose_at=2)
     assert tokens == reference
     assert resumes == (1 if method == "ar" else 2)
+
+
+def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
+        tiny_cfg, prompt, reference, monkeypatch):
+    from peftbd.serving.models import load_serving_models
+
+    cfg = dataclasses.replace(tiny_cfg, drafter=dataclasses.replace(tiny_cfg.drafter, draft_layers=2))
+    models = load_serving_models(cfg)  # an untrained early-exit adapter: the first 2 layers' exit
+    assert models.decoder("peft-bd").drafter.kv_layers == 2
+    replica, truncated = ReplicaDecoder(models, 4), []
+    tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
+    assert tokens == reference
+    cache = replica.sessions.get("s").state.cache  # the drafter replica synced 2 of 4 layers
+    assert cache.layers[0].keys.shape[-2] == cache.layers[1].keys.shape[-2] > cache.layers[3].keys.shape[-2]
+
+    monkeypatch.setattr(models.decoder("peft-bd").drafter, "kv_layers", None)  # sync every layer
+    full = []
+    assert _split(models, prompt, "peft-bd", drafts=full)[0] == reference
+    assert truncated == full and any(truncated)
 
 
 def test_colocated_resume_from_committed_tokens(models, prompt, reference):
