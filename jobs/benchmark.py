@@ -47,6 +47,7 @@ from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError
+from peftbd.layout import ADAPTER, BENCHMARK, CONTINUATIONS, EARLY_EXIT, MTP_HEAD
 from peftbd.manifest import (
     StageTimer,
     atomic_output_dir,
@@ -59,8 +60,6 @@ from peftbd.models.loading import ModelUnavailableError
 
 log = logging.getLogger(__name__)
 
-CONTINUATIONS, ADAPTER, MTP_HEAD, BENCHMARK = "continuations", "peftbd_adapter", "mtp_head", "benchmark"
-EARLY_EXIT = "peftbd_early_exit"
 RESULTS = "results.json"
 PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "

@@ -42,6 +42,7 @@ from peftbd.data.sources import (
     prepare_records,
     resolve_source,
 )
+from peftbd.layout import CONTINUATIONS
 from peftbd.manifest import (
     StageTimer,
     atomic_output_dir,
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / cfg.preset / "continuations"
+    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / cfg.preset / CONTINUATIONS
     try:
         run_generate(cfg, out, source=args.source, limit=args.limit)
     except (SourceError, ModelUnavailableError) as exc:

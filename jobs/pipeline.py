@@ -23,6 +23,15 @@ from pathlib import Path
 
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.layout import (
+    ADAPTER,
+    BENCHMARK,
+    CONTINUATIONS,
+    EARLY_EXIT,
+    MTP_HEAD,
+    STAGE_NAMES,
+    WORLD,
+)
 from peftbd.manifest import StageTimer, is_complete, read_manifest, versions, write_manifest
 
 log = logging.getLogger("peftbd.pipeline")
@@ -79,25 +88,21 @@ def _benchmark(cfg: Config, out: Path) -> Path:
     return run_benchmark(cfg, out.parent, out)
 
 
-CONTINUATIONS = "continuations"
+RUNS: dict[str, Callable[[Config, Path], Path]] = {
+    WORLD: _world, CONTINUATIONS: _generate, ADAPTER: _train_peftbd,
+    EARLY_EXIT: _train_early_exit, MTP_HEAD: _train_mtp, BENCHMARK: _benchmark,
+}
 
 
 def stages(cfg: Config) -> list[Stage]:
-    """The stages this configuration runs, in order."""
-    chosen = []
-    if cfg.model.name_or_path == EMBEDDED_TINY:
-        chosen.append(Stage("tiny world", "world", _world))
-    chosen += [
-        Stage("generate continuations", CONTINUATIONS, _generate),
-        Stage("train PEFT-BD adapter", "peftbd_adapter", _train_peftbd),
-    ]
-    if cfg.drafter.early_exit_layers > 0:
-        chosen.append(Stage(f"train early-exit PEFT-BD adapter ({cfg.drafter.early_exit_layers} "
-                            "layers)", "peftbd_early_exit", _train_early_exit))
-    return chosen + [
-        Stage("train FastMTP head", "mtp_head", _train_mtp),
-        Stage("benchmark + report", "benchmark", _benchmark),
-    ]
+    """The stages this configuration runs, in order: the world only for the embedded tiny world,
+    the early-exit adapter only when `drafter.early_exit_layers` > 0."""
+    skip = set()
+    if cfg.model.name_or_path != EMBEDDED_TINY:
+        skip.add(WORLD)
+    if cfg.drafter.early_exit_layers <= 0:
+        skip.add(EARLY_EXIT)
+    return [Stage(name, sub, RUNS[sub]) for sub, name in STAGE_NAMES.items() if sub not in skip]
 
 
 def run_pipeline(cfg: Config, out_dir: Path) -> dict:
@@ -116,7 +121,7 @@ def run_pipeline(cfg: Config, out_dir: Path) -> dict:
         else:
             print(f"{prefix}: running -> {target}", flush=True)
             start = time.perf_counter()
-            if stage.subdir != "world":
+            if stage.subdir != WORLD:
                 init_ray()
             stage.run(cfg, target)
             print(f"{prefix}: done in {time.perf_counter() - start:.1f}s", flush=True)
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
           f"outputs under {out.resolve()}:")
     for row in manifest["stages"]:
         print(f"  {row['stage']:<28} {row['path']}")
-    bench = out / "benchmark"
+    bench = out / BENCHMARK
     print(f"\nreport: {(bench / 'report.md').resolve()}")
     for line in read_manifest(bench).get("summary", []):
         print(f"  {line}")

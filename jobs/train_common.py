@@ -42,6 +42,7 @@ from jobs.ray_env import init_ray
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
+from peftbd.layout import ADAPTER, CONTINUATIONS, MTP_HEAD
 from peftbd.manifest import (
     StageTimer,
     atomic_output_dir,
@@ -68,7 +69,7 @@ from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
 
 log = logging.getLogger(__name__)
-STAGE_DIRS = {"peftbd": "peftbd_adapter", "mtp": "mtp_head"}
+STAGE_DIRS = {"peftbd": ADAPTER, "mtp": MTP_HEAD}
 """Default output dirs under <paths.out_dir>/<preset>/: the main job's layout."""
 
 
@@ -269,7 +270,7 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     root = Path(cfg.paths.out_dir) / cfg.preset
-    data = Path(args.data) if args.data else root / "continuations"
+    data = Path(args.data) if args.data else root / CONTINUATIONS
     out = Path(args.out) if args.out else root / STAGE_DIRS[kind]
     try:
         out = run_train(kind, cfg, data, out, resume=args.resume)

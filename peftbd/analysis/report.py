@@ -13,26 +13,19 @@ from typing import Any
 from peftbd.analysis import tables
 from peftbd.analysis.figures import throughput_vs_accepted
 from peftbd.benchmarking.schema import arm_items
+from peftbd.layout import BENCHMARK, STAGE_NAMES
 from peftbd.manifest import is_complete, read_manifest
 
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
-BENCHMARK_STAGE = "benchmark + report"
-STAGE_DIRS: tuple[tuple[str, str], ...] = (
-    ("tiny world", "world"),
-    ("generate continuations", "continuations"),
-    ("train PEFT-BD adapter", "peftbd_adapter"),
-    ("train FastMTP head", "mtp_head"),
-    (BENCHMARK_STAGE, "benchmark"),
-)
-"""(stage name, subdirectory of the artifacts root) of every pipeline stage, in order (the names
-and subdirectories of `jobs/pipeline.py`)."""
+BENCHMARK_STAGE = STAGE_NAMES[BENCHMARK]
 
 
 def read_stage_manifests(artifacts_dir: str | Path) -> dict[str, dict[str, Any]]:
     """{stage name: manifest} for each finished stage under the pipeline's output root."""
     root = Path(artifacts_dir)
-    return {name: read_manifest(root / sub) for name, sub in STAGE_DIRS if is_complete(root / sub)}
+    return {name: read_manifest(root / sub) for sub, name in STAGE_NAMES.items()
+            if is_complete(root / sub)}
 
 
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],

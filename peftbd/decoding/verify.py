@@ -7,7 +7,6 @@ verifier KV of every committed token but the last.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,7 +147,7 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
     uncached = state.tokens[-1:]
     kept = _commit(state, new_tokens)
     uncached = uncached + kept[:-1]
-    with first_layers(unwrap(model).config, layers) if layers else contextlib.nullcontext():
+    with first_layers(unwrap(model).config, layers):
         _, hidden = _forward(model, state, _as_ids(uncached, state.device), keep=0, mode="sync")
     state.hidden = None if layers else hidden
     return kept

@@ -40,11 +40,11 @@ def adapter_depth(peft_model: PeftModel) -> int:
 
 
 @contextlib.contextmanager
-def first_layers(config: PretrainedConfig, depth: int) -> Iterator[None]:
+def first_layers(config: PretrainedConfig, depth: int | None) -> Iterator[None]:
     """Run a block with the backbone cut to its first `depth` layers (transformers' decoder loop
-    runs `layers[: config.num_hidden_layers]`); restored afterwards."""
+    runs `layers[: config.num_hidden_layers]`; None: all of them); restored afterwards."""
     full = config.num_hidden_layers
-    config.num_hidden_layers = min(depth, full)
+    config.num_hidden_layers = full if depth is None else min(depth, full)
     try:
         yield
     finally:

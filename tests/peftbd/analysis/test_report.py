@@ -56,7 +56,8 @@ def sample_results() -> dict:
 
 
 def _stage_manifests(root: Path) -> None:
-    for sub, wall in (("continuations", 41.5), ("peftbd_adapter", 87.25), ("mtp_head", 63.0)):
+    for sub, wall in (("continuations", 41.5), ("peftbd_adapter", 87.25),
+                      ("peftbd_early_exit", 60.75), ("mtp_head", 63.0)):
         (root / sub).mkdir(parents=True)
         write_manifest(root / sub, {"wall_seconds": wall, "peak_rss_mib": 812.0,
                                     "peak_gpu_mib": None})
@@ -65,7 +66,8 @@ def _stage_manifests(root: Path) -> None:
 def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -> None:
     _stage_manifests(tmp_path / "artifacts")
     manifests = read_stage_manifests(tmp_path / "artifacts")
-    assert list(manifests) == ["generate continuations", "train PEFT-BD adapter", "train FastMTP head"]
+    assert list(manifests) == ["generate continuations", "train PEFT-BD adapter",
+                               "train early-exit PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results(), manifests, tmp_path / "out").read_text()
     for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "The paper beside ours",
                     "Pipeline stages", "Per category"):
@@ -73,6 +75,7 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -
     assert "122.50 ± 0.75" in text  # PEFT-BD mean ± std over the three runs
     assert "| PEFT-BD 1 step | 420 | 2.610 | 420 | 2.500 | 1.044 |" in text  # Table 1
     assert "87.2" in text and "41.5" in text  # stage wall times
+    assert "| train early-exit PEFT-BD adapter | 60.8 |" in text
     assert "34.05 ± 0.2" in text  # the paper's column, labelled
     assert "SGLang" in text and "test CPU" in text
 
