@@ -106,10 +106,11 @@ def load_arm_models(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
     early_exit = None
     if early_exit_dir is not None:
         early_exit = load_drafter_adapter(load_verifier(cfg, device), early_exit_dir).eval()
-        if adapter_depth(early_exit) != cfg.drafter.early_exit_layers:
+        depth = adapter_depth(early_exit)
+        if depth != cfg.drafter.early_exit_layers:
             raise ValueError(
                 f"the early-exit adapter in {str(early_exit_dir)!r} drafts from "
-                f"{adapter_depth(early_exit)} layers but drafter.early_exit_layers="
+                f"{depth} layers but drafter.early_exit_layers="
                 f"{cfg.drafter.early_exit_layers}; set it to match or retrain the adapter"
             )
     return ArmModels(
