@@ -23,9 +23,11 @@ the per-round clock. results.json records the placement.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +45,13 @@ from peftbd.benchmarking.arms import arm_specs
 from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
-from peftbd.cli import add_config_args, config_from_args
+from peftbd.cli import add_config_args, add_force_arg, config_from_args, decision_line, output_root
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
-from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError
-from peftbd.layout import ADAPTER, BENCHMARK, CONTINUATIONS, EARLY_EXIT, MTP_HEAD
-from peftbd.manifest import (
-    StageTimer,
-    atomic_output_dir,
-    is_complete,
-    read_manifest,
-    versions,
-    write_manifest,
-)
+from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, resolve_source
+from peftbd.layout import BENCHMARK, GENERATE, TRAIN_EARLY_EXIT, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.manifest import StageTimer, is_complete, read_manifest
+from peftbd.stage import StageCall, StageError, StageInputs
 from peftbd.models.loading import ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -67,17 +63,7 @@ PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worke
 
 
 class BenchmarkInputError(ValueError):
-    """A missing input artifact or a bad option; the message says how to fix it."""
-
-
-def _require(artifacts: Path, sub: str, how: str) -> Path:
-    path = artifacts / sub
-    if not is_complete(path):
-        raise BenchmarkInputError(
-            f"--artifacts {str(artifacts)!r} has no finished {sub}/ (no {path}/manifest.json); "
-            f"{how}, or run the main job: python -m jobs.pipeline --out {artifacts}"
-        )
-    return path
+    """A bad option; the message says how to fix it."""
 
 
 def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSet,
@@ -96,16 +82,25 @@ def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSe
 def _drafter_info(path: Path) -> dict[str, Any]:
     manifest = read_manifest(path)
     return {"path": str(path),
-            **{k: v for k, v in manifest.items() if k not in ("config", "versions")}}
+            **{k: v for k, v in manifest.items() if k not in ("config", "versions", "contract")}}
 
 
-def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
-                  prompts: str = "test", repeats: int | None = None) -> Path:
-    """Time every arm on the held-out prompts under `artifacts_dir`; write results.json, report.md,
-    Figure 1 and (last) manifest.json into `out_dir`. Joins the running Ray or starts one.
-    Returns `out_dir`."""
-    timer = StageTimer()
-    artifacts, out_dir = Path(artifacts_dir), Path(out_dir)
+def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test") -> dict[str, Path]:
+    """{stage name: dir} of the benchmark's inputs in the main job's layout under `artifacts_dir`
+    (the early-exit adapter only when `drafter.early_exit_layers` > 0; the continuations, whose
+    test split gives the prompts, also for Spec-Bench prompts when they exist, for the report)."""
+    root = Path(artifacts_dir)
+    needed = [TRAIN_PEFTBD, TRAIN_MTP] + ([TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else [])
+    if prompts == "test" or is_complete(root / GENERATE.subdir):
+        needed.insert(0, GENERATE)
+    return {spec.name: root / spec.subdir for spec in needed}
+
+
+def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
+                   prompts: str = "test", repeats: int | None = None) -> StageCall:
+    """The benchmark stage over `inputs` ({stage name: artifact dir}: train_peftbd, train_mtp,
+    train_early_exit when `drafter.early_exit_layers` > 0, generate for test prompts), writing
+    results.json, report.md and Figure 1 into `out_dir`."""
     repeats = cfg.decoding.repeats if repeats is None else repeats
     if repeats < 1:
         raise BenchmarkInputError(f"repeats={repeats}: need at least 1 (decoding.repeats / --repeats)")
@@ -114,36 +109,40 @@ def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
             f"decoding.max_new_tokens={cfg.decoding.max_new_tokens}: need >= 2, since prefill "
             "commits the first token and speculative rounds start with the second"
         )
-    adapter = _require(artifacts, ADAPTER, f"train it with python -m jobs.train_peftbd --out "
-                                           f"{artifacts / ADAPTER}")
-    head = _require(artifacts, MTP_HEAD, f"train it with python -m jobs.train_mtp --out "
-                                         f"{artifacts / MTP_HEAD}")
-    exit_k = cfg.drafter.early_exit_layers
-    early_exit = None if exit_k <= 0 else _require(
-        artifacts, EARLY_EXIT, f"train it with python -m jobs.train_peftbd --set "
-        f"drafter.draft_layers={exit_k} --out {artifacts / EARLY_EXIT} (or set "
-        "drafter.early_exit_layers=0 to leave the early-exit arm out)")
-    if prompts == "test":
-        _require(artifacts, CONTINUATIONS, f"build it with python -m jobs.generate --out "
-                                           f"{artifacts / CONTINUATIONS}")
-    prompt_set = load_prompts(cfg, artifacts / CONTINUATIONS, prompts)
+    signature = prompts if prompts == "test" else resolve_source(cfg, prompts).signature()
+    build = functools.partial(_build, cfg=cfg, upstream=dict(inputs), prompts=prompts, repeats=repeats)
+    return StageCall(BENCHMARK, cfg.to_dict(), Path(out_dir), dict(inputs), build,
+                     extra={"prompts": signature, "repeats": repeats})
+
+
+def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path], prompts: str,
+           repeats: int) -> dict[str, Any]:
+    timer = StageTimer()
+    prompt_set = load_prompts(cfg, upstream.get(GENERATE.name), prompts)
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
+    adapter, head = upstream[TRAIN_PEFTBD.name], upstream[TRAIN_MTP.name]
+    early_exit = upstream.get(TRAIN_EARLY_EXIT.name)
     shards = time_on_workers(cfg, adapter, head, prompt_set, repeats, early_exit)
-    drafters = {ADAPTER: _drafter_info(adapter), MTP_HEAD: _drafter_info(head)}
-    if early_exit is not None:
-        drafters[EARLY_EXIT] = _drafter_info(early_exit)
+    drafters = {spec.subdir: _drafter_info(upstream[spec.name])
+                for spec in (TRAIN_PEFTBD, TRAIN_MTP, TRAIN_EARLY_EXIT) if spec.name in upstream}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
-    manifests = {**read_stage_manifests(artifacts), BENCHMARK_STAGE: stats}
-    with atomic_output_dir(out_dir) as tmp:
-        (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
-        build_report(results, manifests, tmp)
-        write_manifest(tmp, {"stage": "benchmark", "prompts": results["prompts"],
-                             "timing": results["timing"], "summary": summary_lines(results),
-                             "config": cfg.to_dict(), "versions": versions(), **stats})
-    return out_dir
+    manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
+    (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
+    build_report(results, manifests, tmp)
+    return {"prompts": results["prompts"], "timing": results["timing"],
+            "summary": summary_lines(results), **stats}
+
+
+def run_benchmark(cfg: Config, artifacts_dir: str | Path, out_dir: str | Path,
+                  prompts: str = "test", repeats: int | None = None, force: bool = False) -> Path:
+    """Time every arm on the held-out prompts under `artifacts_dir`; write results.json, report.md,
+    Figure 1 and (last) manifest.json into `out_dir`, unless it is current for these inputs.
+    Joins the running Ray or starts one. Returns `out_dir`."""
+    benchmark_call(cfg, layout_inputs(cfg, artifacts_dir, prompts), out_dir, prompts, repeats).run(force)
+    return Path(out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,22 +163,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="output dir (default: <artifacts>/benchmark, or "
                              "<artifacts>/benchmark-spec-bench for Spec-Bench prompts)")
+    add_force_arg(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    args.artifacts = args.artifacts or Path(cfg.paths.out_dir) / cfg.preset
+    args.artifacts = args.artifacts or output_root(cfg)
     if args.prompts == ["test"]:
-        prompts, default_out = "test", args.artifacts / BENCHMARK
+        prompts, default_out = "test", args.artifacts / BENCHMARK.subdir
     elif len(args.prompts) == 2 and args.prompts[0] == "spec-bench":
         prompts = f"{SPEC_BENCH_PREFIX}{args.prompts[1]}"
-        default_out = args.artifacts / f"{BENCHMARK}-spec-bench"
+        default_out = args.artifacts / f"{BENCHMARK.subdir}-spec-bench"
     else:
         parser.error(f"--prompts {' '.join(args.prompts)}: use 'test' or 'spec-bench PATH'")
+    out = args.out or default_out
     try:
-        out = run_benchmark(cfg, args.artifacts, args.out or default_out, prompts, args.repeats)
+        inputs = layout_inputs(cfg, args.artifacts, prompts)
+        decision = benchmark_call(cfg, inputs, out, prompts, args.repeats).run(args.force)
     except (BenchmarkInputError, PromptError, ArtifactError, SourceError,
-            ModelUnavailableError) as exc:
+            ModelUnavailableError, StageError) as exc:
         sys.exit(f"error: {exc}")
+    print(decision_line(BENCHMARK, out, decision))
     results = json.loads((out / RESULTS).read_text())
     print("\n".join(summary_lines(results)))
     print(f"benchmark report: {(out / REPORT).resolve()}")

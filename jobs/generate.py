@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
 import os
 import sys
@@ -30,8 +28,8 @@ import pyarrow.compute as pc
 import ray
 
 from jobs.ray_env import init_ray
-from peftbd.cli import add_config_args, config_from_args
-from peftbd.config import Config
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, decision_line, stage_out
+from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
 from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
@@ -42,17 +40,11 @@ from peftbd.data.sources import (
     prepare_records,
     resolve_source,
 )
-from peftbd.layout import CONTINUATIONS
-from peftbd.manifest import (
-    StageTimer,
-    atomic_output_dir,
-    is_complete,
-    peak_rss_mib,
-    read_manifest,
-    versions,
-    write_manifest,
-)
+from peftbd.layout import GENERATE, WORLD
+from peftbd.manifest import peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
+from peftbd.models.tiny_world import ensure_tiny_world, uses_tiny_world
+from peftbd.stage import StageCall, StageError, StageInputs
 
 log = logging.getLogger(__name__)
 
@@ -165,36 +157,37 @@ def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> r
     )
 
 
-def fingerprint(cfg: Config, source: Source, limit: int | None) -> str:
-    """Hash of everything that decides the artifact's rows (not actors or batch size)."""
-    payload = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
-               "tiny_world": dataclasses.asdict(cfg.tiny_world), "source": source.signature(),
-               "limit": limit}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+def generate_call(cfg: Config, out_dir: str | Path, source: str | None = None,
+                  limit: int | None = None, world: str | Path | None = None) -> StageCall:
+    """The generate stage writing `out_dir` (`peftbd.layout.GENERATE`).
 
-
-def run_generate(
-    cfg: Config, out_dir: str | Path, source: str | None = None, limit: int | None = None
-) -> Path:
-    """Build (or complete, after an interruption) the continuation artifact in `out_dir`.
-
-    `source` overrides `cfg.data.source`; `limit` reads only the first `limit` source rows. Joins
-    the running Ray (or starts a local one). Returns `out_dir`.
+    `source` overrides `cfg.data.source`; `limit` reads only the first `limit` source rows;
+    `world` is the tiny world's artifact when the model or source is embedded (default: the
+    cached world, built if missing). What decides the rows: model, data, the world, the source's
+    location and its files' sizes and mtimes, `limit` (not actors or batch size).
     """
-    timer = StageTimer()
-    out_dir = Path(out_dir)
     if source:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source))
-    src = resolve_source(cfg)
-    fp = fingerprint(cfg, src, limit)
-    if is_complete(out_dir) and read_manifest(out_dir).get("fingerprint") == fp:
-        log.info("generate: %s is already complete for these inputs", out_dir)
-        return out_dir
+    upstream = {}
+    if uses_tiny_world(cfg):
+        upstream[WORLD.name] = Path(world) if world else ensure_tiny_world(cfg).root
+    signature = (cfg.data.source if cfg.data.source == EMBEDDED_TINY
+                 else resolve_source(cfg).signature())
+    return StageCall(GENERATE, cfg.to_dict(), Path(out_dir), upstream,
+                     functools.partial(_build, cfg=cfg, limit=limit),
+                     extra={"source": signature, "limit": limit})
+
+
+def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> dict[str, Any]:
+    """Generate (resuming the parts of an interrupted run with the same fingerprint) and write
+    the three splits into `tmp`; returns the manifest sections."""
+    out_dir = tmp.with_name(tmp.name.removesuffix(".partial"))
     init_ray()
+    src = resolve_source(cfg)
     prepared = prepare(src, cfg, limit)
     plan = plan_rows(prepared, cfg, src)
 
-    store = PartStore(out_dir.with_name(out_dir.name + ".work"), fp)
+    store = PartStore(out_dir.with_name(out_dir.name + ".work"), inputs.fingerprint)
     done = store.done_ids() & plan.splits.keys()
     todo = {i: s for i, s in plan.splits.items() if i not in done}
     log.info("generate: %d rows planned, %d already done, %d to generate",
@@ -209,9 +202,9 @@ def run_generate(
     gen_seconds = time.perf_counter() - gen_start
 
     table = store.read_complete(plan.splits)
-    manifest = {
-        "stage": "generate",
-        "fingerprint": fp,
+    for split in SPLITS:
+        write_split(tmp, split, table.filter(pc.equal(table["split"], split)))
+    sections = {
         "source": dataclasses.asdict(src),
         "limit": limit,
         "counts": {
@@ -226,15 +219,18 @@ def run_generate(
         },
         "dropped": plan.dropped,
         "throughput": throughput(store.read(new_parts), gen_seconds),
-        "config": cfg.to_dict(),
-        "versions": versions(),
     }
-    with atomic_output_dir(out_dir) as tmp:
-        for split in SPLITS:
-            write_split(tmp, split, table.filter(pc.equal(table["split"], split)))
-        write_manifest(tmp, {**manifest, **timer.stats()})
-    store.remove()
-    return out_dir
+    store.remove()  # the splits are in `tmp`, which only the manifest and a rename separate from done
+    return sections
+
+
+def run_generate(cfg: Config, out_dir: str | Path, source: str | None = None,
+                 limit: int | None = None, force: bool = False) -> Path:
+    """Build (or complete, after an interruption) the continuation artifact in `out_dir`, unless
+    it is already complete for these inputs. Joins the running Ray (or starts a local one).
+    Returns `out_dir`."""
+    generate_call(cfg, out_dir, source, limit).run(force)
+    return Path(out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,16 +245,16 @@ def main(argv: list[str] | None = None) -> None:
         "file or directory, a hub dataset id, or spec-bench:PATH/question.jsonl",
     )
     parser.add_argument("--limit", type=int, default=None, help="read only the first N source rows")
-    parser.add_argument("--out", default=None, help="artifact directory (default: <paths.out_dir>/<preset>/continuations, "
-                        "the main job's layout)")
+    add_stage_args(parser, GENERATE)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    out = Path(args.out) if args.out else Path(cfg.paths.out_dir) / cfg.preset / CONTINUATIONS
+    out = stage_out(args, cfg, GENERATE)
     try:
-        run_generate(cfg, out, source=args.source, limit=args.limit)
-    except (SourceError, ModelUnavailableError) as exc:
+        decision = generate_call(cfg, out, source=args.source, limit=args.limit).run(args.force)
+    except (SourceError, ModelUnavailableError, StageError) as exc:
         sys.exit(f"error: {exc}")
+    print(decision_line(GENERATE, out, decision))
     m = read_manifest(out)
     print(f"generate artifact: {out.resolve()} (rows per split {m['counts']['per_split']}, "
           f"dropped {m['dropped']}, {m['throughput'].get('tokens_per_s', 0)} tokens/s)")

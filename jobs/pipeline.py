@@ -2,163 +2,181 @@
 -> benchmark -> report.
 
     python -m jobs.pipeline                      # the embedded tiny world, CPU, no network
+    python -m jobs.pipeline --set drafter.lora_r=4 --dry-run   # what would rerun, and why
     python -m jobs.pipeline --preset qwen3-0.6b --out /shared/peftbd   # the paper, on a cluster
     ray job submit --working-dir . -- python -m jobs.pipeline --preset qwen3-0.6b --out ...
 
-Each stage writes its artifact under --out; a stage whose artifact is complete is skipped, so a
-rerun after a failure resumes where it stopped. Prints one progress line per stage and, at the
-end, where everything went.
+Every stage declares what it reads (`peftbd.layout`): config values, upstream artifacts, code.
+Before anything runs, the job prints its plan: a stage is skipped only when its output is
+complete for exactly these inputs; otherwise it reruns, and so does everything that consumes it.
+A rerun after a failure resumes where it stopped. At the end it prints where everything went.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from peftbd.cli import add_config_args, config_from_args
-from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.cli import add_config_args, config_from_args, output_root
+from peftbd.config import Config
 from peftbd.layout import (
-    ADAPTER,
     BENCHMARK,
-    CONTINUATIONS,
-    EARLY_EXIT,
-    MTP_HEAD,
-    STAGE_NAMES,
+    BY_NAME,
+    GENERATE,
+    STAGES,
+    TRAIN_EARLY_EXIT,
+    TRAIN_MTP,
+    TRAIN_PEFTBD,
     WORLD,
 )
-from peftbd.manifest import StageTimer, is_complete, read_manifest, versions, write_manifest
-
-log = logging.getLogger("peftbd.pipeline")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One step of the main job: its name, output subdirectory and how to run it."""
-
-    name: str
-    subdir: str
-    run: Callable[[Config, Path], Path]
+from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
+from peftbd.stage import Decision, StageCall, StageError
 
 
-def _world(cfg: Config, out: Path) -> Path:
-    from peftbd.models.tiny_world import ensure_tiny_world
-
-    timer = StageTimer()
-    world = ensure_tiny_world(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    write_manifest(out, {"stage": "tiny_world", "path": str(world.root),
-                         "world": world.manifest(), **timer.stats()})
-    return world.root
-
-
-def _generate(cfg: Config, out: Path) -> Path:
-    from jobs.generate import run_generate
-
-    return run_generate(cfg, out)
-
-
-def _train_peftbd(cfg: Config, out: Path) -> Path:
-    from jobs.train_peftbd import run_train_peftbd
-
-    return run_train_peftbd(cfg, out.parent / CONTINUATIONS, out)
-
-
-def _train_early_exit(cfg: Config, out: Path) -> Path:
-    from jobs.train_peftbd import run_train_peftbd
-
-    drafter = dataclasses.replace(cfg.drafter, draft_layers=cfg.drafter.early_exit_layers)
-    return run_train_peftbd(dataclasses.replace(cfg, drafter=drafter), out.parent / CONTINUATIONS, out)
-
-
-def _train_mtp(cfg: Config, out: Path) -> Path:
-    from jobs.train_mtp import run_train_mtp
-
-    return run_train_mtp(cfg, out.parent / CONTINUATIONS, out)
-
-
-def _benchmark(cfg: Config, out: Path) -> Path:
-    from jobs.benchmark import run_benchmark
-
-    return run_benchmark(cfg, out.parent, out)
-
-
-RUNS: dict[str, Callable[[Config, Path], Path]] = {
-    WORLD: _world, CONTINUATIONS: _generate, ADAPTER: _train_peftbd,
-    EARLY_EXIT: _train_early_exit, MTP_HEAD: _train_mtp, BENCHMARK: _benchmark,
-}
-
-
-def stages(cfg: Config) -> list[Stage]:
-    """The stages this configuration runs, in order: the world only for the embedded tiny world,
+def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
+    """The main job as a recipe: each stage with its output dir under `root` and, explicitly,
+    the artifacts it consumes. The world only when the model or data is the embedded tiny world;
     the early-exit adapter only when `drafter.early_exit_layers` > 0."""
-    skip = set()
-    if cfg.model.name_or_path != EMBEDDED_TINY:
-        skip.add(WORLD)
-    if cfg.drafter.early_exit_layers <= 0:
-        skip.add(EARLY_EXIT)
-    return [Stage(name, sub, RUNS[sub]) for sub, name in STAGE_NAMES.items() if sub not in skip]
+    from jobs.benchmark import benchmark_call
+    from jobs.generate import generate_call
+    from jobs.train_common import train_call
+    from peftbd.models.tiny_world import uses_tiny_world, world_call
+
+    calls: dict[str, StageCall] = {}
+    world = None
+    if uses_tiny_world(cfg):
+        calls[WORLD.name] = world_call(cfg)
+        world = calls[WORLD.name].out
+    calls[GENERATE.name] = generate_call(cfg, root / GENERATE.subdir, world=world)
+    data = calls[GENERATE.name].out
+    calls[TRAIN_PEFTBD.name] = train_call("peftbd", cfg, data, root / TRAIN_PEFTBD.subdir)
+    if cfg.drafter.early_exit_layers > 0:
+        drafter = dataclasses.replace(cfg.drafter, draft_layers=cfg.drafter.early_exit_layers)
+        calls[TRAIN_EARLY_EXIT.name] = train_call(
+            "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
+            root / TRAIN_EARLY_EXIT.subdir, spec=TRAIN_EARLY_EXIT)
+    calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
+    calls[BENCHMARK.name] = benchmark_call(
+        cfg, {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names},
+        root / BENCHMARK.subdir)
+    return list(calls.values())
 
 
-def run_pipeline(cfg: Config, out_dir: Path) -> dict:
-    """Run every stage not yet complete under `out_dir`; return the pipeline manifest."""
+def plan(calls: list[StageCall], force: set[str]) -> list[Decision]:
+    """Each stage's decision, in order: forced, or downstream of a stage that reruns, or as its
+    output and inputs say (`StageCall.decide`)."""
+    rerun: set[str] = set()
+    decisions = []
+    for call in calls:
+        name = call.spec.name
+        stale = [u for u in call.upstream if u in rerun]
+        if name in force:
+            decision = Decision(True, ("forced",))
+        elif stale:
+            decision = Decision(True, tuple(f"input {u} reruns" for u in stale))
+        else:
+            try:
+                decision = call.decide()
+            except StageError as exc:
+                raise StageError(f"stage {name}: {exc} (here: python -m jobs.pipeline --force {name})") from exc
+        if decision.run:
+            rerun.add(name)
+        decisions.append(decision)
+    return decisions
+
+
+def forced_stages(names: list[str], start: str | None, calls: list[StageCall]) -> set[str]:
+    """--force names plus, with --from, that stage and every stage after it."""
+    order = [c.spec.name for c in calls]
+    for name in [*names, *([start] if start else [])]:
+        if name not in order:
+            raise StageError(f"stage {name!r} is not part of this run; its stages: {', '.join(order)}")
+    return set(names) | (set(order[order.index(start):]) if start else set())
+
+
+def run_pipeline(cfg: Config, out_dir: Path, force: set[str] = frozenset(), start: str | None = None,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Plan the stages under `out_dir`, print the plan, run those that must run; return the
+    pipeline manifest (also written to `out_dir/manifest.json` unless `dry_run`)."""
     from jobs.ray_env import init_ray
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     timer = StageTimer()
-    todo = stages(cfg)
-    table = []
-    for i, stage in enumerate(todo, 1):
-        target = out_dir / stage.subdir
-        prefix = f"[pipeline {i}/{len(todo)}] {stage.name}"
-        if is_complete(target):
-            print(f"{prefix}: complete, skipped ({target})", flush=True)
-        else:
-            print(f"{prefix}: running -> {target}", flush=True)
-            start = time.perf_counter()
-            if stage.subdir != WORLD:
-                init_ray()
-            stage.run(cfg, target)
-            print(f"{prefix}: done in {time.perf_counter() - start:.1f}s", flush=True)
-        m = read_manifest(target)
-        table.append({
-            "stage": stage.name, "path": str(target),
-            "wall_seconds": m.get("wall_seconds"),
-            "peak_rss_mib": m.get("peak_rss_mib"), "peak_gpu_mib": m.get("peak_gpu_mib"),
-        })
+    calls = stage_calls(cfg, out_dir)
+    decisions = plan(calls, forced_stages(sorted(force), start, calls))
+    width = max(len(c.spec.name) for c in calls)
+    print(f"[pipeline] plan for {out_dir.resolve()}:", flush=True)
+    for call, decision in zip(calls, decisions):
+        verdict = "RUN " if decision.run else "skip"
+        print(f"  {call.spec.name:<{width}}  {verdict}  {decision.describe()}", flush=True)
+    if dry_run:
+        return {"plan": _plan_rows(calls, decisions)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for i, (call, decision) in enumerate(zip(calls, decisions), 1):
+        prefix = f"[pipeline {i}/{len(calls)}] {call.spec.title}"
+        if not decision.run:
+            print(f"{prefix}: current, skipped ({call.out})", flush=True)
+            continue
+        print(f"{prefix}: running -> {call.out} ({decision.describe()})", flush=True)
+        start_s = time.perf_counter()
+        if call.spec is not WORLD:
+            init_ray()
+        call.run(decision=decision)
+        print(f"{prefix}: done in {time.perf_counter() - start_s:.1f}s", flush=True)
+    rows = []
+    for row, call in zip(_plan_rows(calls, decisions), calls):
+        m = read_manifest(call.out)
+        rows.append({**row, "wall_seconds": m.get("wall_seconds"), "peak_rss_mib": m.get("peak_rss_mib"),
+                     "peak_gpu_mib": m.get("peak_gpu_mib")})
     manifest = {"preset": cfg.preset, "config": cfg.to_dict(), "versions": versions(),
-                "stages": table, **timer.stats()}
+                "stages": rows, **timer.stats()}
     write_manifest(out_dir, manifest)
     return manifest
 
 
+def _plan_rows(calls: list[StageCall], decisions: list[Decision]) -> list[dict[str, Any]]:
+    return [{"stage": c.spec.name, "title": c.spec.title, "path": str(c.out), "ran": d.run,
+             "reasons": list(d.reasons)} for c, d in zip(calls, decisions)]
+
+
 def main(argv: list[str] | None = None) -> None:
+    names = ", ".join(s.name for s in STAGES)
     parser = argparse.ArgumentParser(
         prog="python -m jobs.pipeline",
         description=__doc__.split("\n\n")[0],
-        epilog="Stages: tiny world (tiny preset only), generate, train_peftbd, train_peftbd with "
-        "drafter.draft_layers=drafter.early_exit_layers (the early-exit adapter; skipped when that "
-        "is 0), train_mtp, benchmark. Run one alone with python -m jobs.<stage> --help.",
+        epilog=f"Stages, in order: {names}. world runs only for the embedded tiny world; "
+        "train_early_exit is train_peftbd with drafter.draft_layers=drafter.early_exit_layers "
+        "(skipped when that is 0). Run one alone with python -m jobs.<generate|train_peftbd|"
+        "train_mtp|benchmark> --help.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(parser)
     parser.add_argument("--out", type=Path, default=None,
                         help="output root (default: <paths.out_dir>/<preset>, i.e. outputs/tiny)")
+    parser.add_argument("--force", action="append", default=[], metavar="STAGE",
+                        choices=list(BY_NAME), help="rerun STAGE although it is current (and so "
+                        "everything that consumes it); repeatable")
+    parser.add_argument("--from", dest="start", default=None, metavar="STAGE", choices=list(BY_NAME),
+                        help="rerun STAGE and every stage after it")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (what would run, and why) and exit")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = config_from_args(args)
-    out = args.out or Path(cfg.paths.out_dir) / cfg.preset
-    manifest = run_pipeline(cfg, out)
+    out = args.out or output_root(cfg)
+    try:
+        manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run)
+    except StageError as exc:
+        sys.exit(f"error: {exc}")
+    if args.dry_run:
+        return
     print(f"\npeftbd pipeline ({cfg.preset}) finished in {manifest['wall_seconds']:.0f}s; "
           f"outputs under {out.resolve()}:")
     for row in manifest["stages"]:
-        print(f"  {row['stage']:<28} {row['path']}")
-    bench = out / BENCHMARK
+        print(f"  {row['title']:<34} {row['path']}")
+    bench = out / BENCHMARK.subdir
     print(f"\nreport: {(bench / 'report.md').resolve()}")
     for line in read_manifest(bench).get("summary", []):
         print(f"  {line}")

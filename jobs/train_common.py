@@ -12,6 +12,7 @@ restarts the group from that checkpoint (`FailureConfig`). What is computed live
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -39,27 +40,26 @@ from ray.train import (
 from ray.train.torch import TorchTrainer
 
 from jobs.ray_env import init_ray
-from peftbd.cli import add_config_args, config_from_args
+from peftbd.cli import (
+    add_config_args,
+    add_stage_args,
+    config_from_args,
+    decision_line,
+    output_root,
+    stage_out,
+)
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
-from peftbd.layout import ADAPTER, CONTINUATIONS, MTP_HEAD
-from peftbd.manifest import (
-    StageTimer,
-    atomic_output_dir,
-    is_complete,
-    peak_rss_mib,
-    read_manifest,
-    versions,
-    write_manifest,
-)
+from peftbd.layout import GENERATE, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.manifest import peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, load_tokenizer
+from peftbd.stage import StageCall, StageError, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
     TrainState,
     delete_run,
     load_checkpoint,
     run_location,
-    run_fingerprint,
     save_checkpoint,
 )
 from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, torch_extensions_dir
@@ -69,8 +69,8 @@ from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
 
 log = logging.getLogger(__name__)
-STAGE_DIRS = {"peftbd": ADAPTER, "mtp": MTP_HEAD}
-"""Default output dirs under <paths.out_dir>/<preset>/: the main job's layout."""
+STAGE_SPECS = {"peftbd": TRAIN_PEFTBD, "mtp": TRAIN_MTP}
+"""The stage each kind's job runs (its default --out is the stage's dir in the main job's layout)."""
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -166,29 +166,40 @@ def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
         raise RuntimeError(f"injected failure after the checkpoint of step {step}")
 
 
-def run_train(
-    kind: str,
-    cfg: Config,
-    data_dir: str | Path,
-    out_dir: str | Path,
-    resume: bool = True,
-    fail_once_at_step: int | None = None,
-) -> Path:
-    """Train the `kind` drafter ("peftbd" or "mtp") on the artifact in `data_dir` and publish its
-    weights plus `manifest.json` in `out_dir`; returns `out_dir`.
+def train_call(kind: str, cfg: Config, data_dir: str | Path, out_dir: str | Path,
+               resume: bool = True, fail_once_at_step: int | None = None,
+               spec: StageSpec | None = None) -> StageCall:
+    """The stage that trains the `kind` drafter ("peftbd" or "mtp") on the artifact in
+    `data_dir` into `out_dir` (spec: `peftbd.layout.TRAIN_PEFTBD` / `TRAIN_MTP`, or
+    `TRAIN_EARLY_EXIT` for the main job's early-exit step).
 
-    `resume=True` continues the run's latest checkpoint (and returns at once when `out_dir` already
-    holds this exact run's result); `resume=False` discards the run's checkpoints first.
-    `fail_once_at_step` injects one worker failure after that step's checkpoint (tests, drills).
+    `resume=True` continues the latest checkpoint of the run with these inputs; `resume=False`
+    discards it first. `fail_once_at_step` injects one worker failure after that step's
+    checkpoint (tests, drills).
     """
-    timer = StageTimer()
-    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
-    fingerprint = run_fingerprint(kind, cfg.to_dict(), str(data_dir))
-    if resume and is_complete(out_dir) and read_manifest(out_dir).get("fingerprint") == fingerprint:
-        log.info("%s already holds this run's result; nothing to do", out_dir)
-        return out_dir
+    spec = spec or STAGE_SPECS[kind]
+    build = functools.partial(_train, kind=kind, cfg=cfg, data_dir=Path(data_dir).resolve(),
+                              resume=resume, fail_once_at_step=fail_once_at_step)
+    return StageCall(spec, cfg.to_dict(), Path(out_dir).resolve(),
+                     {GENERATE.name: Path(data_dir).resolve()}, build)
+
+
+def run_train(kind: str, cfg: Config, data_dir: str | Path, out_dir: str | Path,
+              resume: bool = True, fail_once_at_step: int | None = None) -> Path:
+    """Train the `kind` drafter on the artifact in `data_dir` and publish its weights plus
+    `manifest.json` in `out_dir`, unless `out_dir` already holds the result of these inputs
+    (`resume=False` always retrains). Returns `out_dir`."""
+    train_call(kind, cfg, data_dir, out_dir, resume, fail_once_at_step).run(force=not resume)
+    return Path(out_dir).resolve()
+
+
+def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Path, resume: bool,
+           fail_once_at_step: int | None) -> dict[str, Any]:
+    """Run the TorchTrainer and copy the exported weights into `tmp`; the manifest sections."""
+    fingerprint = inputs.fingerprint
     task = make_task(kind, cfg)
-    block, seed, world = cfg.drafter.block_size, cfg.training.seed, cfg.training.num_workers
+    block = cfg.drafter.block_size if kind == "peftbd" else None
+    seed, world = cfg.training.seed, cfg.training.num_workers
     train, train_counts = load_training_split(data_dir, "train", block, seed)
     val, val_counts = load_training_split(data_dir, "val", block, seed)
     plan = batch_plan(cfg.training, task.optim, world)
@@ -199,7 +210,8 @@ def run_train(
             f"the val split of {data_dir} has {val.num_rows} usable rows, fewer than "
             f"training.num_workers={world}; regenerate with a larger data.val_size"
         )
-    storage, name = run_location(cfg, out_dir)
+    out_dir = tmp.with_name(tmp.name.removesuffix(".partial"))
+    storage, name = run_location(cfg, out_dir, fingerprint)
     if not resume:
         delete_run(storage, name)
     init_ray()
@@ -226,22 +238,17 @@ def run_train(
         ),
     )
     result = trainer.fit()
-    with result.checkpoint.as_directory() as ckpt_dir, atomic_output_dir(out_dir) as tmp:
+    with result.checkpoint.as_directory() as ckpt_dir:
         shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
-        write_manifest(tmp, {
-            **training_sections(kind, result.metrics, plan, train.num_rows),
-            "fingerprint": fingerprint,
-            "outputs": {task.export_subdir: task.export_subdir},
-            "checkpoint": result.checkpoint.path,
-            "ray_run": {"storage_path": storage, "name": name},
-            "data": {"artifact_dir": str(data_dir), "train": train_counts.to_dict(),
-                     "val": {**val_counts.to_dict(), "evaluated_rows": n_eval}},
-            "config": cfg.to_dict(),
-            "versions": versions(),
-            **timer.stats(),
-        })
     log.info("trained %s drafter -> %s", kind, out_dir)
-    return out_dir
+    return {
+        **training_sections(kind, result.metrics, plan, train.num_rows),
+        "outputs": {task.export_subdir: task.export_subdir},
+        "checkpoint": result.checkpoint.path,
+        "ray_run": {"storage_path": storage, "name": name},
+        "data": {"artifact_dir": str(data_dir), "train": train_counts.to_dict(),
+                 "val": {**val_counts.to_dict(), "evaluated_rows": n_eval}},
+    }
 
 
 def _dataset(table: pa.Table) -> ray.data.Dataset:
@@ -252,30 +259,32 @@ def _dataset(table: pa.Table) -> ray.data.Dataset:
 
 def main(kind: str, argv: list[str] | None = None) -> None:
     """Command line of `python -m jobs.train_<kind>`."""
+    spec = STAGE_SPECS[kind]
     parser = argparse.ArgumentParser(
         prog=f"python -m jobs.train_{kind}",
         description=f"Distil the {'PEFT-BD adapter' if kind == 'peftbd' else 'FastMTP head'} from "
-        "the continuation artifact with Ray Train + DeepSpeed.",
+        "the continuation artifact with Ray Train + DeepSpeed. Skipped when --out already holds "
+        "the result of the same artifact, config and code.",
     )
     add_config_args(parser)
-    parser.add_argument("--data", default=None, metavar="ARTIFACT_DIR",
+    parser.add_argument("--data", type=Path, default=None, metavar="ARTIFACT_DIR",
                         help="continuation artifact (default: <paths.out_dir>/<preset>/continuations, where "
                              "python -m jobs.generate and the main job put it)")
-    parser.add_argument("--out", default=None,
-                        help=f"output directory, also the Ray Train run name "
-                        f"(default: <paths.out_dir>/<preset>/{STAGE_DIRS[kind]}, the main job's layout)")
+    add_stage_args(parser, spec)
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                        help="continue the run's latest checkpoint (default); --no-resume starts over")
+                        help="continue the latest checkpoint of the run with these inputs "
+                             "(default); --no-resume starts over")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    root = Path(cfg.paths.out_dir) / cfg.preset
-    data = Path(args.data) if args.data else root / CONTINUATIONS
-    out = Path(args.out) if args.out else root / STAGE_DIRS[kind]
+    data = args.data or output_root(cfg) / GENERATE.subdir
+    out = stage_out(args, cfg, spec)
     try:
-        out = run_train(kind, cfg, data, out, resume=args.resume)
-    except (ArtifactError, ConfigError, ModelUnavailableError) as exc:
+        call = train_call(kind, cfg, data, out, resume=args.resume)
+        decision = call.run(force=args.force or not args.resume)
+    except (ArtifactError, ConfigError, ModelUnavailableError, StageError) as exc:
         sys.exit(f"error: {exc}")
+    print(decision_line(spec, out, decision))
     m = read_manifest(out)
     p = m["parameters"]
     print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "

@@ -1,11 +1,14 @@
-"""Shared command-line options: every job takes --preset, --config, --set and --out."""
+"""Shared command-line options: every job takes --preset, --config, --set; stage jobs also
+--out and --force."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from peftbd.config import Config, ConfigError, load_config, preset_names
+from peftbd.stage import Decision, StageSpec
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -33,3 +36,36 @@ def config_from_args(args: argparse.Namespace) -> Config:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def output_root(cfg: Config) -> Path:
+    """The main job's default output root: `<paths.out_dir>/<preset>`."""
+    return Path(cfg.paths.out_dir) / cfg.preset
+
+
+def add_stage_args(parser: argparse.ArgumentParser, spec: StageSpec) -> None:
+    """Add a stage job's --out (default: the main job's layout) and --force."""
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help=f"output directory (default: <paths.out_dir>/<preset>/{spec.subdir}, the main job's layout)",
+    )
+    add_force_arg(parser)
+
+
+def add_force_arg(parser: argparse.ArgumentParser) -> None:
+    """Add --force: rebuild a stage's output although it is current."""
+    parser.add_argument(
+        "--force", action="store_true",
+        help="rebuild even when the output is current (its inputs, config and code unchanged)",
+    )
+
+
+def stage_out(args: argparse.Namespace, cfg: Config, spec: StageSpec) -> Path:
+    """--out, or the stage's directory in the main job's layout."""
+    return args.out or output_root(cfg) / spec.subdir
+
+
+def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
+    """One line saying what a stage job did and why."""
+    done = f"built ({decision.describe()})" if decision.run else "current, skipped (inputs unchanged)"
+    return f"{spec.name}: {done} -> {out.resolve()}"

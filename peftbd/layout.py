@@ -1,22 +1,53 @@
-"""The main job's output layout: one subdirectory per stage under the output root
-(`<paths.out_dir>/<preset>` by default), in the order the stages run. The pipeline, the stage
-jobs' defaults and the report's stage table all read it from here."""
+"""The main job's stages, declared once: name, output subdirectory under the output root
+(`<paths.out_dir>/<preset>` by default), the config they read, the upstream stages they consume
+and the code that decides their output. The pipeline, the stage jobs' defaults, their skip
+decisions (`peftbd.stage`) and the report's stage table all read them from here."""
 
 from __future__ import annotations
 
-WORLD = "world"
-CONTINUATIONS = "continuations"
-ADAPTER = "peftbd_adapter"
-EARLY_EXIT = "peftbd_early_exit"
-MTP_HEAD = "mtp_head"
-BENCHMARK = "benchmark"
+from peftbd.stage import StageSpec
 
-STAGE_NAMES: dict[str, str] = {
-    WORLD: "tiny world",
-    CONTINUATIONS: "generate continuations",
-    ADAPTER: "train PEFT-BD adapter",
-    EARLY_EXIT: "train early-exit PEFT-BD adapter",
-    MTP_HEAD: "train FastMTP head",
-    BENCHMARK: "benchmark + report",
-}
-"""{stage subdirectory: stage name}, in run order."""
+_PLACEMENT_ONLY = ("training.storage_path", "training.max_failures")
+"""Training keys that say where checkpoints go and how often to retry, not what is trained."""
+
+WORLD = StageSpec(
+    "world", "tiny world", "world", reads=("tiny_world",),
+    code=("peftbd.models.tiny_world", "peftbd.models.tiny_tokenizer", "peftbd.models.tiny_verifier",
+          "peftbd.data.embedded_corpus", "peftbd.data.chat"),
+    command="python -m jobs.pipeline",
+)
+GENERATE = StageSpec(
+    "generate", "generate continuations", "continuations", reads=("model", "data"),
+    inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "jobs.generate"),
+    command="python -m jobs.generate",
+)
+_TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
+TRAIN_PEFTBD = StageSpec(
+    "train_peftbd", "train PEFT-BD adapter", "peftbd_adapter",
+    reads=("model", "drafter", "training"),
+    ignores=("drafter.early_exit_layers", *_PLACEMENT_ONLY),
+    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_peftbd",
+)
+TRAIN_EARLY_EXIT = StageSpec(
+    "train_early_exit", "train early-exit PEFT-BD adapter", "peftbd_early_exit",
+    reads=TRAIN_PEFTBD.reads, ignores=TRAIN_PEFTBD.ignores, inputs=TRAIN_PEFTBD.inputs,
+    code=_TRAIN_CODE, job=TRAIN_PEFTBD.name,
+    command="python -m jobs.train_peftbd --set drafter.draft_layers=<drafter.early_exit_layers>",
+)
+TRAIN_MTP = StageSpec(
+    "train_mtp", "train FastMTP head", "mtp_head", reads=("model", "mtp", "training"),
+    ignores=_PLACEMENT_ONLY, inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_mtp",
+)
+BENCHMARK = StageSpec(
+    "benchmark", "benchmark + report", "benchmark",
+    reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
+           "drafter.early_exit_layers", "mtp.num_steps"),
+    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_MTP),
+    code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
+          "jobs.benchmark"),
+    command="python -m jobs.benchmark",
+)
+
+STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_MTP, BENCHMARK)
+"""The main job's stages in run order."""
+BY_NAME = {s.name: s for s in STAGES}

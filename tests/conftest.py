@@ -49,3 +49,22 @@ def spec_bench_path() -> Path:
     if not SPEC_BENCH.is_file():
         pytest.skip(f"{SPEC_BENCH} is absent (a user's clone has no ../shared/)")
     return SPEC_BENCH
+
+
+@pytest.fixture(scope="session")
+def make_artifact():
+    """`make(out_dir, write, stage="generate", **sections)`: a finished artifact made through the
+    stage contract (as a stage job would), its files written by `write(tmp_dir)`."""
+    from peftbd.stage import StageSpec, run_stage, stage_inputs
+
+    def make(out_dir: Path, write, stage: str = "generate", **sections) -> Path:
+        spec = StageSpec(stage, f"test {stage}", Path(out_dir).name, reads=())
+
+        def build(tmp: Path, _inputs) -> dict:
+            write(tmp)
+            return dict(sections)
+
+        run_stage(stage_inputs(spec, {}, {}), out_dir, build, {})
+        return Path(out_dir)
+
+    return make

@@ -7,25 +7,27 @@ a changed report.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from peftbd.analysis import tables
 from peftbd.analysis.figures import throughput_vs_accepted
 from peftbd.benchmarking.schema import arm_items
-from peftbd.layout import BENCHMARK, STAGE_NAMES
-from peftbd.manifest import is_complete, read_manifest
+from peftbd.layout import BENCHMARK, STAGES
+from peftbd.manifest import read_manifest
+from peftbd.stage import lineage
 
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
-BENCHMARK_STAGE = STAGE_NAMES[BENCHMARK]
+BENCHMARK_STAGE = BENCHMARK.title
 
 
-def read_stage_manifests(artifacts_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """{stage name: manifest} for each finished stage under the pipeline's output root."""
-    root = Path(artifacts_dir)
-    return {name: read_manifest(root / sub) for sub, name in STAGE_NAMES.items()
-            if is_complete(root / sub)}
+def read_stage_manifests(upstream: Mapping[str, str | Path]) -> dict[str, dict[str, Any]]:
+    """{stage title: manifest} of the artifacts in `upstream` ({stage name: dir}) and of
+    everything they were built from, in the main job's stage order."""
+    dirs = lineage(upstream)
+    return {s.title: read_manifest(dirs[s.name]) for s in STAGES if s.name in dirs}
 
 
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],

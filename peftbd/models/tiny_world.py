@@ -1,8 +1,10 @@
 """The embedded tiny world: corpus, tokenizer and verifier, built once into a cache directory.
 
-Everything is deterministic from `TinyWorldConfig` (its hash names the directory). The build
-writes into a temporary sibling and renames it into place, so a crashed build never leaves a
-directory that looks complete; a file lock makes concurrent callers (Ray actors) wait for one build.
+Everything is deterministic from `TinyWorldConfig`. The directory is named by the world stage's
+fingerprint (`peftbd.layout.WORLD`: that config and the source of the code that builds it), so
+changed code builds a new world. The build is a stage (`peftbd.stage`): it writes into a temporary
+sibling and renames it into place, so a crashed build never leaves a directory that looks
+complete; a file lock makes concurrent callers (Ray actors) wait for one build.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,10 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from peftbd.config import Config, TinyWorldConfig
+from peftbd.config import EMBEDDED_TINY, Config, TinyWorldConfig
 from peftbd.data.chat import encode_prompt
 from peftbd.data.embedded_corpus import build_corpus
+from peftbd.layout import WORLD
 from peftbd.models.tiny_tokenizer import train_tokenizer
 from peftbd.models.tiny_verifier import (
     mean_loss,
@@ -31,12 +33,11 @@ from peftbd.models.tiny_verifier import (
     train_tiny_verifier,
     unigram_cross_entropy,
 )
+from peftbd.stage import StageCall, StageInputs, stage_inputs
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-WORLD_FORMAT = 2
-"""Bumped whenever the corpus, tokenizer or verifier code changes what a config builds."""
 BUILD_THREADS = 2
 """The world is always trained with this many torch threads: CPU float reductions can depend on
 the thread count, and the weights must not depend on who built them."""
@@ -64,28 +65,42 @@ class TinyWorld:
         return json.loads((self.root / MANIFEST).read_text())
 
 
+def uses_tiny_world(cfg: Config) -> bool:
+    """The verifier or the prompts come from the embedded tiny world."""
+    return EMBEDDED_TINY in (cfg.model.name_or_path, cfg.data.source)
+
+
 def tiny_world_dir(cfg: Config) -> Path:
-    """The cache directory of the world that `cfg.tiny_world` describes."""
-    payload = json.dumps(
-        {"format": WORLD_FORMAT, **dataclasses.asdict(cfg.tiny_world)}, sort_keys=True
-    ).encode()
-    digest = hashlib.sha256(payload).hexdigest()[:12]
+    """The cache directory of the world that `cfg.tiny_world` (and this code) describes."""
+    inputs = stage_inputs(WORLD, {"tiny_world": dataclasses.asdict(cfg.tiny_world)}, {})
     cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
-    return cache / f"tiny-world-{digest}"
+    return cache / f"tiny-world-{inputs.fingerprint[:12]}"
+
+
+def world_call(cfg: Config) -> StageCall:
+    """The world stage: builds the world of `cfg.tiny_world` into its cache directory."""
+    def build(tmp: Path, _: StageInputs) -> dict:
+        manifest = build_tiny_world(cfg.tiny_world, tmp).manifest()
+        return {**manifest, "run_id": world_run_id(manifest)}
+
+    return StageCall(WORLD, {"tiny_world": dataclasses.asdict(cfg.tiny_world)}, tiny_world_dir(cfg),
+                     {}, build)
 
 
 def ensure_tiny_world(cfg: Config) -> TinyWorld:
     """Return the tiny world for `cfg`, building it first if the cache does not hold it."""
-    root = tiny_world_dir(cfg)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock"):
-        if not (root / MANIFEST).is_file():
-            tmp = root.with_name(root.name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            build_tiny_world(cfg.tiny_world, tmp)
-            shutil.rmtree(root, ignore_errors=True)
-            tmp.rename(root)
-    return TinyWorld(root)
+    call = world_call(cfg)
+    call.out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(call.out) + ".lock"):
+        if not (call.out / MANIFEST).is_file():
+            call.run()
+    return TinyWorld(call.out)
+
+
+def world_run_id(manifest: dict) -> str:
+    """A world's identity is its content: the same corpus, tokenizer and weights, the same run."""
+    digest = json.dumps(manifest["sha256"], sort_keys=True).encode()
+    return hashlib.sha256(digest).hexdigest()[:16]
 
 
 def _sha256(path: Path) -> str:

@@ -8,8 +8,6 @@ A run lives at `<storage_path>/<name>` (Ray Train's layout), local or on cloud s
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +25,6 @@ class TrainState:
     """Where training stands: optimizer steps done."""
 
     step: int = 0
-
-
-def run_fingerprint(kind: str, config: dict[str, Any], data_dir: str) -> str:
-    """A hash of what decides the trained numbers; a checkpoint resumes only the same run."""
-    payload = json.dumps({"kind": kind, "config": config, "data": data_dir}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def save_checkpoint(engine: Any, ckpt_dir: str | Path, state: TrainState, fingerprint: str) -> None:
@@ -57,13 +49,15 @@ def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> Trai
     return TrainState(step=int(client["step"]))
 
 
-def run_location(cfg: Config, out_dir: Path) -> tuple[str, str]:
-    """(storage_path, run name) of the training run that writes `out_dir`: the name is the out
-    dir's, the storage `cfg.training.storage_path` or a `ray_train/` dir beside `out_dir`."""
+def run_location(cfg: Config, out_dir: Path, fingerprint: str) -> tuple[str, str]:
+    """(storage_path, run name) of the training run that writes `out_dir` for the stage inputs
+    `fingerprint`: the name is `<out dir name>-<fingerprint>`, so changed inputs start a new run
+    instead of resuming an incompatible one; the storage is `cfg.training.storage_path` or a
+    `ray_train/` dir beside `out_dir`."""
     storage = cfg.training.storage_path or str(Path(out_dir).resolve().parent / "ray_train")
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())  # Ray Train wants an absolute path
-    return storage, Path(out_dir).name
+    return storage, f"{Path(out_dir).name}-{fingerprint}"
 
 
 def delete_run(storage: str, name: str) -> None:

@@ -29,20 +29,21 @@ COLUMNS = ("id", "prompt_ids", "continuation_ids", "prompt_len", "continuation_l
 
 @dataclass(frozen=True)
 class SplitCounts:
-    """What one split holds for training; `blocks` and `padded_blocks` use block size D."""
+    """What one split holds for training; `blocks` and `padded_blocks` use block size D (None
+    for a drafter without blocks)."""
 
     rows: int
     skipped_empty_continuation: int
     continuation_tokens: int
-    blocks: int
-    padded_blocks: int
+    blocks: int | None
+    padded_blocks: int | None
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
 
 def load_training_split(
-    artifact_dir: str | Path, split: str, block_size: int, seed: int
+    artifact_dir: str | Path, split: str, block_size: int | None, seed: int
 ) -> tuple[pa.Table, SplitCounts]:
     """The usable rows of one split (columns `COLUMNS`) in a seeded order, and their counts.
 
@@ -64,8 +65,8 @@ def load_training_split(
         rows=usable.num_rows,
         skipped_empty_continuation=table.num_rows - usable.num_rows,
         continuation_tokens=int(lengths.sum()),
-        blocks=int((-(-lengths // block_size)).sum()),
-        padded_blocks=int((lengths % block_size != 0).sum()),
+        blocks=int((-(-lengths // block_size)).sum()) if block_size else None,
+        padded_blocks=int((lengths % block_size != 0).sum()) if block_size else None,
     )
     return usable, counts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from jobs.benchmark import RESULTS, BenchmarkInputError, main, run_benchmark
+from jobs.benchmark import RESULTS, main, run_benchmark
 from peftbd.analysis.report import FIGURE_1, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import arm_specs, load_arm_models
@@ -24,6 +25,7 @@ from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
+from peftbd.stage import StageError
 from peftbd.training.tasks import make_task
 
 N_PROMPTS = 3
@@ -39,7 +41,7 @@ def small_cfg(tiny_cfg: Config) -> Config:
 
 
 @pytest.fixture(scope="module")
-def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
+def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) -> Path:
     """A pipeline output root: a test split of corpus prompts and untrained drafters exported by
     the training tasks (as the training jobs export them)."""
     root = tmp_path_factory.mktemp("artifacts")
@@ -54,19 +56,18 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory) -> Path:
                          "finish_reason": "length", "category": None})
             if len(rows) == N_PROMPTS + 2:
                 break
-    (root / "continuations").mkdir()
-    write_split(root / "continuations", "test", pa.Table.from_pylist(rows))
-    write_manifest(root / "continuations", {"stage": "generate", "wall_seconds": 11.5,
-                                            "peak_rss_mib": 512.0, "peak_gpu_mib": None})
+    make_artifact(root / "continuations",
+                  lambda tmp: write_split(tmp, "test", pa.Table.from_pylist(rows)),
+                  wall_seconds=11.5, peak_rss_mib=512.0, peak_gpu_mib=None)
     torch.manual_seed(0)
     early_exit = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
         small_cfg.drafter, draft_layers=small_cfg.drafter.early_exit_layers))
     for kind, sub, cfg in (("peftbd", "peftbd_adapter", small_cfg), ("mtp", "mtp_head", small_cfg),
                            ("peftbd", "peftbd_early_exit", early_exit)):
         task = make_task(kind, cfg)
-        task.export(task.build(torch.device("cpu")), root / sub)
-        write_manifest(root / sub, {"stage": f"train_{kind}", "untrained": True,
-                                    "wall_seconds": 0.5, "peak_rss_mib": 400.0})
+        module = task.build(torch.device("cpu"))
+        make_artifact(root / sub, lambda tmp, t=task, m=module: t.export(m, tmp),
+                      stage=f"train_{kind}", untrained=True, wall_seconds=0.5, peak_rss_mib=400.0)
     return root
 
 
@@ -132,19 +133,20 @@ def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec
     assert all(p.id.startswith("spec-bench-") for p in prompt_set.prompts)
 
 
-def test_missing_artifacts_fail_with_the_fix(small_cfg: Config, tmp_path: Path) -> None:
-    with pytest.raises(BenchmarkInputError, match="peftbd_adapter.*jobs.train_peftbd"):
-        run_benchmark(small_cfg, tmp_path, tmp_path / "out")
-    with pytest.raises(SystemExit, match="error: .*continuations"):
-        (tmp_path / "peftbd_adapter").mkdir()
-        write_manifest(tmp_path / "peftbd_adapter", {})
-        (tmp_path / "mtp_head").mkdir()
-        write_manifest(tmp_path / "mtp_head", {})
-        with pytest.raises(BenchmarkInputError, match="peftbd_early_exit.*draft_layers=2"):
-            run_benchmark(small_cfg, tmp_path, tmp_path / "out")
-        (tmp_path / "peftbd_early_exit").mkdir()
-        write_manifest(tmp_path / "peftbd_early_exit", {})
-        main(["--artifacts", str(tmp_path)])
+def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, artifacts: Path,
+                                                          tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(artifacts / "continuations", root / "continuations")
+    with pytest.raises(StageError, match="no finished train_peftbd artifact.*jobs.train_peftbd"):
+        run_benchmark(small_cfg, root, root / "out")
+    for sub in ("peftbd_adapter", "mtp_head"):
+        shutil.copytree(artifacts / sub, root / sub)
+    with pytest.raises(StageError, match="train_early_exit.*draft_layers=<drafter.early_exit_layers>"):
+        run_benchmark(small_cfg, root, root / "out")
+    (root / "peftbd_early_exit").mkdir()
+    write_manifest(root / "peftbd_early_exit", {"stage": "train_peftbd"})  # an older layout
+    with pytest.raises(SystemExit, match="error: .*peftbd_early_exit was written by an older peftbd.*--force"):
+        main(["--artifacts", str(root)])
 
 
 def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:

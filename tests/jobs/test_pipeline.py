@@ -1,6 +1,11 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from peftbd.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,3 +26,72 @@ def test_bad_override_exits_with_the_key_named():
     )
     assert proc.returncode == 2
     assert "drafter.blok_size" in proc.stderr and "drafter.block_size" in proc.stderr
+
+
+def _stand_in_outputs(cfg, root):
+    """Every stage's output made through the contract with a stand-in build (no training)."""
+    from jobs.pipeline import stage_calls
+    from peftbd.stage import run_stage
+
+    for call in stage_calls(cfg, root):
+        run_stage(call.inputs(), call.out, lambda tmp, _inputs: {}, call.cfg_dict)
+
+
+def _reruns(overrides, root, force=(), start=None):
+    from jobs.pipeline import forced_stages, plan, stage_calls
+
+    calls = stage_calls(load_config("tiny", overrides=overrides), root)
+    decisions = plan(calls, forced_stages(list(force), start, calls))
+    return {c.spec.name for c, d in zip(calls, decisions) if d.run}
+
+
+PEFTBD_STAGES = {"train_peftbd", "train_early_exit", "benchmark"}
+AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_mtp", "benchmark"}
+
+
+def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    _stand_in_outputs(load_config("tiny"), root)
+    assert _reruns([], root) == set()
+    assert _reruns(["drafter.lora_r=4"], root) == PEFTBD_STAGES
+    assert _reruns(["data.max_new_tokens=32"], root) == AFTER_WORLD
+    assert _reruns(["decoding.max_new_tokens=32"], root) == {"benchmark"}
+    assert _reruns(["mtp.optim.lr=1e-3"], root) == {"train_mtp", "benchmark"}
+    assert _reruns(["drafter.early_exit_layers=1"], root) == {"train_early_exit", "benchmark"}
+    assert _reruns(["tiny_world.seed=1"], root) == {"world"} | AFTER_WORLD
+    assert _reruns(["training.storage_path=/elsewhere", "generate.num_actors=1"], root) == set()
+    assert _reruns([], root, force=["generate"]) == AFTER_WORLD
+    assert _reruns([], root, start="train_mtp") == {"train_mtp", "benchmark"}
+
+
+def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monkeypatch):
+    from peftbd.manifest import write_manifest
+    from peftbd.stage import StageError
+
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    _stand_in_outputs(load_config("tiny"), root)
+    write_manifest(root / "mtp_head", {"stage": "train_mtp", "wall_seconds": 3.0})
+    with pytest.raises(StageError, match=r"mtp_head was written by an older peftbd.*--force train_mtp"):
+        _reruns([], root)
+    assert _reruns([], root, force=["train_mtp"]) == {"train_mtp", "benchmark"}
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    _stand_in_outputs(load_config("tiny"), root)
+    before = (root / "peftbd_adapter" / "manifest.json").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.pipeline", "--out", str(root), "--dry-run",
+         "--set", "drafter.lora_r=4"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PEFTBD_CACHE": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert "RUN" in lines["train_peftbd"] and "drafter.lora_r 8 -> 4" in lines["train_peftbd"]
+    assert "input train_peftbd reruns" in lines["benchmark"]
+    assert "skip" in lines["generate"] and "skip" in lines["train_mtp"]
+    assert (root / "peftbd_adapter" / "manifest.json").read_text() == before
+    assert not (root / "manifest.json").exists()

@@ -46,7 +46,7 @@ def cfg():
 
 
 @pytest.fixture(scope="module")
-def artifact(cfg, tiny_world, tmp_path_factory):
+def artifact(cfg, tiny_world, tmp_path_factory, make_artifact):
     """A small continuation artifact from the generate library (no Ray): greedy verifier
     continuations of the first corpus prompts."""
     tok, model = load_tokenizer(cfg), load_verifier(cfg)
@@ -56,17 +56,18 @@ def artifact(cfg, tiny_world, tmp_path_factory):
     rows = [r for r in prepared if r["drop_reason"] is None][: TRAIN_ROWS + VAL_ROWS]
     outs = greedy_continuations(model, [r["prompt_ids"] for r in rows], cfg.data.max_new_tokens,
                                 eos_token_ids(model, tok), tok.pad_token_id)
-    out = tmp_path_factory.mktemp("artifact")
     table = pa.Table.from_pylist([
         {**r, "split": "train" if i < TRAIN_ROWS else "val", "continuation_ids": o.ids,
          "prompt_len": len(r["prompt_ids"]), "continuation_len": len(o.ids),
          "finish_reason": o.finish_reason}
         for i, (r, o) in enumerate(zip(rows, outs, strict=True))
     ])
-    for split in ("train", "val"):
-        write_split(out, split, table.filter(pc.equal(table["split"], split)))
-    write_manifest(out, {"stage": "test artifact"})
-    return out
+
+    def write(tmp):
+        for split in ("train", "val"):
+            write_split(tmp, split, table.filter(pc.equal(table["split"], split)))
+
+    return make_artifact(tmp_path_factory.mktemp("artifacts") / "continuations", write)
 
 
 @pytest.fixture(scope="module")
@@ -157,20 +158,18 @@ def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, t
     assert read_manifest(out) == manifest
 
 
-def test_bad_artifacts_fail_before_training_with_the_problem_named(cfg, artifact, tmp_path):
+def test_bad_artifacts_fail_before_training_with_the_problem_named(cfg, artifact, tmp_path,
+                                                                  make_artifact):
     train = read_split(artifact, "train")
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    pq.write_table(train.drop_columns(["prompt_len"]), broken / "train.parquet")
-    write_manifest(broken, {})
+    broken = make_artifact(tmp_path / "broken", lambda tmp: pq.write_table(
+        train.drop_columns(["prompt_len"]), tmp / "train.parquet"))
     with pytest.raises(ArtifactError, match="prompt_len"):
         run_train("peftbd", cfg, broken, tmp_path / "out")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    write_split(empty, "train", pa.Table.from_pylist([], schema=ARTIFACT_SCHEMA))
-    write_manifest(empty, {})
+    empty = make_artifact(tmp_path / "empty", lambda tmp: write_split(
+        tmp, "train", pa.Table.from_pylist([], schema=ARTIFACT_SCHEMA)))
     with pytest.raises(ArtifactError, match="no row with a non-empty continuation"):
         run_train("mtp", cfg, empty, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing published, not even a partial output
 
 
 def test_empty_continuations_are_skipped_and_counted(cfg, artifact, tmp_path):

@@ -55,17 +55,21 @@ def sample_results() -> dict:
     }
 
 
-def _stage_manifests(root: Path) -> None:
-    for sub, wall in (("continuations", 41.5), ("peftbd_adapter", 87.25),
-                      ("peftbd_early_exit", 60.75), ("mtp_head", 63.0)):
+STAGE_DIRS = {"generate": "continuations", "train_peftbd": "peftbd_adapter",
+              "train_early_exit": "peftbd_early_exit", "train_mtp": "mtp_head"}
+
+
+def _stage_manifests(root: Path) -> dict[str, Path]:
+    """Stage manifests under `root`; returns the benchmark's inputs ({stage name: dir})."""
+    for sub, wall in zip(STAGE_DIRS.values(), (41.5, 87.25, 60.75, 63.0)):
         (root / sub).mkdir(parents=True)
         write_manifest(root / sub, {"wall_seconds": wall, "peak_rss_mib": 812.0,
                                     "peak_gpu_mib": None})
+    return {name: root / sub for name, sub in reversed(STAGE_DIRS.items())}  # order given: none
 
 
 def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -> None:
-    _stage_manifests(tmp_path / "artifacts")
-    manifests = read_stage_manifests(tmp_path / "artifacts")
+    manifests = read_stage_manifests(_stage_manifests(tmp_path / "artifacts"))
     assert list(manifests) == ["generate continuations", "train PEFT-BD adapter",
                                "train early-exit PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results(), manifests, tmp_path / "out").read_text()
@@ -81,25 +85,25 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -
 
 
 def test_changing_an_artifact_changes_the_report(tmp_path: Path) -> None:
-    _stage_manifests(tmp_path / "artifacts")
+    inputs = _stage_manifests(tmp_path / "artifacts")
     results = sample_results()
-    before = build_report(results, read_stage_manifests(tmp_path / "artifacts"),
+    before = build_report(results, read_stage_manifests(inputs),
                           tmp_path / "a").read_text()
 
     changed = copy.deepcopy(results)
     changed["arms"]["fastmtp"]["tokens_per_s"] = stat([777.0, 779.0])
     changed["arms"]["peftbd"]["audit"].update(exact=15, exact_pct=93.75)
-    after = build_report(changed, read_stage_manifests(tmp_path / "artifacts"),
+    after = build_report(changed, read_stage_manifests(inputs),
                          tmp_path / "b").read_text()
     assert "778.00 ± 1.41" in after and "778.00" not in before
     assert "93.8% (15/16)" in after and "93.8%" not in before
 
     m = json.loads((tmp_path / "artifacts/mtp_head/manifest.json").read_text())
     write_manifest(tmp_path / "artifacts/mtp_head", {**m, "wall_seconds": 1234.5})
-    again = build_report(results, read_stage_manifests(tmp_path / "artifacts"),
+    again = build_report(results, read_stage_manifests(inputs),
                          tmp_path / "c").read_text()
     assert "1234.5" in again and "1234.5" not in before
-    assert build_report(results, read_stage_manifests(tmp_path / "artifacts"),
+    assert build_report(results, read_stage_manifests(inputs),
                         tmp_path / "d").read_text() == again  # deterministic
 
 
