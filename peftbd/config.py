@@ -1,20 +1,23 @@
 """One tree of frozen dataclasses for every stage, named presets, YAML files and `--set` overrides.
 
-A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`), then an optional YAML
-file (a nested mapping with the same keys), then `--set a.b=value` overrides. Every layer is
-type-checked against the dataclass fields; an unknown key or a wrong type raises `ConfigError`
-naming the key, the value and the allowed form.
+A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAML files in
+`peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
+`--set a.b=value` overrides. Every layer is type-checked against the dataclass fields (`Literal`
+fields accept only their listed values); the finished config is checked against `_RANGES`,
+`_PATTERNS` and `_ORDERED`. An unknown key or a bad value raises `ConfigError` naming the key,
+the value and the allowed form.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -25,13 +28,25 @@ class ConfigError(ValueError):
     """A config key, value or file is not valid; the message names it and the allowed form."""
 
 
+# The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
+Dtype = Literal["float32", "bfloat16", "float16"]
+AttnImplementation = Literal["sdpa", "eager"]
+Scheduler = Literal["cosine", "constant"]
+Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
+ZeroStage = Literal[0, 1, 2, 3]
+Method = Literal["ar", "peft-bd", "fastmtp"]  # peftbd.serving.schemas.METHODS
+Placement = Literal[  # jobs.placement.placement_options
+    "colocated", "split", "split-cross-node", "split-same-node", "split-fractional-gpu",
+]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The verifier: hub id, local directory, or `embedded:tiny`."""
 
     name_or_path: str = EMBEDDED_TINY
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"  # sdpa | eager
+    dtype: Dtype = "float32"  # bfloat16 / float16 fall back to float32 on CPU
+    attn_implementation: AttnImplementation = "sdpa"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
@@ -87,7 +102,7 @@ class OptimConfig:
     lr: float = 2e-4
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
-    scheduler: str = "cosine"  # cosine | constant
+    scheduler: Scheduler = "cosine"
     global_batch_size: int = 64
     max_steps: int = 10_000
     eval_every: int = 500
@@ -134,8 +149,8 @@ class TrainingConfig:
     num_workers: int = 2
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
-    zero_stage: int = 0
-    precision: str = "fp32"  # fp32 | bf16
+    zero_stage: ZeroStage = 0
+    precision: Precision = "fp32"  # bf16 falls back to fp32 on CPU
     seed: int = 0
     max_failures: int = 2
     micro_batch_size: int = 0  # sequences per worker per forward; 0 = global batch / workers
@@ -165,7 +180,7 @@ class ServingConfig:
     """Ray Serve: the served model name, request limits, per-request state and placement."""
 
     model_name: str = "peftbd"  # GET /v1/models lists it and "<model_name>:<method>"
-    default_method: str = "peft-bd"  # ar | peft-bd | fastmtp, when the request names none
+    default_method: Method = "peft-bd"  # when the request names none
     max_prompt_tokens: int = 512
     max_tokens_cap: int = 256  # also the default max_tokens
     max_body_bytes: int = 1_000_000
@@ -177,7 +192,7 @@ class ServingConfig:
     verifier_replicas: int = 1
     drafter_num_gpus: float = 0.0
     verifier_num_gpus: float = 0.0  # also the colocated engine's
-    placements: tuple[str, ...] = ("colocated", "split")  # jobs.placement; see jobs/placement.py
+    placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
 
 
 @dataclass(frozen=True)
@@ -209,6 +224,52 @@ class Config:
         return _plain(dataclasses.asdict(self))
 
 
+# Checks of the finished config, per section type (so `OptimConfig`'s apply to drafter.optim and
+# mtp.optim): inclusive (low, high) bounds, None = unbounded; strings' forms as (regex, words);
+# field pairs whose values must satisfy first <= second.
+_Bounds = tuple[float | None, float | None]
+_POSITIVE: _Bounds = (1, None)
+_NON_NEGATIVE: _Bounds = (0, None)
+_FRACTION: _Bounds = (0, 1)
+
+_RANGES: dict[type, dict[str, _Bounds]] = {
+    TinyWorldConfig: {"heldout_fraction": _FRACTION},
+    DataConfig: {"max_prompt_len": _POSITIVE, "max_new_tokens": _POSITIVE,
+                 "train_size": _NON_NEGATIVE, "val_size": _NON_NEGATIVE,
+                 "test_size": _NON_NEGATIVE},
+    GenerateConfig: {"num_actors": _POSITIVE, "batch_size": _POSITIVE,
+                     "num_cpus_per_actor": _NON_NEGATIVE, "num_gpus_per_actor": _NON_NEGATIVE},
+    OptimConfig: {"lr": _NON_NEGATIVE, "warmup_ratio": _FRACTION, "weight_decay": _NON_NEGATIVE,
+                  "global_batch_size": _POSITIVE, "max_steps": _POSITIVE,
+                  "eval_every": _POSITIVE, "checkpoint_every": _POSITIVE,
+                  "eval_batches": _POSITIVE},
+    DrafterConfig: {"block_size": _POSITIVE, "denoise_steps": _POSITIVE,
+                    "draft_layers": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
+                    "lora_r": _POSITIVE, "lora_dropout": _FRACTION,
+                    "mask_ratio_min": _FRACTION, "mask_ratio_max": _FRACTION,
+                    "prefix_gamma": _FRACTION},
+    MTPConfig: {"num_steps": _POSITIVE},
+    TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
+                     "micro_batch_size": _NON_NEGATIVE},
+    DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
+                     "repeats": _POSITIVE, "workers": _POSITIVE,
+                     "worker_num_cpus": _NON_NEGATIVE, "worker_num_gpus": _NON_NEGATIVE,
+                     "torch_threads": _NON_NEGATIVE},
+    ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
+                    "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
+                    "round_retries": _NON_NEGATIVE, "recovery_timeout_s": _NON_NEGATIVE,
+                    "replica_num_cpus": _NON_NEGATIVE, "drafter_replicas": _POSITIVE,
+                    "verifier_replicas": _POSITIVE, "drafter_num_gpus": _NON_NEGATIVE,
+                    "verifier_num_gpus": _NON_NEGATIVE},
+}
+_PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
+    ModelConfig: {"device": (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")},
+}
+_ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
+    DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
+}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -237,6 +298,7 @@ def load_config(
         cfg = _merge(cfg, _read_yaml(Path(config_file)), prefix="")
     for item in overrides:
         cfg = apply_override(cfg, item)
+    _check_values(cfg)
     return cfg
 
 
@@ -303,12 +365,46 @@ def _merge(obj: Any, updates: dict[str, Any], prefix: str) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+def _check_values(obj: Any, prefix: str = "") -> None:
+    """Check a finished config (section) against `_RANGES`, `_PATTERNS` and `_ORDERED`."""
+    bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
+    for f in dataclasses.fields(obj):
+        key, value = f"{prefix}{f.name}", getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_values(value, f"{key}.")
+        elif f.name in bounds:
+            low, high = bounds[f.name]
+            if (low is not None and value < low) or (high is not None and value > high):
+                allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+                raise ConfigError(
+                    f"config key {key!r}: value {value!r} is out of range; expected {allowed}"
+                )
+        elif f.name in patterns:
+            pattern, form = patterns[f.name]
+            if not re.fullmatch(pattern, value):
+                raise ConfigError(
+                    f"config key {key!r}: value {value!r} is not valid; expected {form}"
+                )
+    for first, second in _ORDERED.get(type(obj), ()):
+        low, high = getattr(obj, first), getattr(obj, second)
+        if low > high:
+            raise ConfigError(
+                f"config key '{prefix}{first}': value {low!r} exceeds '{prefix}{second}' "
+                f"({high!r}); expected {first} <= {second}"
+            )
+
+
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return "one of: " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
+        item = typing.get_args(tp)[0]
+        if typing.get_origin(item) is Literal:
+            return f"a list whose items are each {_describe(item)}"
+        return f"a list of {_describe(item)}"
     if tp is type(None):
         return "null"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
@@ -325,6 +421,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 return _coerce(key, value, arg)
             except ConfigError:
                 continue
+    elif origin is Literal:
+        for allowed in typing.get_args(tp):  # by type too: true is not 1, 2.0 is not 2
+            if value == allowed and type(value) is type(allowed):
+                return value
     elif origin is tuple:
         if isinstance(value, (list, tuple)):
             item_type = typing.get_args(tp)[0]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.config import EMBEDDED_TINY, Config, Dtype
 from peftbd.data.chat import QWEN3_CHAT_TEMPLATE
 from peftbd.models.tiny_tokenizer import MASK
 from peftbd.models.tiny_world import ensure_tiny_world
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in get_args(Dtype)}
 
 
 class ModelUnavailableError(RuntimeError):

@@ -7,14 +7,15 @@ field is an error that names it). These models check shapes and types only; serv
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-METHODS: tuple[str, ...] = ("ar", "peft-bd", "fastmtp")
+from peftbd.config import Method
+
+METHODS: tuple[str, ...] = get_args(Method)
 """Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head."""
 
-Method = Literal["ar", "peft-bd", "fastmtp"]
 FinishReason = Literal["stop", "length"]
 
 

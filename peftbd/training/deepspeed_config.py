@@ -14,9 +14,11 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from peftbd.config import Config, ConfigError, OptimConfig, TrainingConfig
+from peftbd.config import (
+    Config, ConfigError, OptimConfig, Precision, Scheduler, TrainingConfig, ZeroStage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +65,16 @@ def batch_plan(training: TrainingConfig, optim: OptimConfig, world_size: int) ->
     return BatchPlan(optim.global_batch_size, micro, accumulation, world_size)
 
 
+def _check_choice(key: str, value: object, choices: object) -> None:
+    """Configs built in code skip `load_config`'s checks; fail here rather than in DeepSpeed."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
+
+
 def use_bf16(training: TrainingConfig, device_type: str) -> bool:
     """bf16 when configured and on a GPU; on CPU fp32 (bf16 is ~5x slower there)."""
-    if training.precision not in ("fp32", "bf16"):
-        raise ConfigError(f"training.precision={training.precision!r} is not one of fp32, bf16")
+    _check_choice("training.precision", training.precision, Precision)
     if training.precision == "bf16" and device_type == "cpu":
         log.warning("training.precision=bf16 on CPU: training in fp32 instead")
         return False
@@ -77,10 +85,8 @@ def deepspeed_config(
     training: TrainingConfig, optim: OptimConfig, world_size: int, device_type: str
 ) -> dict[str, Any]:
     """The `deepspeed.initialize(config=...)` dict for one job."""
-    if training.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"training.zero_stage={training.zero_stage} is not one of 0, 1, 2, 3")
-    if optim.scheduler not in ("cosine", "constant"):
-        raise ConfigError(f"optim.scheduler={optim.scheduler!r} is not one of cosine, constant")
+    _check_choice("training.zero_stage", training.zero_stage, ZeroStage)
+    _check_choice("optim.scheduler", optim.scheduler, Scheduler)
     plan = batch_plan(training, optim, world_size)
     ds = json.loads(resources.files("peftbd.training").joinpath(TEMPLATE).read_text())
     ds["train_batch_size"] = plan.global_batch

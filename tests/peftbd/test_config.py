@@ -1,8 +1,15 @@
+import dataclasses
+import functools
+import json
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
-from peftbd.config import ConfigError, apply_override, load_config, preset_names, save_config
+from peftbd.config import (
+    Config, ConfigError, Method, Placement, apply_override, load_config, preset_names, save_config,
+)
 
 
 def test_presets_load_with_the_papers_values():
@@ -80,3 +87,150 @@ def test_yaml_file_round_trips_and_layers_under_overrides(tmp_path: Path):
         load_config("tiny", config_file=tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("tiny", config_file=tmp_path / "missing.yaml")
+
+
+ENUMS = {  # field -> (a bad value, the allowed values the error lists)
+    "model.dtype": ("fp8", "'float32', 'bfloat16', 'float16'"),
+    "model.attn_implementation": ("flash_attention_2", "'sdpa', 'eager'"),
+    "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "training.precision": ("fp16", "'fp32', 'bf16'"),
+    "training.zero_stage": ("4", "0, 1, 2, 3"),
+    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp'"),
+}
+
+
+@pytest.mark.parametrize("key", ENUMS)
+def test_enum_fields_reject_a_bad_value_naming_the_allowed_ones(key):
+    bad, allowed = ENUMS[key]
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides=[f"{key}={bad}"])
+    assert str(err.value) == (
+        f"config key '{key}': value {yaml.safe_load(bad)!r} is not valid; expected one of: {allowed}")
+
+
+def test_precision_message_and_zero_stage_values_of_the_wrong_type():
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides=["training.precision=fp8"])
+    assert str(err.value) == (
+        "config key 'training.precision': value 'fp8' is not valid; expected one of: 'fp32', 'bf16'")
+    for item in ("training.zero_stage=true", "training.zero_stage=2.0", "training.zero_stage='2'"):
+        with pytest.raises(ConfigError, match="expected one of: 0, 1, 2, 3"):
+            load_config("tiny", overrides=[item])
+
+
+def _literal_fields(section, prefix=""):
+    """(dotted key, allowed values) of every Literal field; a tuple field's as one-item lists."""
+    for f in dataclasses.fields(section):
+        value, tp = getattr(section, f.name), typing.get_type_hints(type(section))[f.name]
+        if dataclasses.is_dataclass(value):
+            yield from _literal_fields(value, f"{prefix}{f.name}.")
+        elif typing.get_origin(tp) is typing.Literal:
+            yield f"{prefix}{f.name}", typing.get_args(tp)
+        elif typing.get_origin(tp) is tuple and typing.get_origin(typing.get_args(tp)[0]) is typing.Literal:
+            yield f"{prefix}{f.name}", [[v] for v in typing.get_args(typing.get_args(tp)[0])]
+
+
+def test_every_allowed_value_of_every_enum_field_loads():
+    fields = dict(_literal_fields(Config()))
+    assert set(fields) == set(ENUMS) | {"serving.placements"}  # ENUMS covers every enum field
+    for key, values in fields.items():
+        for value in values:
+            cfg = load_config("tiny", overrides=[f"{key}={json.dumps(value)}"])
+            got = functools.reduce(getattr, key.split("."), cfg)
+            assert got == (tuple(value) if isinstance(value, list) else value)
+
+
+def test_placements_items_are_checked_and_each_is_a_known_placement():
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides=["serving.placements=[split, nowhere]"])
+    assert "'serving.placements[1]': value 'nowhere'" in str(err.value)
+    assert "'split-fractional-gpu'" in str(err.value)
+    with pytest.raises(ConfigError, match="a list whose items are each one of: 'colocated'"):
+        load_config("tiny", overrides=["serving.placements=7"])
+    from jobs.placement import placement_options
+
+    cfg = load_config("qwen3-0.6b")
+    for name in typing.get_args(Placement):
+        assert placement_options(name, cfg)[0] in ("colocated", "split")
+
+
+def test_consumers_derive_their_sets_from_the_config():
+    from peftbd.models.loading import DTYPES
+    from peftbd.serving.schemas import METHODS
+
+    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp")
+    assert tuple(DTYPES) == ("float32", "bfloat16", "float16")
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_device_pattern_accepts(device):
+    assert load_config("tiny", overrides=[f"model.device={device}"]).model.device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:1x", "cuda:x", "CPU", "cpu:0", ""])
+def test_device_pattern_rejects(device):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides=[f"model.device={device}"])
+    assert str(err.value) == (
+        f"config key 'model.device': value {device!r} is not valid; expected auto, cpu, cuda or cuda:N")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("drafter.block_size=0", "config key 'drafter.block_size': value 0 is out of range; expected >= 1"),
+    ("drafter.lora_r=0", "'drafter.lora_r': value 0 is out of range; expected >= 1"),
+    ("drafter.optim.checkpoint_every=0", "'drafter.optim.checkpoint_every': value 0 is out of range"),
+    ("mtp.optim.eval_every=-5", "'mtp.optim.eval_every': value -5 is out of range; expected >= 1"),
+    ("training.num_workers=0", "'training.num_workers': value 0 is out of range; expected >= 1"),
+    ("drafter.mask_ratio_min=-0.1", "'drafter.mask_ratio_min': value -0.1 is out of range; expected in [0, 1]"),
+    ("drafter.mask_ratio_max=1.5", "'drafter.mask_ratio_max': value 1.5 is out of range; expected in [0, 1]"),
+    ("drafter.mask_ratio_min=0.8", "config key 'drafter.mask_ratio_min': value 0.8 exceeds "
+     "'drafter.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
+    ("drafter.denoise_steps=9", "'drafter.denoise_steps': value 9 exceeds 'drafter.block_size' (8)"),
+    ("data.train_size=-1", "'data.train_size': value -1 is out of range; expected >= 0"),
+])
+def test_ranges_name_key_value_and_range(override, message):
+    overrides = [override] + (["drafter.mask_ratio_max=0.5"] if "0.8" in override else [])
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_ranges_accept_bounds_and_are_checked_once_at_the_end(tmp_path: Path):
+    cfg = load_config("tiny", overrides=[
+        "drafter.mask_ratio_min=0", "drafter.mask_ratio_max=0", "data.train_size=0",
+        "drafter.block_size=1", "drafter.optim.checkpoint_every=1",
+        "drafter.denoise_steps=16", "drafter.block_size=16",  # 16 > 1 on the way is fine
+    ])
+    assert (cfg.drafter.mask_ratio_min, cfg.drafter.denoise_steps, cfg.drafter.block_size) == (0, 16, 16)
+    (tmp_path / "bad.yaml").write_text("training:\n  num_workers: 0\n")
+    with pytest.raises(ConfigError, match="'training.num_workers': value 0 is out of range"):
+        load_config("tiny", config_file=tmp_path / "bad.yaml")
+
+
+CONFIGS = Path(__file__).parents[2] / "peftbd" / "configs"
+
+
+def _keys(tree, prefix=""):
+    return {k for name, v in tree.items()
+            for k in (_keys(v, f"{prefix}{name}.") if isinstance(v, dict) else {f"{prefix}{name}"})}
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3-0.6b"])
+def test_preset_files_are_complete_commented_and_equal_the_presets(name):
+    path = CONFIGS / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    assert _keys(data) == _keys(Config().to_dict())  # every knob, none unknown
+    assert data["preset"] == name
+    header = path.read_text().splitlines()[:4]
+    assert header[0].startswith("# ") and f"python -m jobs.pipeline --config peftbd/configs/{name}.yaml" in header[1]
+    assert "cp peftbd/configs/" in header[2]
+    # --config is applied over the default preset (tiny): a full file replaces all of it
+    assert load_config("tiny", config_file=path) == load_config(name) == load_config(name, config_file=path)
+
+
+def test_embedded_tiny_is_importable_from_both_modules():
+    from peftbd.config import EMBEDDED_TINY as from_config
+    from peftbd.presets import EMBEDDED_TINY as from_presets
+
+    assert from_config == from_presets == load_config("tiny").model.name_or_path == "embedded:tiny"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -131,6 +132,6 @@ def test_method_from_model_suffix_or_field(serving):
 
 def test_serving_config_is_checked_at_startup(serving):
     check_serving_config(serving)
-    bad = load_config("tiny", overrides=["serving.default_method=greedy"]).serving
+    bad = dataclasses.replace(serving, default_method="greedy")  # load_config would refuse it
     with pytest.raises(ConfigError, match="serving.default_method"):
         check_serving_config(bad)
