@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 
+from jobs.progress import relay
 from jobs.ray_env import init_ray
 from peftbd.analysis.report import (
     BENCHMARK_STAGE,
@@ -45,13 +46,13 @@ from peftbd.benchmarking.arms import arm_specs
 from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
-from peftbd.cli import add_config_args, add_force_arg, config_from_args, decision_line, output_root
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, resolve_source
 from peftbd.layout import BENCHMARK, GENERATE, TRAIN_EARLY_EXIT, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.manifest import StageTimer, is_complete, read_manifest
-from peftbd.stage import StageCall, StageError, StageInputs
+from peftbd.stage import StageCall, StageInputs
 from peftbd.models.loading import ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,10 @@ def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSe
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs = arm_specs(cfg)
     exit_dir = None if early_exit is None else str(early_exit)
-    refs = [task.remote(cfg, str(adapter), str(head), specs, prompt_set.prompts[i::n], repeats,
-                        exit_dir) for i in range(n)]
-    return ray.get(refs)
+    with relay() as sink:
+        refs = [task.remote(cfg, str(adapter), str(head), specs, prompt_set.prompts[i::n], repeats,
+                            exit_dir, sink and sink.part(i)) for i in range(n)]
+        return ray.get(refs)
 
 
 def _drafter_info(path: Path) -> dict[str, Any]:
@@ -163,10 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="output dir (default: <artifacts>/benchmark, or "
                              "<artifacts>/benchmark-spec-bench for Spec-Bench prompts)")
-    add_force_arg(parser)
+    add_stage_args(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.artifacts = args.artifacts or output_root(cfg)
     if args.prompts == ["test"]:
         prompts, default_out = "test", args.artifacts / BENCHMARK.subdir
@@ -176,13 +177,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         parser.error(f"--prompts {' '.join(args.prompts)}: use 'test' or 'spec-bench PATH'")
     out = args.out or default_out
-    try:
-        inputs = layout_inputs(cfg, args.artifacts, prompts)
-        decision = benchmark_call(cfg, inputs, out, prompts, args.repeats).run(args.force)
-    except (BenchmarkInputError, PromptError, ArtifactError, SourceError,
-            ModelUnavailableError, StageError) as exc:
-        sys.exit(f"error: {exc}")
-    print(decision_line(BENCHMARK, out, decision))
+    inputs = layout_inputs(cfg, args.artifacts, prompts)
+    run_stage_job(BENCHMARK, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
+                  args.force, args.verbose,
+                  (BenchmarkInputError, PromptError, ArtifactError, SourceError, ModelUnavailableError))
     results = json.loads((out / RESULTS).read_text())
     print("\n".join(summary_lines(results)))
     print(f"benchmark report: {(out / REPORT).resolve()}")

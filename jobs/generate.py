@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import ray
 
 from jobs.ray_env import init_ray
-from peftbd.cli import add_config_args, add_stage_args, config_from_args, decision_line, stage_out
+from peftbd import progress
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
@@ -44,7 +45,7 @@ from peftbd.layout import GENERATE, WORLD
 from peftbd.manifest import peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
 from peftbd.models.tiny_world import ensure_tiny_world, uses_tiny_world
-from peftbd.stage import StageCall, StageError, StageInputs
+from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger(__name__)
 
@@ -194,11 +195,15 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
              len(plan.splits), len(done), len(todo))
     new_parts: list[Path] = []
     gen_start = time.perf_counter()
+    rows = len(done)
+    progress.report(rows, len(plan.splits))
     if todo:
         for block in generate(prepared, todo, cfg).iter_batches(batch_size=None,
                                                                  batch_format="pyarrow"):
             if block.num_rows:
                 new_parts.append(store.write(block))
+                rows += block.num_rows
+                progress.report(rows, len(plan.splits))
     gen_seconds = time.perf_counter() - gen_start
 
     table = store.read_complete(plan.splits)
@@ -248,13 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     add_stage_args(parser, GENERATE)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = stage_out(args, cfg, GENERATE)
-    try:
-        decision = generate_call(cfg, out, source=args.source, limit=args.limit).run(args.force)
-    except (SourceError, ModelUnavailableError, StageError) as exc:
-        sys.exit(f"error: {exc}")
-    print(decision_line(GENERATE, out, decision))
+    run_stage_job(GENERATE, out, lambda: generate_call(cfg, out, args.source, args.limit),
+                  args.force, args.verbose, (SourceError, ModelUnavailableError))
     m = read_manifest(out)
     print(f"generate artifact: {out.resolve()} (rows per split {m['counts']['per_split']}, "
           f"dropped {m['dropped']}, {m['throughput'].get('tokens_per_s', 0)} tokens/s)")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peftbd.cli import add_config_args, config_from_args, output_root
+from peftbd.cli import LOGS, add_config_args, add_verbose_arg, config_from_args, output_root
 from peftbd.config import Config
 from peftbd.layout import (
     BENCHMARK,
@@ -33,6 +33,7 @@ from peftbd.layout import (
     TRAIN_PEFTBD,
     WORLD,
 )
+from peftbd.console import Console
 from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
 from peftbd.stage import Decision, StageCall, StageError
 
@@ -99,33 +100,37 @@ def forced_stages(names: list[str], start: str | None, calls: list[StageCall]) -
 
 
 def run_pipeline(cfg: Config, out_dir: Path, force: set[str] = frozenset(), start: str | None = None,
-                 dry_run: bool = False) -> dict[str, Any]:
-    """Plan the stages under `out_dir`, print the plan, run those that must run; return the
-    pipeline manifest (also written to `out_dir/manifest.json` unless `dry_run`)."""
+                 dry_run: bool = False, console: Console | None = None) -> dict[str, Any]:
+    """Plan the stages under `out_dir`, show the plan, run those that must run; return the
+    pipeline manifest (also written to `out_dir/manifest.json` unless `dry_run`). Library and Ray
+    output goes to `console`'s per-stage log files (none: a verbose console, the terminal)."""
     from jobs.ray_env import init_ray
 
+    console = console or Console(out_dir / LOGS, verbose=True)
     timer = StageTimer()
     calls = stage_calls(cfg, out_dir)
     decisions = plan(calls, forced_stages(sorted(force), start, calls))
     width = max(len(c.spec.name) for c in calls)
-    print(f"[pipeline] plan for {out_dir.resolve()}:", flush=True)
+    console.line(f"[pipeline] plan for {out_dir.resolve()}:")
     for call, decision in zip(calls, decisions):
         verdict = "RUN " if decision.run else "skip"
-        print(f"  {call.spec.name:<{width}}  {verdict}  {decision.describe()}", flush=True)
+        console.line(f"  {call.spec.name:<{width}}  {verdict}  {decision.describe()}")
     if dry_run:
         return {"plan": _plan_rows(calls, decisions)}
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, (call, decision) in enumerate(zip(calls, decisions), 1):
         prefix = f"[pipeline {i}/{len(calls)}] {call.spec.title}"
         if not decision.run:
-            print(f"{prefix}: current, skipped ({call.out})", flush=True)
+            console.line(f"{prefix}: current, skipped ({call.out})")
             continue
-        print(f"{prefix}: running -> {call.out} ({decision.describe()})", flush=True)
+        log_path = console.log_path(call.spec.name)
+        console.line(f"{prefix}: running -> {call.out}" + (f" (log: {log_path})" if log_path else ""))
         start_s = time.perf_counter()
-        if call.spec is not WORLD:
-            init_ray()
-        call.run(decision=decision)
-        print(f"{prefix}: done in {time.perf_counter() - start_s:.1f}s", flush=True)
+        with console.stage(call.spec.name, call.spec.title):
+            if call.spec is not WORLD:
+                init_ray()
+            call.run(decision=decision)
+        console.line(f"{prefix}: done in {time.perf_counter() - start_s:.1f}s")
     rows = []
     for row, call in zip(_plan_rows(calls, decisions), calls):
         m = read_manifest(call.out)
@@ -163,23 +168,25 @@ def main(argv: list[str] | None = None) -> None:
                         help="rerun STAGE and every stage after it")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (what would run, and why) and exit")
+    add_verbose_arg(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     out = args.out or output_root(cfg)
-    try:
-        manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run)
-    except StageError as exc:
-        sys.exit(f"error: {exc}")
-    if args.dry_run:
-        return
-    print(f"\npeftbd pipeline ({cfg.preset}) finished in {manifest['wall_seconds']:.0f}s; "
-          f"outputs under {out.resolve()}:")
-    for row in manifest["stages"]:
-        print(f"  {row['title']:<34} {row['path']}")
-    bench = out / BENCHMARK.subdir
-    print(f"\nreport: {(bench / 'report.md').resolve()}")
-    for line in read_manifest(bench).get("summary", []):
-        print(f"  {line}")
+    with Console(out / LOGS, args.verbose) as console:
+        try:
+            manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
+        except StageError as exc:
+            sys.exit(f"error: {exc}")
+        if args.dry_run:
+            return
+        console.line(f"\npeftbd pipeline ({cfg.preset}) finished in {manifest['wall_seconds']:.0f}s; "
+                     f"outputs under {out.resolve()} (logs: {(out / LOGS).resolve()}):")
+        for row in manifest["stages"]:
+            console.line(f"  {row['title']:<34} {row['path']}")
+        bench = out / BENCHMARK.subdir
+        console.line(f"\nreport: {(bench / 'report.md').resolve()}")
+        for line in read_manifest(bench).get("summary", []):
+            console.line(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -39,21 +39,15 @@ from ray.train import (
 )
 from ray.train.torch import TorchTrainer
 
+from jobs.progress import relay
 from jobs.ray_env import init_ray
-from peftbd.cli import (
-    add_config_args,
-    add_stage_args,
-    config_from_args,
-    decision_line,
-    output_root,
-    stage_out,
-)
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
 from peftbd.layout import GENERATE, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.manifest import peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, load_tokenizer
-from peftbd.stage import StageCall, StageError, StageInputs, StageSpec
+from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
     TrainState,
@@ -136,6 +130,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 continue
             state = TrainState(step=state.step + 1)
             steps_run += 1
+            if rank == 0 and config.get("progress") is not None:
+                config["progress"](state.step, optim.max_steps, loss=losses[-1])
             if state.step % optim.eval_every == 0 or state.step == optim.max_steps:
                 metrics, evaluated_at = evaluate(task, engine.module, val_batches), state.step
             metrics.update(step=state.step, epoch=epoch, lr=engine.get_lr()[0],
@@ -215,29 +211,31 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     if not resume:
         delete_run(storage, name)
     init_ray()
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={
-            "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
-            "pad_id": load_tokenizer(cfg).pad_token_id, "fail_once_at_step": fail_once_at_step,
-            "failure_marker": str(Path(storage) / name / "injected_failure"),
-        },
-        scaling_config=ScalingConfig(
-            num_workers=world, use_gpu=cfg.training.use_gpu,
-            resources_per_worker={"CPU": cfg.training.cpus_per_worker},
-        ),
-        run_config=RunConfig(
-            name=name, storage_path=storage,
-            failure_config=FailureConfig(max_failures=cfg.training.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-        ),
-        datasets={"train": _dataset(train), "val": _dataset(val.slice(0, n_eval))},
-        dataset_config=DataConfig(
-            datasets_to_split=["train"],
-            execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
-        ),
-    )
-    result = trainer.fit()
+    with relay() as sink:
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={
+                "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
+                "pad_id": load_tokenizer(cfg).pad_token_id, "fail_once_at_step": fail_once_at_step,
+                "failure_marker": str(Path(storage) / name / "injected_failure"),
+                "progress": sink,
+            },
+            scaling_config=ScalingConfig(
+                num_workers=world, use_gpu=cfg.training.use_gpu,
+                resources_per_worker={"CPU": cfg.training.cpus_per_worker},
+            ),
+            run_config=RunConfig(
+                name=name, storage_path=storage,
+                failure_config=FailureConfig(max_failures=cfg.training.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=2),
+            ),
+            datasets={"train": _dataset(train), "val": _dataset(val.slice(0, n_eval))},
+            dataset_config=DataConfig(
+                datasets_to_split=["train"],
+                execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
+            ),
+        )
+        result = trainer.fit()
     with result.checkpoint.as_directory() as ckpt_dir:
         shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
     log.info("trained %s drafter -> %s", kind, out_dir)
@@ -276,15 +274,11 @@ def main(kind: str, argv: list[str] | None = None) -> None:
                              "(default); --no-resume starts over")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     data = args.data or output_root(cfg) / GENERATE.subdir
     out = stage_out(args, cfg, spec)
-    try:
-        call = train_call(kind, cfg, data, out, resume=args.resume)
-        decision = call.run(force=args.force or not args.resume)
-    except (ArtifactError, ConfigError, ModelUnavailableError, StageError) as exc:
-        sys.exit(f"error: {exc}")
-    print(decision_line(spec, out, decision))
+    run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
+                  args.force or not args.resume, args.verbose,
+                  (ArtifactError, ConfigError, ModelUnavailableError))
     m = read_manifest(out)
     p = m["parameters"]
     print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from peftbd.config import Config, ConfigError, load_config, preset_names
-from peftbd.stage import Decision, StageSpec
+from peftbd.console import Console
+from peftbd.stage import Decision, StageCall, StageError, StageSpec
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -38,26 +40,36 @@ def config_from_args(args: argparse.Namespace) -> Config:
         sys.exit(2)
 
 
+LOGS = "logs"
+"""Per-stage log files go to `<output root>/logs/<stage>.log`."""
+
+
+def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
+    """Add -v: library and Ray output on the terminal instead of the per-stage log files."""
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show every library's and Ray's output on the terminal (default: "
+                             f"only this job's lines and progress bars; the rest in {LOGS}/<stage>.log "
+                             "under the output root)")
+
+
 def output_root(cfg: Config) -> Path:
     """The main job's default output root: `<paths.out_dir>/<preset>`."""
     return Path(cfg.paths.out_dir) / cfg.preset
 
 
-def add_stage_args(parser: argparse.ArgumentParser, spec: StageSpec) -> None:
-    """Add a stage job's --out (default: the main job's layout) and --force."""
-    parser.add_argument(
-        "--out", type=Path, default=None,
-        help=f"output directory (default: <paths.out_dir>/<preset>/{spec.subdir}, the main job's layout)",
-    )
-    add_force_arg(parser)
-
-
-def add_force_arg(parser: argparse.ArgumentParser) -> None:
-    """Add --force: rebuild a stage's output although it is current."""
+def add_stage_args(parser: argparse.ArgumentParser, spec: StageSpec | None = None) -> None:
+    """Add a stage job's --out (default: the main job's layout; `spec` None: the job adds its
+    own), --force and -v."""
+    if spec is not None:
+        parser.add_argument(
+            "--out", type=Path, default=None,
+            help=f"output directory (default: <paths.out_dir>/<preset>/{spec.subdir}, the main job's layout)",
+        )
     parser.add_argument(
         "--force", action="store_true",
         help="rebuild even when the output is current (its inputs, config and code unchanged)",
     )
+    add_verbose_arg(parser)
 
 
 def stage_out(args: argparse.Namespace, cfg: Config, spec: StageSpec) -> Path:
@@ -69,3 +81,21 @@ def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
     """One line saying what a stage job did and why."""
     done = f"built ({decision.describe()})" if decision.run else "current, skipped (inputs unchanged)"
     return f"{spec.name}: {done} -> {out.resolve()}"
+
+
+def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall], force: bool,
+                  verbose: bool, errors: tuple[type[Exception], ...]) -> Decision:
+    """Run one stage job on the terminal: library and Ray output in `<out>/../logs/<stage>.log`
+    (unless `verbose`), a progress bar, then the line saying what was done; an error of the kinds
+    in `errors` exits with its message (it names the fix)."""
+    with Console(out.parent / LOGS, verbose) as console:
+        log_path = console.log_path(spec.name)
+        if log_path:
+            console.line(f"{spec.name}: log in {log_path}")
+        try:
+            with console.stage(spec.name, spec.title):
+                decision = make_call().run(force)
+        except (StageError, *errors) as exc:
+            sys.exit(f"error: {exc}")
+        console.line(decision_line(spec, out, decision))
+    return decision

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import torch
 
+from peftbd import progress
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, load_arm_models
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
+from peftbd.progress import Sink
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,16 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     for dec in decoders.values():
         dec.decode(prompts[0].prompt_ids)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
+    total, done = repeats * len(specs) * len(prompts), 0
     for r in range(repeats):
         for s in specs:
-            results[s.id].append([decoders[s.id].decode(p.prompt_ids) for p in prompts])
-            run = results[s.id][-1]
+            run = results[s.id]
+            run.append([])
+            for p in prompts:
+                run[-1].append(decoders[s.id].decode(p.prompt_ids))
+                done += 1
+                progress.report(done, total, arm=s.id)
+            run = run[-1]
             log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
                      len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
     return results
@@ -75,9 +83,16 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
 
 def run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
-              early_exit_dir: str | Path | None = None) -> ShardResult:
+              early_exit_dir: str | Path | None = None, sink: Sink | None = None) -> ShardResult:
     """Load the models, time every arm over `prompts` and audit them (one process, serial);
-    `early_exit_dir` holds the early-exit arm's adapter."""
+    `early_exit_dir` holds the early-exit arm's adapter; `sink` hears of every decoded prompt."""
+    with progress.listening(sink):
+        return _run_shard(cfg, adapter_dir, head_dir, specs, prompts, repeats, early_exit_dir)
+
+
+def _run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
+               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
+               early_exit_dir: str | Path | None) -> ShardResult:
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):

@@ -10,6 +10,7 @@ from collections import Counter
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from peftbd import progress
 from peftbd.config import TinyWorldConfig
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ def train_tiny_verifier(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        if (step + 1) % 10 == 0 or step == tw.train_steps - 1:
+            progress.report(step + 1, tw.train_steps, loss=out.loss.item())
         if step % 100 == 0 or step == tw.train_steps - 1:
             log.info("tiny verifier step %d/%d loss %.3f", step + 1, tw.train_steps, out.loss.item())
     model.eval()

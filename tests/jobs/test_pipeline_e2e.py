@@ -16,31 +16,39 @@ TRIM = [
     "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
     "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=24",
 ]
-STAGES = ("world", "continuations", "peftbd_adapter", "peftbd_early_exit", "mtp_head", "benchmark")
+STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "mtp_head", "benchmark")
+NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_mtp", "benchmark")
 
 
-def _pipeline(out: Path) -> str:
+def _pipeline(out: Path, *extra: str) -> str:
     args = [sys.executable, "-m", "jobs.pipeline", "--out", str(out)]
     for item in TRIM:
         args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run([*args, *extra], cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
+
+
+def _plan(stdout: str) -> dict[str, str]:
+    """{stage: RUN | skip} from the plan the job prints before it starts."""
+    return {line.split()[0]: line.split()[1] for line in stdout.splitlines()
+            if line.startswith("  ") and line.split()[0] in NAMES}
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.integration
-def test_main_job_runs_every_stage_then_skips_them_on_rerun(tmp_path):
+def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp_path):
     out = tmp_path / "run"
     first = _pipeline(out)
+    assert {n for n, v in _plan(first).items() if v == "RUN"} >= set(NAMES[1:])  # world: maybe cached
     for stage in STAGES:
         assert (out / stage / "manifest.json").is_file(), stage
         assert re.search(rf"\] .*: running -> {re.escape(str(out / stage))}", first), stage
     report = out / "benchmark" / "report.md"
     assert f"report: {report.resolve()}" in first
     text = report.read_text()
-    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "stages"):
+    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "stages", "tiny world"):
         assert heading in text, heading
     png = next((out / "benchmark").glob("*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -48,8 +56,27 @@ def test_main_job_runs_every_stage_then_skips_them_on_rerun(tmp_path):
     audits = [arm["audit"] for arm in results["arms"].values() if arm.get("audit")]
     assert audits and all(a["exact"] == a["prompts"] for a in audits)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [row["path"] for row in manifest["stages"]] == [str(out / s) for s in STAGES]
-    assert all(row["wall_seconds"] is not None and row["peak_rss_mib"] for row in manifest["stages"][1:])
+    assert [row["stage"] for row in manifest["stages"]] == list(NAMES)
+    assert [row["path"] for row in manifest["stages"]][1:] == [str(out / s) for s in STAGES]
+    assert all(row["wall_seconds"] is not None and row["peak_rss_mib"] for row in manifest["stages"])
+    # Legible: the job's own lines only (library and Ray output in the per-stage logs).
+    assert not re.search(r"WARNING|INFO|DeepSpeed|TrainingReport|Traceback", first), first[-3000:]
+    for name in NAMES[1:]:
+        assert (out / "logs" / f"{name}.log").stat().st_size > 0, name
+    assert "Ray" in (out / "logs" / "generate.log").read_text()
 
-    again = _pipeline(out)
-    assert again.count("complete, skipped") == len(STAGES)
+    mtp_before = (out / "mtp_head" / "manifest.json").read_text()
+    changed = _pipeline(out, "--set", "drafter.lora_r=4")
+    runs = {name for name, verdict in _plan(changed).items() if verdict == "RUN"}
+    assert runs == {"train_peftbd", "train_early_exit", "benchmark"}, changed
+    assert "drafter.lora_r 8 -> 4" in changed
+    for sub in ("peftbd_adapter", "peftbd_early_exit"):
+        assert json.loads((out / sub / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert (out / "mtp_head" / "manifest.json").read_text() == mtp_before  # untouched
+
+    dry = _pipeline(out, "--set", "drafter.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")
+    assert {n for n, v in _plan(dry).items() if v == "RUN"} == set(NAMES[1:])
+
+    again = _pipeline(out, "--set", "drafter.lora_r=4")
+    assert set(_plan(again).values()) == {"skip"}
+    assert again.count("current, skipped") == len(NAMES)

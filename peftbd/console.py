@@ -1,0 +1,102 @@
+"""What a job shows a person: its own lines and one progress bar per long stage on the terminal,
+everything else (library logs, Ray's worker output, warnings) in per-stage log files.
+
+Quiet (the default) works at the file-descriptor level: stdout and stderr (fds 1 and 2) point at
+the current log file, so whatever any library or Ray's log forwarding prints lands there, also
+lines that arrive late; the console writes to a copy of the original stdout. `verbose=True`
+leaves everything on the terminal, as without a console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+from peftbd.progress import listening
+
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+
+
+class Console:
+    """The terminal of one job run; `log_dir` receives `<name>.log` per stage."""
+
+    def __init__(self, log_dir: str | Path, verbose: bool = False) -> None:
+        self.log_dir = Path(log_dir)
+        self.verbose = verbose
+        self._terminal: TextIO = sys.stdout
+        self._saved: tuple[int, int] | None = None
+
+    def __enter__(self) -> Console:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True)
+        if not self.verbose:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = (os.dup(1), os.dup(2))
+            self._terminal = os.fdopen(os.dup(self._saved[0]), "w", buffering=1)
+            self._point_at(self.log_dir / "job.log")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved = None
+        self._terminal.close()
+        self._terminal = sys.stdout
+
+    def _point_at(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    def line(self, text: str) -> None:
+        """A line of the job's own, always on the terminal."""
+        print(text, file=self._terminal, flush=True)
+
+    def log_path(self, name: str) -> Path | None:
+        """Where stage `name`'s library output goes (None when verbose: the terminal)."""
+        return None if self.verbose else self.log_dir / f"{name}.log"
+
+    @contextlib.contextmanager
+    def stage(self, name: str, title: str) -> Iterator[None]:
+        """Inside: output goes to `<log_dir>/<name>.log` (quiet) and progress reports drive a
+        bar titled `title` on the terminal."""
+        path = self.log_path(name)
+        if path is not None:
+            self._point_at(path)
+        bars: list[tqdm] = []  # made on the first report, when the total is known
+
+        def update(done: int, total: int, **info: Any) -> None:
+            if not bars:
+                bars.append(tqdm(desc=f"  {title}", total=total, file=self._terminal,
+                                 dynamic_ncols=True, mininterval=0.5))
+            bar = bars[0]
+            bar.total, bar.n = total, done
+            if info:
+                bar.set_postfix({k: f"{v:.3g}" if isinstance(v, float) else v for k, v in info.items()},
+                                refresh=False)
+            bar.refresh()
+
+        try:
+            with listening(update):
+                yield
+        finally:
+            for bar in bars:
+                bar.close()
+            if path is not None:
+                self._point_at(self.log_dir / "job.log")
