@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from peftbd.analysis.cost_model import draft_cost_oracle, oracle_table
+from peftbd.cost_model import draft_cost_oracle, oracle_table
 
 
 def _target(text: str) -> tuple[str, float]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from peftbd.analysis.cost_model import draft_cost_oracle
 from peftbd.benchmarking.arms import ArmSpec
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
+from peftbd.cost_model import draft_cost_oracle
 from peftbd.decoding import DecodeResult, audit_summary, summarize
 
 

@@ -30,7 +30,7 @@ ARM = {
                                                                    # null for AR, the reference
   "oracle": {"t0_s": float, "draft_share": float, "accepted": float,  # speculative arms only:
              "reductions": [{"r": float, "t_s": float, "tokens_per_s": float}, ...],
-             "needed_accepted": {target_arm: float}} | null,  # peftbd.analysis.cost_model's output
+             "needed_accepted": {target_arm: float}} | null,  # peftbd.cost_model's output
   "by_category": {category: {"prompts": int, "tokens_per_s": STAT, "mean_accepted": STAT}}
 }
 ```

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from peftbd.analysis.cost_model import oracle_from_metrics
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config
+from peftbd.cost_model import oracle_from_metrics
 from peftbd.data.chat import BadRow, encode_prompt, prompt_messages
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.loop import SpeculativeDecoder

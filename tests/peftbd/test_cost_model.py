@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from peftbd.analysis.cost_model import draft_cost_oracle, iteration_time, oracle_from_metrics
+from peftbd.cost_model import draft_cost_oracle, iteration_time, oracle_from_metrics
 from peftbd.oracle import main
 
 # The paper's inputs: T0, draft share (quoted rounded, as 0.498/0.502), tokens per round.

@@ -4,6 +4,9 @@ A round takes T0 seconds of which a share rho is drafting and emits tau tokens (
 plus the bonus). Cutting the draft cost by a fraction r gives T(r) = T0 (1 - r rho) and a
 throughput of tau / T(r), holding verification, overhead and acceptance fixed (optimistic). The
 accepted length needed to reach a target throughput S with free drafting (r = 1) is S * T(1).
+
+A leaf module (it imports nothing from peftbd): the benchmark fills each arm's oracle with it,
+the engine speed check and `python -m peftbd.oracle` use it too.
 """
 
 from __future__ import annotations

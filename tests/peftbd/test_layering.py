@@ -1,0 +1,43 @@
+"""The library's layering (docs/architecture.md), read from its import statements (nothing is imported)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PEFTBD = Path(__file__).resolve().parents[2] / "peftbd"
+
+FORBIDDEN: dict[str, set[str]] = {
+    "benchmarking": {"analysis"},  # the reports read benchmark results, never the other way
+    "cost_model": {"*"},  # a leaf: the benchmark and the oracle CLI both use it
+}
+"""Top-level unit of peftbd (package or module) -> the units it must not import ("*": any)."""
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an import statement in `path` names (the library uses no relative imports)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def violations() -> list[str]:
+    """`file: what it must not import`, over every library file."""
+    found = []
+    for path in sorted(PEFTBD.rglob("*.py")):
+        own = path.relative_to(PEFTBD).with_suffix("").parts[0]
+        names = imported_modules(path)
+        units = {n.split(".")[1] for n in names if n.startswith("peftbd.")} - {own}
+        forbidden = FORBIDDEN.get(own, set())
+        bad = sorted(units if "*" in forbidden else units & forbidden)
+        bad += sorted(n for n in names if n.split(".")[0] == "ray")  # the library never imports Ray
+        found += [f"{path.relative_to(PEFTBD.parent)}: {b}" for b in bad]
+    return found
+
+
+def test_imports_follow_the_layering():
+    assert violations() == []
