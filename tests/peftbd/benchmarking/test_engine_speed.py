@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from peftbd.decoding.speed import main
+from peftbd.benchmarking.engine_speed import main
 
 
 def test_speed_check_writes_exact_comparisons(tmp_path, capsys):

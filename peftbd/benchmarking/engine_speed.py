@@ -1,4 +1,5 @@
-"""Engine speed check (library only, no Ray): `python -m peftbd.decoding.speed --preset tiny --out DIR`.
+"""Engine speed check (library only, no Ray):
+`python -m peftbd.benchmarking.engine_speed --preset tiny --out DIR`.
 
 On the same prompts (the first `decoding.num_prompts` corpus prompts, batch 1, EOS honoured,
 `decoding.max_new_tokens`), in one run with the arms interleaved per prompt:
@@ -132,7 +133,8 @@ def run(cfg: Config) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m peftbd.decoding.speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m peftbd.benchmarking.engine_speed",
+                                     description=__doc__.split("\n\n")[0])
     add_config_args(parser)
     parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
     args = parser.parse_args(argv)
