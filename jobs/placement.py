@@ -20,16 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
 from peftbd.cli import add_config_args, config_from_args
 from peftbd.config import Config, load_config
+from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
-from peftbd.serving.placement import (
-    RequestRecord,
-    markdown,
-    outputs_identical,
-    placement_prompts,
-    summarize,
-)
 from peftbd.serving.schemas import METHODS
 
 log = logging.getLogger("peftbd.placement")
@@ -114,7 +109,8 @@ def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = No
 
     timer = StageTimer()
     init_ray()
-    prompts = placement_prompts(cfg, load_tokenizer(cfg), cfg.decoding.num_prompts)
+    prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
+                            cfg.serving.max_prompt_tokens)
     args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), adapter_dir=adapter_dir,
                    mtp_dir=mtp_dir)
     port = _free_port()

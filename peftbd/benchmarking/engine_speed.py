@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from peftbd.cli import add_config_args, config_from_args
-from peftbd.config import Config
+from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.cost_model import oracle_from_metrics
-from peftbd.data.chat import BadRow, encode_prompt, prompt_messages
+from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.loop import SpeculativeDecoder
 from peftbd.decoding.metrics import summarize
@@ -35,24 +34,6 @@ from peftbd.decoding.verify import model_device
 from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 from peftbd.models.peft_bd import attach_drafter_adapter
-from peftbd.models.tiny_world import ensure_tiny_world
-
-
-
-def corpus_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
-    """The first `count` usable prompts of the embedded corpus (at most `data.max_prompt_len`)."""
-    out: list[list[int]] = []
-    with open(ensure_tiny_world(cfg).corpus_path) as f:
-        for line in f:
-            try:
-                ids = encode_prompt(tokenizer, prompt_messages(json.loads(line)["messages"]))
-            except BadRow:
-                continue
-            if len(ids) <= cfg.data.max_prompt_len:
-                out.append(ids)
-            if len(out) == count:
-                break
-    return out
 
 
 def interleaved_timing(arms: dict[str, Callable[[list[int]], list[int]]],
@@ -83,7 +64,8 @@ def run(cfg: Config) -> dict[str, Any]:
     eos = eos_token_ids(verifier, tokenizer)
     torch.manual_seed(cfg.training.seed)
     peft_model = attach_drafter_adapter(load_verifier(cfg), cfg.drafter, tokenizer.mask_token_id)
-    prompts = corpus_prompts(cfg, tokenizer, cfg.decoding.num_prompts)
+    prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), cfg.decoding.num_prompts,
+                            cfg.data.max_prompt_len)
     budget, clock = cfg.decoding.max_new_tokens, Clock(model_device(verifier))
     engine_ar = SpeculativeDecoder(verifier, None, eos, budget)
     drafter = PeftBDDrafter(peft_model, tokenizer.mask_token_id, cfg.drafter.block_size,

@@ -1,5 +1,6 @@
-"""Prompt sources for the generate stage: which source a `data.source` value names, and how one raw
-record of it becomes a tokenized prompt (or a counted bad row).
+"""Prompt sources: which source a `data.source` value names, how one raw record of it becomes a
+tokenized prompt (or a counted bad row) for the generate stage, and the first n prompts of a
+JSON-lines source (the placement job, the engine speed check).
 
 Sources: `embedded:tiny` (the tiny world's corpus.jsonl), a local TULU-3-schema `.jsonl` or
 `.parquet` (file or directory; rows `{id, messages: [{role, content}], source}`), a hub dataset id
@@ -11,6 +12,7 @@ than a failed read.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable
@@ -195,6 +197,28 @@ def prepare_records(
     """`prepare_record` over a batch of raw records, as a PREPARED_SCHEMA table."""
     rows = [prepare_record(tokenizer, source, r, max_prompt_len) for r in records]
     return pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA)
+
+
+def first_prompts(tokenizer: PreTrainedTokenizerBase, source: Source, n: int,
+                  max_prompt_len: int) -> list[list[int]]:
+    """Token ids of the first `n` usable prompts of a JSON-lines source (the embedded corpus, a
+    TULU-schema .jsonl or Spec-Bench), chat template applied; scans at most 50 n lines."""
+    if not source.is_json_lines:
+        raise SourceError(
+            f"data.source={source.name!r}: prompts are read from JSON-lines sources only; use "
+            f"{EMBEDDED_TINY}, a TULU-schema .jsonl file or spec-bench:PATH"
+        )
+    prompts: list[list[int]] = []
+    with open(source.location, encoding="utf-8") as f:
+        for line in itertools.islice((line for line in f if line.strip()), 50 * n):
+            row = prepare_record(tokenizer, source, {"text": line}, max_prompt_len)
+            if not row["drop_reason"]:
+                prompts.append(row["prompt_ids"])
+            if len(prompts) == n:
+                break
+    if not prompts:
+        raise SourceError(f"no usable prompt in {source.location!r}")
+    return prompts
 
 
 def load_hub_dataset(source: Source, split: str, limit: int | None = None) -> Any:

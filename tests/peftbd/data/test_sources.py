@@ -12,6 +12,7 @@ from peftbd.data.sources import (
     PREPARED_SCHEMA,
     Source,
     SourceError,
+    first_prompts,
     prepare_record,
     prepare_records,
     resolve_source,
@@ -126,6 +127,22 @@ def test_real_spec_bench_file_renders_every_question(tok, spec_bench_path):
     assert table["drop_reason"].null_count == 480
     assert len(set(table["id"].to_pylist())) == 480
     assert len(set(table["category"].to_pylist())) == 13
+
+
+def test_first_prompts_skip_blank_and_dropped_lines(tok, tmp_path):
+    def row(i: int, text: str) -> str:
+        return json.dumps({"id": str(i), "messages": [{"role": "user", "content": text}]})
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join([row(0, "hi"), "", "{not json", row(1, "word " * 200), row(2, "yo"),
+                               row(3, "more")]) + "\n")
+    src = Source("jsonl", str(path), str(path))
+    hi, yo = (encode_prompt(tok, [{"role": "user", "content": t}]) for t in ("hi", "yo"))
+    assert first_prompts(tok, src, 2, max_prompt_len=96) == [hi, yo]
+    with pytest.raises(SourceError, match="JSON-lines"):
+        first_prompts(tok, PARQUET, 2, max_prompt_len=96)
+    with pytest.raises(SourceError, match="no usable prompt"):
+        first_prompts(tok, src, 2, max_prompt_len=1)
 
 
 def test_signature_changes_when_a_local_source_is_edited(tiny_cfg, tmp_path):

@@ -1,5 +1,5 @@
-"""The placement experiment's library side (no Ray): its prompts, per-request records, the
-per-placement summary (transport separated from compute) and the Markdown table."""
+"""The placement experiment's report (no Ray): per-request records, the per-placement summary
+(transport separated from compute), the greedy-exactness check and the Markdown table."""
 
 from __future__ import annotations
 
@@ -9,32 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
-
-from peftbd.config import Config
-from peftbd.data.sources import prepare_record, resolve_source
-
-
-def placement_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, n: int) -> list[list[int]]:
-    """Token ids of the first `n` usable prompts of `cfg.data.source` (a JSON-lines source: the
-    embedded corpus, a TULU-schema .jsonl or Spec-Bench), chat template applied."""
-    source = resolve_source(cfg)
-    if not source.is_json_lines:
-        raise ValueError(
-            f"data.source={cfg.data.source!r}: the placement job reads JSON-lines prompts; use the "
-            "embedded corpus, a TULU-schema .jsonl file or spec-bench:PATH"
-        )
-    prompts: list[list[int]] = []
-    with open(source.location, encoding="utf-8") as f:
-        for line in itertools.islice((line for line in f if line.strip()), 50 * n):
-            row = prepare_record(tokenizer, source, {"text": line}, cfg.serving.max_prompt_tokens)
-            if not row["drop_reason"]:
-                prompts.append(row["prompt_ids"])
-            if len(prompts) == n:
-                break
-    if not prompts:
-        raise ValueError(f"no usable prompt in {source.location!r}")
-    return prompts
+from peftbd.analysis.tables import markdown_table
 
 
 @dataclass
@@ -105,19 +80,16 @@ COLUMNS = [
 
 def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[str]) -> str:
     """The placement table (ms are per round) plus skipped placements and notes."""
-    head = "| placement | method | " + " | ".join(c for c, _ in COLUMNS) + " |"
-    lines = ["# Placement: colocated vs split draft/verify", "", head,
-             "|" + "---|" * (len(COLUMNS) + 2)]
-    for placement, methods in summary.items():
-        for method, row in methods.items():
-            cells = [_fmt(row[k]) for _, k in COLUMNS]
-            lines.append(f"| {placement} | {method} | " + " | ".join(cells) + " |")
-    lines += ["", "Per-round times: draft / verify = the replicas' draft and verify calls; sync = a "
-              "split drafter catching its copy of the verifier KV up with the committed tokens "
-              "(plus any state rebuild); other = the rest of the replica-side work; transport = "
-              "the ingress's wall time of its remote calls minus all replica-side time. "
-              "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
-              "(HTTP and ingress included)."]
+    rows = [[placement, method, *(_fmt(row[k]) for _, k in COLUMNS)]
+            for placement, methods in summary.items() for method, row in methods.items()]
+    table = markdown_table(["placement", "method", *(c for c, _ in COLUMNS)], rows)
+    lines = ["# Placement: colocated vs split draft/verify", "", table, "",
+             "Per-round times: draft / verify = the replicas' draft and verify calls; sync = a "
+             "split drafter catching its copy of the verifier KV up with the committed tokens "
+             "(plus any state rebuild); other = the rest of the replica-side work; transport = "
+             "the ingress's wall time of its remote calls minus all replica-side time. "
+             "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
+             "(HTTP and ingress included)."]
     if skipped:
         lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]
     if notes:

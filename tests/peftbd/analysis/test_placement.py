@@ -1,0 +1,33 @@
+"""The placement report: transport separated from compute, exactness across placements, the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
+
+
+def _record(placement: str, method: str, prompt: int, text: str = "t") -> RequestRecord:
+    spec = {"rounds": 4, "proposed_tokens": 8, "accepted_tokens": 2, "prefill_ms": 5.0,
+            "draft_ms": 8.0, "verify_ms": 10.0, "sync_ms": 2.0, "other_ms": 1.0,
+            "transport_ms": 20.0, "resumes": 0}
+    return RequestRecord(placement, method, prompt, text, completion_tokens=7, wall_ms=100.0, spec=spec)
+
+
+def test_summary_separates_transport_from_compute():
+    records = [_record("split", "peft-bd", i) for i in range(2)] + [_record("colocated", "ar", 0)]
+    row = summarize(records)["split"]["peft-bd"]
+    assert (row["requests"], row["rounds"], row["completion_tokens"]) == (2, 8, 14)
+    assert row["tokens_per_s"] == pytest.approx(14 / 0.2)
+    assert row["tokens_per_round"] == pytest.approx((14 - 2) / 8)
+    assert row["transport_ms_per_round"] == pytest.approx(40 / 8)
+    assert row["draft_ms_per_round"] == pytest.approx(16 / 8)
+    assert row["draft_over_verify"] == pytest.approx((16 + 4) / 20)
+    assert row["ingress_http_ms_per_request"] == pytest.approx(100 - 46)
+    assert "| split | peft-bd |" in markdown(summarize(records), {"x": "why"}, ["note"])
+
+
+def test_outputs_identical_compares_each_prompt_across_placements():
+    same = [_record("split", "ar", 0, "a"), _record("colocated", "fastmtp", 0, "a")]
+    assert outputs_identical(same)
+    assert not outputs_identical(same + [_record("split", "peft-bd", 0, "b")])
