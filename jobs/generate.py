@@ -171,7 +171,8 @@ def generate_call(cfg: Config, out_dir: str | Path, source: str | None = None,
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source))
     upstream = {}
     if uses_tiny_world(cfg):
-        upstream[WORLD.name] = Path(world) if world else ensure_tiny_world(cfg).root
+        upstream[WORLD.name] = (Path(world) if world else
+                                ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir).root)
     signature = (cfg.data.source if cfg.data.source == EMBEDDED_TINY
                  else resolve_source(cfg).signature())
     return StageCall(GENERATE, cfg.to_dict(), Path(out_dir), upstream,

@@ -50,7 +50,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     calls: dict[str, StageCall] = {}
     world = None
     if uses_tiny_world(cfg):
-        calls[WORLD.name] = world_call(cfg)
+        calls[WORLD.name] = world_call(cfg.tiny_world, cfg.paths.cache_dir)
         world = calls[WORLD.name].out
     calls[GENERATE.name] = generate_call(cfg, root / GENERATE.subdir, world=world)
     data = calls[GENERATE.name].out

@@ -72,7 +72,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     cfg: Config = config["cfg"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(cfg)))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(cfg.paths.cache_dir)))
     device = ray.train.torch.get_device()
     task = make_task(config["kind"], cfg)
     module = task.build(device)
@@ -207,7 +207,7 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
             f"training.num_workers={world}; regenerate with a larger data.val_size"
         )
     out_dir = tmp.with_name(tmp.name.removesuffix(".partial"))
-    storage, name = run_location(cfg, out_dir, fingerprint)
+    storage, name = run_location(cfg.training.storage_path, out_dir, fingerprint)
     if not resume:
         delete_run(storage, name)
     init_ray()

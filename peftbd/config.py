@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -201,6 +202,11 @@ class PathsConfig:
 
     cache_dir: str = "~/.cache/peftbd"
     out_dir: str = "outputs"
+
+
+def cache_root(cache_dir: str) -> Path:
+    """The cache directory: env `PEFTBD_CACHE` when set, else `cache_dir` (`paths.cache_dir`)."""
+    return Path(os.environ.get("PEFTBD_CACHE", cache_dir)).expanduser()
 
 
 @dataclass(frozen=True)

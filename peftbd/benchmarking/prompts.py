@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from peftbd.config import Config
 from peftbd.data.artifact import read_split
-from peftbd.data.sources import SPEC_BENCH_PREFIX, prepare_record, resolve_source
+from peftbd.data.sources import SPEC_BENCH_PREFIX, prepare_record, spec_bench_source
 from peftbd.models.loading import load_tokenizer
 
 
@@ -62,19 +62,19 @@ def held_out_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
                      str(artifact_dir))
 
 
-def spec_bench_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+def spec_bench_prompts(tokenizer: PreTrainedTokenizerBase, path: str | Path, max_prompt_len: int,
                        limit: int) -> PromptSet:
     """Up to `limit` Spec-Bench questions (first turn as the user message, chat template applied),
     taken round-robin over categories in file order so every category is represented; questions
-    longer than `data.max_prompt_len` tokens are dropped and counted."""
-    source = resolve_source(cfg, f"{SPEC_BENCH_PREFIX}{path}")
+    longer than `max_prompt_len` (`data.max_prompt_len`) tokens are dropped and counted."""
+    source = spec_bench_source(path)
     by_category: dict[str, list[Prompt]] = {}
     dropped: Counter[str] = Counter()
     with open(source.location, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
-            row = prepare_record(tokenizer, source, {"text": line}, cfg.data.max_prompt_len)
+            row = prepare_record(tokenizer, source, {"text": line}, max_prompt_len)
             if row["drop_reason"]:
                 dropped[row["drop_reason"]] += 1
                 continue
@@ -84,7 +84,7 @@ def spec_bench_prompts(cfg: Config, tokenizer: PreTrainedTokenizerBase, path: st
     if not interleaved:
         raise PromptError(
             f"no usable Spec-Bench question in {source.location!r} (dropped: {dict(dropped)}); "
-            f"raise data.max_prompt_len (now {cfg.data.max_prompt_len}) if they are too long"
+            f"raise data.max_prompt_len (now {max_prompt_len}) if they are too long"
         )
     return PromptSet(interleaved[:limit], "spec-bench", source.location, dict(dropped))
 
@@ -96,7 +96,8 @@ def load_prompts(cfg: Config, continuations_dir: str | Path, prompts: str) -> Pr
     if prompts == "test":
         return held_out_prompts(continuations_dir, limit)
     if prompts.startswith(SPEC_BENCH_PREFIX):
-        return spec_bench_prompts(cfg, load_tokenizer(cfg), prompts[len(SPEC_BENCH_PREFIX):], limit)
+        return spec_bench_prompts(load_tokenizer(cfg), prompts[len(SPEC_BENCH_PREFIX):],
+                                  cfg.data.max_prompt_len, limit)
     raise PromptError(
         f"prompts={prompts!r}: use 'test' (the artifact's held-out split) or "
         f"'spec-bench:PATH' (Spec-Bench's question.jsonl)"

@@ -73,15 +73,10 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
     if name == EMBEDDED_TINY:
         from peftbd.models.tiny_world import ensure_tiny_world
 
-        return Source("jsonl", str(ensure_tiny_world(cfg).corpus_path), name)
+        world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
+        return Source("jsonl", str(world.corpus_path), name)
     if name.startswith(SPEC_BENCH_PREFIX):
-        path = Path(name[len(SPEC_BENCH_PREFIX):]).expanduser()
-        if not path.is_file():
-            raise SourceError(
-                f"data.source={name!r}: {str(path)!r} is not a file; give the path of Spec-Bench's "
-                f"question.jsonl, e.g. spec-bench:../shared/data/spec_bench/question.jsonl"
-            )
-        return Source("spec_bench", str(path), name)
+        return spec_bench_source(name[len(SPEC_BENCH_PREFIX):])
     path = Path(name).expanduser()
     kind = _local_kind(path)
     if kind is None and path.is_dir():
@@ -101,6 +96,17 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
         f"data.source={name!r} is not a source; use {EMBEDDED_TINY}, a TULU-3-schema .jsonl or "
         f".parquet file or directory, a hub dataset id (owner/name), or spec-bench:PATH"
     )
+
+
+def spec_bench_source(path: str | Path) -> Source:
+    """The source `spec-bench:PATH`, PATH being Spec-Bench's question.jsonl; fails if it is no file."""
+    name, file = f"{SPEC_BENCH_PREFIX}{path}", Path(path).expanduser()
+    if not file.is_file():
+        raise SourceError(
+            f"data.source={name!r}: {str(file)!r} is not a file; give the path of Spec-Bench's "
+            f"question.jsonl, e.g. spec-bench:../shared/data/spec_bench/question.jsonl"
+        )
+    return Source("spec_bench", str(file), name)
 
 
 def _local_kind(path: Path) -> str | None:

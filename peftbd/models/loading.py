@@ -37,13 +37,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def model_dirs(cfg: Config) -> tuple[str, str]:
     """(tokenizer source, model source): hub ids or local paths; builds the tiny world if needed."""
     if cfg.model.name_or_path == EMBEDDED_TINY:
-        world = ensure_tiny_world(cfg)
+        world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
         return str(world.tokenizer_dir), str(world.verifier_dir)
     return cfg.model.name_or_path, cfg.model.name_or_path
 
 
-def _unavailable(cfg: Config, what: str, exc: Exception) -> ModelUnavailableError:
-    name = cfg.model.name_or_path
+def _unavailable(name: str, preset: str, what: str, exc: Exception) -> ModelUnavailableError:
     looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
     where = (
         f"the local directory {name!r} does not hold a loadable {what}"
@@ -51,7 +50,7 @@ def _unavailable(cfg: Config, what: str, exc: Exception) -> ModelUnavailableErro
         else f"{name!r} is not in the local Hugging Face cache and the hub is unreachable"
     )
     return ModelUnavailableError(
-        f"cannot load the {what} for preset {cfg.preset!r}: {where} ({type(exc).__name__}: "
+        f"cannot load the {what} for preset {preset!r}: {where} ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else ''}). Download it on a machine with "
         f"network access (e.g. `hf download {name} --local-dir /models/{name.split('/')[-1]}`), "
         f"copy it here and run with --set model.name_or_path=/models/{name.split('/')[-1]}; "
@@ -65,7 +64,7 @@ def load_tokenizer(cfg: Config) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
-        raise _unavailable(cfg, "tokenizer", exc) from exc
+        raise _unavailable(cfg.model.name_or_path, cfg.preset, "tokenizer", exc) from exc
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": MASK})
     if not tokenizer.chat_template:
@@ -86,7 +85,7 @@ def load_verifier(cfg: Config, device: torch.device | None = None) -> PreTrained
             attn_implementation=cfg.model.attn_implementation,
         )
     except (OSError, ValueError) as exc:
-        raise _unavailable(cfg, "model", exc) from exc
+        raise _unavailable(cfg.model.name_or_path, cfg.preset, "model", exc) from exc
     return model.to(device).eval().requires_grad_(False)
 
 

@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from peftbd.config import EMBEDDED_TINY, Config, TinyWorldConfig
+from peftbd.config import EMBEDDED_TINY, Config, TinyWorldConfig, cache_root
 from peftbd.data.chat import encode_prompt
 from peftbd.data.embedded_corpus import build_corpus
 from peftbd.layout import WORLD
@@ -70,26 +69,26 @@ def uses_tiny_world(cfg: Config) -> bool:
     return EMBEDDED_TINY in (cfg.model.name_or_path, cfg.data.source)
 
 
-def tiny_world_dir(cfg: Config) -> Path:
-    """The cache directory of the world that `cfg.tiny_world` (and this code) describes."""
-    inputs = stage_inputs(WORLD, {"tiny_world": dataclasses.asdict(cfg.tiny_world)}, {})
-    cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
-    return cache / f"tiny-world-{inputs.fingerprint[:12]}"
+def tiny_world_dir(tw: TinyWorldConfig, cache_dir: str) -> Path:
+    """The directory of the world that `tw` (and this code) describes, under the cache
+    (`cache_root(cache_dir)`)."""
+    inputs = stage_inputs(WORLD, {"tiny_world": dataclasses.asdict(tw)}, {})
+    return cache_root(cache_dir) / f"tiny-world-{inputs.fingerprint[:12]}"
 
 
-def world_call(cfg: Config) -> StageCall:
-    """The world stage: builds the world of `cfg.tiny_world` into its cache directory."""
+def world_call(tw: TinyWorldConfig, cache_dir: str) -> StageCall:
+    """The world stage: builds the world of `tw` into its cache directory."""
     def build(tmp: Path, _: StageInputs) -> dict:
-        manifest = build_tiny_world(cfg.tiny_world, tmp).manifest()
+        manifest = build_tiny_world(tw, tmp).manifest()
         return {**manifest, "run_id": world_run_id(manifest)}
 
-    return StageCall(WORLD, {"tiny_world": dataclasses.asdict(cfg.tiny_world)}, tiny_world_dir(cfg),
+    return StageCall(WORLD, {"tiny_world": dataclasses.asdict(tw)}, tiny_world_dir(tw, cache_dir),
                      {}, build)
 
 
-def ensure_tiny_world(cfg: Config) -> TinyWorld:
-    """Return the tiny world for `cfg`, building it first if the cache does not hold it."""
-    call = world_call(cfg)
+def ensure_tiny_world(tw: TinyWorldConfig, cache_dir: str) -> TinyWorld:
+    """Return the tiny world of `tw`, building it first if the cache does not hold it."""
+    call = world_call(tw, cache_dir)
     call.out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(call.out) + ".lock"):
         if not (call.out / MANIFEST).is_file():

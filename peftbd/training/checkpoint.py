@@ -14,8 +14,6 @@ from typing import Any
 
 import pyarrow.fs
 
-from peftbd.config import Config
-
 TAG = "ds"
 EXPORT_DIR = "export"
 
@@ -49,12 +47,12 @@ def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> Trai
     return TrainState(step=int(client["step"]))
 
 
-def run_location(cfg: Config, out_dir: Path, fingerprint: str) -> tuple[str, str]:
+def run_location(storage_path: str, out_dir: Path, fingerprint: str) -> tuple[str, str]:
     """(storage_path, run name) of the training run that writes `out_dir` for the stage inputs
     `fingerprint`: the name is `<out dir name>-<fingerprint>`, so changed inputs start a new run
-    instead of resuming an incompatible one; the storage is `cfg.training.storage_path` or a
-    `ray_train/` dir beside `out_dir`."""
-    storage = cfg.training.storage_path or str(Path(out_dir).resolve().parent / "ray_train")
+    instead of resuming an incompatible one; the storage is `storage_path`
+    (`training.storage_path`) or, when empty, a `ray_train/` dir beside `out_dir`."""
+    storage = storage_path or str(Path(out_dir).resolve().parent / "ray_train")
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())  # Ray Train wants an absolute path
     return storage, f"{Path(out_dir).name}-{fingerprint}"

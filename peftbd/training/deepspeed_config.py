@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
 
 from peftbd.config import (
-    Config, ConfigError, OptimConfig, Precision, Scheduler, TrainingConfig, ZeroStage,
+    ConfigError, OptimConfig, Precision, Scheduler, TrainingConfig, ZeroStage, cache_root,
 )
 
 log = logging.getLogger(__name__)
@@ -107,8 +106,8 @@ def deepspeed_config(
     return ds
 
 
-def torch_extensions_dir(cfg: Config) -> Path:
-    """Where DeepSpeed's JIT-built ops (the CPU shm comm op, ~50 s to build) are cached; set
-    `TORCH_EXTENSIONS_DIR` to it before `deepspeed.initialize` so only the first run builds."""
-    cache = Path(os.environ.get("PEFTBD_CACHE", cfg.paths.cache_dir)).expanduser()
-    return cache / "torch_extensions"
+def torch_extensions_dir(cache_dir: str) -> Path:
+    """Where DeepSpeed's JIT-built ops (the CPU shm comm op, ~50 s to build) are cached under the
+    cache (`paths.cache_dir`); set `TORCH_EXTENSIONS_DIR` to it before `deepspeed.initialize` so
+    only the first run builds."""
+    return cache_root(cache_dir) / "torch_extensions"
