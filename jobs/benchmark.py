@@ -26,7 +26,6 @@ import argparse
 import functools
 import json
 import logging
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import socket
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
-from peftbd.cli import add_config_args, config_from_args
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source
-from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
+from peftbd.layout import PLACEMENT, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.serving.schemas import METHODS
+from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
 CLUSTER_RESOURCES = ("drafter", "verifier")  # custom resources of cluster.yaml's GPU node types
@@ -95,10 +97,25 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     return records
 
 
+def placement_call(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
+                   mtp_dir: str | None = None) -> StageCall:
+    """The placement experiment as a stage (`peftbd.layout.PLACEMENT`): reruns only when the
+    config it reads, the drafters or the serving code changed."""
+    upstream = {name: Path(d) for name, d in ((TRAIN_PEFTBD.name, adapter_dir), (TRAIN_MTP.name, mtp_dir)) if d}
+    build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
+    return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build)
+
+
 def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
-                  mtp_dir: str | None = None) -> Path:
+                  mtp_dir: str | None = None, force: bool = False) -> Path:
     """Run every placement in `cfg.serving.placements` (those the cluster cannot host are
     skipped with the reason); write placement.json, placement.md and manifest.json."""
+    placement_call(cfg, out_dir, adapter_dir, mtp_dir).run(force)
+    return Path(out_dir)
+
+
+def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
+                        upstream: dict[str, Path]) -> dict[str, Any]:
     import ray
     from ray import serve
 
@@ -107,10 +124,11 @@ def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = No
     from serve_apps import colocated, split
     from serve_apps.args import AppArgs
 
-    timer = StageTimer()
     init_ray()
     prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
                             cfg.serving.max_prompt_tokens)
+    adapter_dir, mtp_dir = (str(upstream[s.name]) if s.name in upstream else None
+                            for s in (TRAIN_PEFTBD, TRAIN_MTP))
     args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), adapter_dir=adapter_dir,
                    mtp_dir=mtp_dir)
     port = _free_port()
@@ -123,9 +141,9 @@ def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = No
         reason = _skip_reason(options, ray.cluster_resources())
         if reason:
             skipped[name] = reason
-            print(f"[placement] {name}: skipped ({reason})", flush=True)
+            log.info("placement %s: skipped (%s)", name, reason)
             continue
-        print(f"[placement] {name}: deploying the {app} app", flush=True)
+        log.info("placement %s: deploying the %s app", name, app)
         serve.run(builders[app](args, options), name="placement", route_prefix="/placement")
         records += _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
                             cfg.serving.model_name)
@@ -141,13 +159,10 @@ def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = No
     result = {"summary": summary, "skipped": skipped, "notes": notes,
               "outputs_identical": outputs_identical(records),
               "requests": [dataclasses.asdict(r) for r in records]}
-    with atomic_output_dir(out_dir) as tmp:
-        (tmp / "placement.json").write_text(json.dumps(result, indent=2))
-        (tmp / "placement.md").write_text(markdown(summary, skipped, notes))
-        write_manifest(tmp, {"stage": "placement", "config": cfg.to_dict(), "versions": versions(),
-                             "counts": {"prompts": len(prompts), "requests": len(records)},
-                             "outputs_identical": result["outputs_identical"], **timer.stats()})
-    return Path(out_dir)
+    (tmp / "placement.json").write_text(json.dumps(result, indent=2))
+    (tmp / "placement.md").write_text(markdown(summary, skipped, notes))
+    return {"counts": {"prompts": len(prompts), "requests": len(records)},
+            "skipped": skipped, "outputs_identical": result["outputs_identical"]}
 
 
 def _overrides(cfg: Config) -> list[str]:
@@ -166,18 +181,19 @@ def _overrides(cfg: Config) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.placement", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
-    parser.add_argument("--out", default=None, help="output dir (default: outputs/<preset>/placement)")
-    parser.add_argument("--adapter-dir", default=None, help="trained PEFT-BD adapter (train_peftbd)")
-    parser.add_argument("--mtp-dir", default=None, help="trained MTP head (train_mtp)")
+    add_stage_args(parser, PLACEMENT)
+    parser.add_argument("--adapter-dir", default=None,
+                        help="a trained PEFT-BD adapter: the output dir of train_peftbd (either depth)")
+    parser.add_argument("--mtp-dir", default=None, help="a trained MTP head: the output dir of train_mtp")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
     cfg = config_from_args(args)
-    out = Path(args.out or Path(cfg.paths.out_dir) / cfg.preset / "placement")
-    path = run_placement(cfg, out, args.adapter_dir, args.mtp_dir)
-    print((path / "placement.md").read_text())
-    print(f"[placement] wrote {path / 'placement.json'} and {path / 'placement.md'}", flush=True)
+    out = stage_out(args, cfg, PLACEMENT)
+    run_stage_job(PLACEMENT, out, lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir),
+                  args.force, args.verbose, (ValueError,))
+    print((out / "placement.md").read_text())
+    print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import functools
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from itertools import islice
 from pathlib import Path

@@ -34,7 +34,11 @@ class Console:
         self._saved: tuple[int, int] | None = None
 
     def __enter__(self) -> Console:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True)
+        root = logging.getLogger()
+        self._level, self._handler = root.level, logging.StreamHandler(sys.stderr)
+        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(self._handler)
+        root.setLevel(logging.INFO)
         if not self.verbose:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -44,6 +48,9 @@ class Console:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self._handler)
+        root.setLevel(self._level)
         if self._saved is None:
             return
         sys.stdout.flush()

@@ -51,3 +51,21 @@ BENCHMARK = StageSpec(
 STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_MTP, BENCHMARK)
 """The main job's stages in run order."""
 BY_NAME = {s.name: s for s in STAGES}
+
+ENGINE_SPEED = StageSpec(
+    "engine_speed", "engine speed check", "engine_speed",
+    reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding", "drafter",
+           "training.seed"),
+    code=("peftbd.decoding", "peftbd.models", "peftbd.cost_model", "peftbd.data.sources",
+          "peftbd.benchmarking.engine_speed"),
+    command="python -m peftbd.benchmarking.engine_speed",
+)
+PLACEMENT = StageSpec(
+    "placement", "placement experiment", "placement",
+    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "serving", "decoding"),
+    inputs=(TRAIN_PEFTBD, TRAIN_MTP),
+    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
+          "serve_apps", "jobs.placement"),
+    command="python -m jobs.placement",
+)
+"""Experiments outside the main job, under the same contract (rerun only when their inputs change)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from peftbd.cli import add_config_args, config_from_args
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.cost_model import oracle_from_metrics
 from peftbd.data.sources import first_prompts, resolve_source
@@ -31,9 +31,10 @@ from peftbd.decoding.loop import SpeculativeDecoder
 from peftbd.decoding.metrics import summarize
 from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
 from peftbd.decoding.verify import model_device
-from peftbd.manifest import StageTimer, atomic_output_dir, versions, write_manifest
+from peftbd.layout import ENGINE_SPEED
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 from peftbd.models.peft_bd import attach_drafter_adapter
+from peftbd.stage import StageCall, StageInputs
 
 
 def interleaved_timing(arms: dict[str, Callable[[list[int]], list[int]]],
@@ -114,22 +115,26 @@ def run(cfg: Config) -> dict[str, Any]:
     }
 
 
+def speed_call(cfg: Config, out_dir: Path) -> StageCall:
+    """The engine speed check as a stage (`peftbd.layout.ENGINE_SPEED`) writing `out_dir`."""
+    def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
+        result = run(cfg)
+        (tmp / "speed.json").write_text(json.dumps(result, indent=2))
+        return {"metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf", "engine_ar_vs_hf_best")}}
+
+    return StageCall(ENGINE_SPEED, cfg.to_dict(), out_dir, {}, build)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m peftbd.benchmarking.engine_speed",
                                      description=__doc__.split("\n\n")[0])
     add_config_args(parser)
-    parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    add_stage_args(parser, ENGINE_SPEED)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    timer = StageTimer()
-    with atomic_output_dir(args.out) as tmp:
-        result = run(cfg)
-        (tmp / "speed.json").write_text(json.dumps(result, indent=2))
-        write_manifest(tmp, {"stage": "decoding-speed", "config": cfg.to_dict(), "versions": versions(),
-                             "metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf",
-                                                                "engine_ar_vs_hf_best")},
-                             **timer.stats()})
-    out = Path(args.out)
+    out = stage_out(args, cfg, ENGINE_SPEED)
+    run_stage_job(ENGINE_SPEED, out, lambda: speed_call(cfg, out), args.force, args.verbose, ())
+    result = json.loads((out / "speed.json").read_text())
     print(f"engine AR {result['tokens_per_s']['engine_ar']:.1f} tok/s vs HF generate "
           f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x mean, "
           f"{result['engine_ar_vs_hf_best']:.2f}x best-of-repeats); "
