@@ -33,7 +33,7 @@ from typing import Any
 import ray
 
 from jobs.progress import relay
-from jobs.ray_env import init_ray
+from jobs.ray_env import init_ray, shutdown
 from peftbd.analysis.report import (
     BENCHMARK_STAGE,
     REPORT,
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     inputs = layout_inputs(cfg, args.artifacts, prompts)
     run_stage_job(BENCHMARK, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
                   args.force, args.verbose,
-                  (BenchmarkInputError, PromptError, ArtifactError, SourceError, ModelUnavailableError))
+                  (BenchmarkInputError, PromptError, ArtifactError, SourceError, ModelUnavailableError),
+                  before_exit=shutdown)
     results = json.loads((out / RESULTS).read_text())
     print("\n".join(summary_lines(results)))
     print(f"benchmark report: {(out / REPORT).resolve()}")

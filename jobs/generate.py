@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from jobs.ray_env import init_ray
+from jobs.ray_env import init_ray, shutdown
 from peftbd import progress
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = stage_out(args, cfg, GENERATE)
     run_stage_job(GENERATE, out, lambda: generate_call(cfg, out, args.source, args.limit),
-                  args.force, args.verbose, (SourceError, ModelUnavailableError))
+                  args.force, args.verbose, (SourceError, ModelUnavailableError), before_exit=shutdown)
     m = read_manifest(out)
     print(f"generate artifact: {out.resolve()} (rows per split {m['counts']['per_split']}, "
           f"dropped {m['dropped']}, {m['throughput'].get('tokens_per_s', 0)} tokens/s)")

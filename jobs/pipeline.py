@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     out = args.out or output_root(cfg)
-    with Console(out / LOGS, args.verbose) as console:
+    from jobs.ray_env import shutdown
+
+    with Console(out / LOGS, args.verbose, before_exit=shutdown) as console:
         try:
             manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
         except StageError as exc:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.ray_env import shutdown
 from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
     run_stage_job(PLACEMENT, out, lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir),
-                  args.force, args.verbose, (ValueError,))
+                  args.force, args.verbose, (ValueError,), before_exit=shutdown)
     print((out / "placement.md").read_text())
     print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)
 

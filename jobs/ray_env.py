@@ -30,3 +30,9 @@ def init_ray(num_cpus: int | None = None) -> None:
         if context.dashboard_url:
             log.info("ray dashboard: http://%s", context.dashboard_url)
     log.info("ray resources: %s", ray.cluster_resources())
+
+
+def shutdown() -> None:
+    """Stop this process's Ray connection (local Ray: the cluster), if any."""
+    if ray.is_initialized():
+        ray.shutdown()

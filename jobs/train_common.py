@@ -39,7 +39,7 @@ from ray.train import (
 from ray.train.torch import TorchTrainer
 
 from jobs.progress import relay
-from jobs.ray_env import init_ray
+from jobs.ray_env import init_ray, shutdown
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
@@ -277,7 +277,7 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     out = stage_out(args, cfg, spec)
     run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
                   args.force or not args.resume, args.verbose,
-                  (ArtifactError, ConfigError, ModelUnavailableError))
+                  (ArtifactError, ConfigError, ModelUnavailableError), before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]
     print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "

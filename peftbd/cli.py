@@ -84,11 +84,12 @@ def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
 
 
 def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall], force: bool,
-                  verbose: bool, errors: tuple[type[Exception], ...]) -> Decision:
+                  verbose: bool, errors: tuple[type[Exception], ...],
+                  before_exit: Callable[[], None] | None = None) -> Decision:
     """Run one stage job on the terminal: library and Ray output in `<out>/../logs/<stage>.log`
     (unless `verbose`), a progress bar, then the line saying what was done; an error of the kinds
-    in `errors` exits with its message (it names the fix)."""
-    with Console(out.parent / LOGS, verbose) as console:
+    in `errors` exits with its message (it names the fix). `before_exit`: see `Console`."""
+    with Console(out.parent / LOGS, verbose, before_exit) as console:
         log_path = console.log_path(spec.name)
         if log_path:
             console.line(f"{spec.name}: log in {log_path}")

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,11 +25,15 @@ LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 
 
 class Console:
-    """The terminal of one job run; `log_dir` receives `<name>.log` per stage."""
+    """The terminal of one job run; `log_dir` receives `<name>.log` per stage. `before_exit`
+    runs while output still goes to the logs (e.g. `ray.shutdown`, so worker lines that arrive
+    late land there, not after the job's summary)."""
 
-    def __init__(self, log_dir: str | Path, verbose: bool = False) -> None:
+    def __init__(self, log_dir: str | Path, verbose: bool = False,
+                 before_exit: Callable[[], None] | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.verbose = verbose
+        self.before_exit = before_exit
         self._terminal: TextIO = sys.stdout
         self._saved: tuple[int, int] | None = None
 
@@ -48,6 +52,8 @@ class Console:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.before_exit is not None:
+            self.before_exit()
         root = logging.getLogger()
         root.removeHandler(self._handler)
         root.setLevel(self._level)
@@ -86,12 +92,14 @@ class Console:
         path = self.log_path(name)
         if path is not None:
             self._point_at(path)
+        # A live bar on a terminal; elsewhere (a pipe, CI) one line with the final count.
+        live = self._terminal.isatty()
         bars: list[tqdm] = []  # made on the first report, when the total is known
 
         def update(done: int, total: int, **info: Any) -> None:
             if not bars:
                 bars.append(tqdm(desc=f"  {title}", total=total, file=self._terminal,
-                                 dynamic_ncols=True, mininterval=0.5))
+                                 dynamic_ncols=True, mininterval=0.5, disable=not live))
             bar = bars[0]
             bar.total, bar.n = total, done
             if info:
@@ -104,6 +112,8 @@ class Console:
                 yield
         finally:
             for bar in bars:
+                if not live:
+                    self.line(f"  {title}: {bar.n}/{bar.total}" + (f" ({bar.postfix})" if bar.postfix else ""))
                 bar.close()
             if path is not None:
                 self._point_at(self.log_dir / "job.log")

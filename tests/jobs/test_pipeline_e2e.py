@@ -31,8 +31,8 @@ def _pipeline(out: Path, *extra: str) -> str:
 
 def _plan(stdout: str) -> dict[str, str]:
     """{stage: RUN | skip} from the plan the job prints before it starts."""
-    return {line.split()[0]: line.split()[1] for line in stdout.splitlines()
-            if line.startswith("  ") and line.split()[0] in NAMES}
+    plan = stdout.split("[pipeline] plan for", 1)[1].split("\n[pipeline 1/", 1)[0]
+    return {line.split()[0]: line.split()[1] for line in plan.splitlines()[1:] if line.strip()}
 
 
 @pytest.mark.e2e
