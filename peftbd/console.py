@@ -35,20 +35,25 @@ class Console:
         self.verbose = verbose
         self.before_exit = before_exit
         self._terminal: TextIO = sys.stdout
-        self._saved: tuple[int, int] | None = None
+        self._saved: tuple[int, int] | None = None  # the original fds 1 and 2 (quiet only)
+        self._streams: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
 
     def __enter__(self) -> Console:
+        if not self.verbose:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = (os.dup(1), os.dup(2))
+            self._streams = (sys.stdout, sys.stderr)
+            self._terminal = os.fdopen(os.dup(self._saved[0]), "w", buffering=1)
+            self._point_at(self.log_dir / "job.log")
+            # Python-level writes go through fds 1 and 2 too, whoever replaced sys.stdout before.
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
         root = logging.getLogger()
         self._level, self._handler = root.level, logging.StreamHandler(sys.stderr)
         self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(self._handler)
         root.setLevel(logging.INFO)
-        if not self.verbose:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            self._saved = (os.dup(1), os.dup(2))
-            self._terminal = os.fdopen(os.dup(self._saved[0]), "w", buffering=1)
-            self._point_at(self.log_dir / "job.log")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -61,6 +66,7 @@ class Console:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        sys.stdout, sys.stderr = self._streams
         for fd, saved in zip((1, 2), self._saved):
             os.dup2(saved, fd)
             os.close(saved)
@@ -95,25 +101,28 @@ class Console:
         # A live bar on a terminal; elsewhere (a pipe, CI) one line with the final count.
         live = self._terminal.isatty()
         bars: list[tqdm] = []  # made on the first report, when the total is known
+        last: dict[str, Any] = {}
 
         def update(done: int, total: int, **info: Any) -> None:
+            shown = {k: f"{v:.3g}" if isinstance(v, float) else v for k, v in info.items()}
+            last.update(done=done, total=total, info=shown)
+            if not live:
+                return
             if not bars:
                 bars.append(tqdm(desc=f"  {title}", total=total, file=self._terminal,
-                                 dynamic_ncols=True, mininterval=0.5, disable=not live))
-            bar = bars[0]
-            bar.total, bar.n = total, done
-            if info:
-                bar.set_postfix({k: f"{v:.3g}" if isinstance(v, float) else v for k, v in info.items()},
-                                refresh=False)
-            bar.refresh()
+                                 dynamic_ncols=True, mininterval=0.5))
+            bars[0].total, bars[0].n = total, done
+            bars[0].set_postfix(shown, refresh=False)
+            bars[0].refresh()
 
         try:
             with listening(update):
                 yield
         finally:
             for bar in bars:
-                if not live:
-                    self.line(f"  {title}: {bar.n}/{bar.total}" + (f" ({bar.postfix})" if bar.postfix else ""))
                 bar.close()
+            if last and not live:
+                info = ", ".join(f"{k}={v}" for k, v in last["info"].items())
+                self.line(f"  {title}: {last['done']}/{last['total']}" + (f" ({info})" if info else ""))
             if path is not None:
                 self._point_at(self.log_dir / "job.log")

@@ -1,0 +1,48 @@
+"""The console: the job's own lines on the terminal, everything else in the stage's log file."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from peftbd import progress
+from peftbd.console import Console
+
+
+def test_quiet_console_sends_library_output_to_the_stage_log(tmp_path, capfd):
+    with Console(tmp_path / "logs") as console:
+        console.line("[job] starting")
+        with console.stage("train", "train things"):
+            print("a library print")
+            os.write(2, b"a C-level write to stderr\n")
+            logging.getLogger("somelib").warning("a library warning")
+            for step in range(1, 4):
+                progress.report(step, 3, loss=0.5)
+        print("a late line after the stages")
+        console.line("[job] done")
+    sys.stdout.flush()
+    out = capfd.readouterr()
+    assert out.out.splitlines() == ["[job] starting", "  train things: 3/3 (loss=0.5)", "[job] done"]
+    assert out.err == ""
+    log = (tmp_path / "logs" / "train.log").read_text()
+    assert "a library print" in log and "C-level" in log and "a library warning" in log
+    assert "a late line after the stages" in (tmp_path / "logs" / "job.log").read_text()
+    print("after the console")
+    assert capfd.readouterr().out == "after the console\n"  # the terminal is restored
+
+
+def test_verbose_console_leaves_output_on_the_terminal(tmp_path, capfd):
+    with Console(tmp_path / "logs", verbose=True) as console:
+        with console.stage("train", "train things"):
+            print("a library print")
+        console.line("[job] done")
+    assert "a library print" in capfd.readouterr().out
+    assert console.log_path("train") is None and not (tmp_path / "logs" / "train.log").exists()
+
+
+def test_before_exit_runs_while_output_still_goes_to_the_log(tmp_path, capfd):
+    with Console(tmp_path / "logs", before_exit=lambda: print("shutting down")):
+        pass
+    assert "shutting down" not in capfd.readouterr().out
+    assert "shutting down" in (tmp_path / "logs" / "job.log").read_text()
