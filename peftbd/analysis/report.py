@@ -13,7 +13,7 @@ from typing import Any
 
 from peftbd.analysis import tables
 from peftbd.analysis.figures import throughput_vs_accepted
-from peftbd.benchmarking.schema import arm_items
+from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
@@ -48,7 +48,10 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
         "## Figure 1: throughput vs accepted tokens per round",
         f"![Figure 1]({FIGURE_1})",
-        "## Table 1: draft vs verify forward calls and latency (one run over all prompts)",
+        "## Table 1: what a round costs: draft vs verify per round, and per forward call",
+        "Draft / verify per round = a round's draft time (every draft call of the round) over its "
+        "verify time; per call = one draft forward over one verify forward. Calls: one run over "
+        "all prompts.",
         tables.forward_table(results),
         "## Table 2: acceptance, greedy audit and throughput",
         tables.acceptance_table(results),
@@ -76,7 +79,8 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """A few lines for the end of the main job: throughput, accepted length and audit per arm."""
+    """A few lines for the end of the main job: throughput, accepted length, audit and what a
+    round's drafting costs against its verify (per round; per forward call beside it) per arm."""
     lines = []
     for _, arm in arm_items(results):
         tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
@@ -84,8 +88,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f"{acc['mean']:.2f} accepted/round")
         if audit:
             line += f", audit {audit['exact']}/{audit['prompts']} exact"
-        d, v = arm["forward"]["draft"], arm["forward"]["verify"]
-        if d["calls"] and d["mean_ms"] and v["mean_ms"]:
-            line += f", draft/verify latency {d['mean_ms'] / v['mean_ms']:.2f}"
+        per_round, per_call = draft_verify_per_round(arm), draft_verify_per_call(arm)
+        if per_round is not None:
+            line += f", draft/verify {per_round:.2f} per round"
+            if per_call is not None:
+                line += f" ({per_call:.2f} per call)"
         lines.append(line)
     return lines
