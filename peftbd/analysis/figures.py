@@ -1,4 +1,12 @@
-"""Figure 1: throughput vs mean accepted tokens per round, one point per arm (PNG, Agg backend)."""
+"""The report's figures (PNG, Agg backend), each a pure function of results.json.
+
+Figure 1: throughput vs mean accepted tokens per round, one point per arm.
+
+Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
+another: each arm has its own colour and shape, all markers are hollow and each is smaller than
+the one drawn before it (and drawn above it); Figure 1 also names every point, moving a name
+down until it overlaps no other.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +17,68 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 from peftbd.benchmarking.schema import arm_items  # noqa: E402
 
+MARKERS = "osD^vP*X"
+LARGEST_MARKER, MARKER_STEP = 16.0, 2.0
+LABEL_LINE = 9.0  # points between stacked point names
 
-def throughput_vs_accepted(results: dict[str, Any], path: str | Path) -> Path:
-    """Plot each arm's mean throughput (error bar: std over repeated runs) against its mean
-    accepted tokens per round (error bar: std over runs) and save a PNG at `path`."""
-    path = Path(path)
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    markers = "osD^vP*X"
+
+def marker_style(i: int) -> dict[str, Any]:
+    """Line2D keywords of the i-th arm (in ARMS order): its colour and shape, hollow, smaller
+    than and drawn above every arm before it."""
+    return {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)], "markerfacecolor": "none",
+            "markersize": max(LARGEST_MARKER - MARKER_STEP * i, 4.0), "markeredgewidth": 1.8,
+            "zorder": 3 + i}
+
+
+def _label_points(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
+    """Name each (x, y, text, colour) point to its right; a name that would overlap an earlier
+    one moves down a line at a time until it does not. Call after the layout is final."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[Bbox] = []
+    for x, y, text, color in points:
+        for line in range(len(points) + 1):
+            label = ax.annotate(text, (x, y), xytext=(10, 4 - LABEL_LINE * line),
+                                textcoords="offset points", fontsize=7, color=color, va="center",
+                                annotation_clip=False)
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.remove()
+        placed.append(box)
+
+
+def throughput_vs_accepted(results: dict[str, Any]) -> Figure:
+    """Figure 1: each arm's mean throughput (error bar: std over repeated runs) against its mean
+    accepted tokens per round (error bar: std over runs)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), dpi=120)
+    points = []
     for i, (_, arm) in enumerate(arm_items(results)):
         tps, acc = arm["tokens_per_s"], arm["mean_accepted"]
-        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"], yerr=tps["std"],
-                    fmt=markers[i % len(markers)], capsize=4, label=arm["label"])
+        style = marker_style(i)
+        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"] or None, yerr=tps["std"] or None,
+                    linestyle="none", capsize=4, label=arm["label"], **style)  # no bar for std 0
+        points.append((acc["mean"], tps["mean"], arm["label"], style["color"]))
     mo = results["measured_on"]
     ax.set_xlabel("mean accepted tokens per round")
     ax.set_ylabel("output tokens / s (batch 1, greedy)")
     ax.set_title(f"Throughput vs accepted length\n{mo['model']} · {mo['hardware']}", fontsize=9)
-    ax.margins(x=0.15, y=0.1)
+    ax.margins(x=0.3, y=0.15)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    _label_points(ax, points)
+    return fig
+
+
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write `fig` as a PNG at `path` and close it."""
+    path = Path(path)
     fig.savefig(path, format="png")
     plt.close(fig)
     return path

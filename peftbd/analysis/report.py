@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis import tables
-from peftbd.analysis.figures import throughput_vs_accepted
+from peftbd.analysis.figures import save_png, throughput_vs_accepted
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
 from peftbd.manifest import read_manifest
@@ -36,7 +36,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
     and `manifests` ({stage name: manifest.json}); return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    throughput_vs_accepted(results, out_dir / FIGURE_1)
+    save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
