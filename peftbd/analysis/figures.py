@@ -1,6 +1,7 @@
 """The report's figures (PNG, Agg backend), each a pure function of results.json.
 
-Figure 1: throughput vs mean accepted tokens per round, one point per arm.
+Figure 1: throughput vs mean accepted tokens per round, one point per arm. Figure 2: acceptance
+rate vs draft position, one line per speculative arm, beside the loss's gamma^j.
 
 Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
 another: each arm has its own colour and shape, all markers are hollow and each is smaller than
@@ -21,7 +22,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from peftbd.benchmarking.schema import arm_items  # noqa: E402
+from peftbd.analysis.acceptance import prefix_gamma  # noqa: E402
+from peftbd.benchmarking.schema import arm_items, is_speculative  # noqa: E402
 
 MARKERS = "osD^vP*X"
 LARGEST_MARKER, MARKER_STEP = 16.0, 2.0
@@ -73,6 +75,31 @@ def throughput_vs_accepted(results: dict[str, Any]) -> Figure:
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     _label_points(ax, points)
+    return fig
+
+
+def acceptance_by_position(results: dict[str, Any]) -> Figure:
+    """Figure 2: per speculative arm, the share of rounds proposing position j whose accepted
+    prefix reached j, against j; dashed: gamma^j at the PEFT-BD training gamma."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
+    depth = 0
+    for i, (_, arm) in enumerate(arm_items(results)):
+        rates = arm.get("per_position", {}).get("rate") or []
+        if is_speculative(arm) and rates:
+            ax.plot(range(1, len(rates) + 1), rates, label=arm["label"], **marker_style(i))
+            depth = max(depth, len(rates))
+    gamma = prefix_gamma(results)
+    js = range(1, depth + 1)
+    ax.plot(js, [gamma ** j for j in js], "k--", linewidth=1, zorder=2,
+            label=f"gamma^j, training gamma = {gamma:g} (the loss's assumption)")
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("P(accepted prefix >= j)")
+    ax.set_title("Acceptance per draft position", fontsize=9)
+    ax.set_xticks(list(js))
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
     return fig
 
 

@@ -1,4 +1,5 @@
-"""The benchmark report: `report.md` + Figure 1, built only from `results.json` and stage manifests.
+"""The benchmark report: `report.md` + Figures 1 and 2, built only from `results.json` and stage
+manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
 column), so rebuilding from the same artifacts gives the same report and a changed artifact gives
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis import tables
-from peftbd.analysis.figures import save_png, throughput_vs_accepted
+from peftbd.analysis.acceptance import gamma_table, position_table
+from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
 from peftbd.manifest import read_manifest
@@ -20,6 +22,7 @@ from peftbd.stage import lineage
 
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
+FIGURE_2 = "figure2_acceptance_by_position.png"
 BENCHMARK_STAGE = BENCHMARK.title
 
 
@@ -32,11 +35,12 @@ def read_stage_manifests(upstream: Mapping[str, str | Path]) -> dict[str, dict[s
 
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
-    """Write `report.md` and Figure 1 into `out_dir` from `results` (the benchmark's results.json)
-    and `manifests` ({stage name: manifest.json}); return the report's path."""
+    """Write `report.md` and Figures 1 and 2 into `out_dir` from `results` (the benchmark's
+    results.json) and `manifests` ({stage name: manifest.json}); return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
+    save_png(acceptance_by_position(results), out_dir / FIGURE_2)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
@@ -60,6 +64,18 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "Draft-cost oracle: T(r) = T0 (1 - r * draft share), throughput(r) = accepted / T(r); "
         "the needed accepted length is target throughput * T(1).",
         tables.oracle_table(results),
+        "## Table 4: acceptance per draft position",
+        "Rate at position j = rounds whose accepted prefix reached j / rounds that proposed j "
+        "(over every repeat; vLLM's num_accepted_tokens_per_pos).",
+        position_table(results),
+        "## Figure 2: acceptance rate vs draft position",
+        f"![Figure 2]({FIGURE_2})",
+        "## Table 5: the gamma^j assumption behind the linear-prefix loss (PEFT-BD arms)",
+        "The loss weighs position j by gamma^(j-1): it assumes every drafted token is accepted "
+        "with the same probability gamma, so position j is accepted with probability gamma^j and "
+        "P(accept j | accepted j-1) = gamma at every j. Fitted gamma = accepted draft tokens / "
+        "positions reached (the maximum-likelihood constant acceptance).",
+        gamma_table(results),
     ]
     per_category = tables.category_table(results)
     if per_category:

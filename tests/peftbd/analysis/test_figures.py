@@ -6,14 +6,14 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.lines import Line2D
 
-from peftbd.analysis.figures import throughput_vs_accepted
+from peftbd.analysis.figures import acceptance_by_position, throughput_vs_accepted
 
 SAME = {"draft_call_ms": 11.7, "accepted_per_position": [70, 45, 25, 12]}
 
 
 @pytest.fixture
 def coinciding(arm, results_of) -> dict:
-    """1-step and anchored PEFT-BD at identical coordinates."""
+    """1-step and anchored PEFT-BD at identical coordinates (and identical per-position rates)."""
     return results_of({
         "ar": arm("AR (greedy)", "ar", [144.0, 145.0], 1.0),
         "peftbd": arm("PEFT-BD 1 step", "peftbd", [118.4, 118.4], 2.53, **SAME),
@@ -57,4 +57,16 @@ def test_figure_1_draws_every_arm_even_on_the_same_point(coinciding) -> None:
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in texts]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+
+
+def test_figure_2_draws_every_speculative_arm_and_gamma(coinciding) -> None:
+    fig = acceptance_by_position(coinciding)
+    lines = _markers(fig)
+    gamma = lines.pop("gamma^j, training gamma = 0.9 (the loss's assumption)")
+    assert list(gamma.get_ydata()) == pytest.approx([0.9, 0.81, 0.729, 0.6561])
+    assert list(lines) == ["PEFT-BD 1 step", "PEFT-BD anchored", "FastMTP"]  # no AR
+    assert list(lines["FastMTP"].get_ydata()) == [0.85, 0.62, 0.40]
+    assert list(lines["PEFT-BD 1 step"].get_xdata()) == [1, 2, 3, 4]
+    _check_visible(list(lines.values()))
     plt.close(fig)

@@ -9,7 +9,13 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from peftbd.analysis.report import FIGURE_1, build_report, read_stage_manifests, summary_lines
+from peftbd.analysis.report import (
+    FIGURE_1,
+    FIGURE_2,
+    build_report,
+    read_stage_manifests,
+    summary_lines,
+)
 from peftbd.analysis.tables import markdown_table
 from peftbd.benchmarking.schema import stat
 from peftbd.manifest import write_manifest
@@ -33,14 +39,22 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path, s
     assert list(manifests) == ["generate continuations", "train PEFT-BD adapter",
                                "train early-exit PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results, manifests, tmp_path / "out").read_text()
-    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "The paper beside ours",
-                    "Pipeline stages", "Per category"):
+    for heading in ("Figure 1", "Figure 2", "Table 1", "Table 2", "Table 3", "Table 4",
+                    "Table 5", "The paper beside ours", "Pipeline stages", "Per category"):
         assert heading in text
     assert "122.50 ± 0.75" in text  # PEFT-BD mean ± std over the three runs
     # Table 1: per round first (FastMTP: 3 calls of 0.4 ms + overhead = 1.3 ms), per call beside
     assert "| PEFT-BD 1 step | 1.080 | 2.700 | 2.500 | 420 | 2.610 | 420 | 2.500 | 1.044 |" in text
     assert "| FastMTP | 0.520 | 1.300 | 2.500 | 300 | 0.400 | 300 | 2.500 | 0.160 |" in text
     assert "| AR | n/a | n/a | 2.500 | 0 | n/a | 768 | 2.500 | n/a |" in text
+    # Table 4: rate (accepted / proposed) per position, FastMTP's 3 positions, PEFT-BD's 4
+    assert "| PEFT-BD 1 step | 0.600 (60/100) | 0.300 (30/100) | 0.120 (12/100) | 0.040 (4/100) |" in text
+    assert "| FastMTP | 0.700 (70/100) | 0.450 (45/100) | 0.250 (25/100) |  |" in text
+    # Table 5: gamma^j at 0.9, fitted gamma = 106 accepted / 202 reached, conditional rates
+    assert "| PEFT-BD 1 step | gamma^j, training gamma = 0.9 | 0.900 | 0.810 | 0.729 | 0.656 |" in text
+    assert "fitted gamma = 0.525 | 0.525 | 0.275 | 0.144 | 0.076 |" in text
+    assert "| PEFT-BD 1 step | measured P(accept j \\| accepted j-1) (model: gamma) | 0.600 | 0.500 | 0.400 | 0.333 |" in text
+    assert "FastMTP | gamma" not in text  # the gamma table is PEFT-BD's only
     assert "87.2" in text and "41.5" in text  # stage wall times
     assert "| train early-exit PEFT-BD adapter | 60.8 |" in text
     assert "34.05 ± 0.2" in text  # the paper's column, labelled
@@ -70,9 +84,10 @@ def test_changing_an_artifact_changes_the_report(tmp_path: Path, sample_results)
                         tmp_path / "d").read_text() == again  # deterministic
 
 
-def test_figure_is_a_valid_png(tmp_path: Path, sample_results) -> None:
+@pytest.mark.parametrize("name", [FIGURE_1, FIGURE_2])
+def test_figures_are_valid_pngs(tmp_path: Path, sample_results, name) -> None:
     build_report(sample_results, {}, tmp_path)
-    png = tmp_path / FIGURE_1
+    png = tmp_path / name
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = mpimg.imread(png)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
