@@ -2,8 +2,8 @@
 manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
-column), so rebuilding from the same artifacts gives the same report and a changed artifact gives
-a changed report.
+numbers and the findings' tolerances), so rebuilding from the same artifacts gives the same report
+and a changed artifact gives a changed report.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
 from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
+from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
 from peftbd.manifest import read_manifest
@@ -50,6 +51,11 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         f"at most {pr['max_new_tokens']} new tokens; {tm['repeats']} repeated runs per arm. "
         f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
+        "## Findings: the paper's (a)-(f) on this run",
+        "The paper states its findings in prose; these are the six its results rest on, in its "
+        "order, each judged from the numbers below ([brackets]: the paper's). \"About the same "
+        f"cost\" = within ±{SAME_COST:.0%}, \"essentially unchanged\" = within ±{UNCHANGED:.0%}.",
+        "\n".join(f.markdown() for f in findings(results)),
         "## Figure 1: throughput vs accepted tokens per round",
         f"![Figure 1]({FIGURE_1})",
         "## Table 1: what a round costs: draft vs verify per round, and per forward call",

@@ -170,9 +170,8 @@ def paper_table(results: dict[str, Any]) -> str:
     labels = {a: arm["label"] for a, arm in arm_items(results)}
     rows = []
     for pv in PAPER_VALUES:
-        paper = pv.text or (f"{pv.value:g} ± {pv.std:g}" if pv.std is not None else f"{pv.value:g}")
         ours = _ours(results, pv)
-        rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], paper, pv.measured_on,
+        rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], pv.quoted, pv.measured_on,
                      None if ours is None else f"{ours:.4g}"])
     legend = [f"- paper, {key}: {text}" for key, text in SETUPS.items()]
     legend.append(f"- ours: {mo['model']} ({mo['dtype']}), {mo['engine']}, {mo['hardware']}")

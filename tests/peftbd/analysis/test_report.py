@@ -39,7 +39,7 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path, s
     assert list(manifests) == ["generate continuations", "train PEFT-BD adapter",
                                "train early-exit PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results, manifests, tmp_path / "out").read_text()
-    for heading in ("Figure 1", "Figure 2", "Table 1", "Table 2", "Table 3", "Table 4",
+    for heading in ("Findings", "Figure 1", "Figure 2", "Table 1", "Table 2", "Table 3", "Table 4",
                     "Table 5", "The paper beside ours", "Pipeline stages", "Per category"):
         assert heading in text
     assert "122.50 ± 0.75" in text  # PEFT-BD mean ± std over the three runs
@@ -55,6 +55,7 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path, s
     assert "fitted gamma = 0.525 | 0.525 | 0.275 | 0.144 | 0.076 |" in text
     assert "| PEFT-BD 1 step | measured P(accept j \\| accepted j-1) (model: gamma) | 0.600 | 0.500 | 0.400 | 0.333 |" in text
     assert "FastMTP | gamma" not in text  # the gamma table is PEFT-BD's only
+    assert "- **(a)** A longer accepted prefix" in text and "**Not measurable here.**" in text
     assert "87.2" in text and "41.5" in text  # stage wall times
     assert "| train early-exit PEFT-BD adapter | 60.8 |" in text
     assert "34.05 ± 0.2" in text  # the paper's column, labelled
