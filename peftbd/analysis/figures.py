@@ -5,8 +5,8 @@ rate vs draft position, one line per speculative arm, beside the loss's gamma^j.
 
 Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
 another: each arm has its own colour and shape, all markers are hollow and each is smaller than
-the one drawn before it (and drawn above it); Figure 1 also names every point, moving a name
-down until it overlaps no other.
+the one drawn before it (and drawn above it); Figure 1 also names every point where the name
+overlaps no marker, no other name and not the legend.
 """
 
 from __future__ import annotations
@@ -38,18 +38,29 @@ def marker_style(i: int) -> dict[str, Any]:
             "zorder": 3 + i}
 
 
-def _label_points(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
-    """Name each (x, y, text, colour) point to its right; a name that would overlap an earlier
-    one moves down a line at a time until it does not. Call after the layout is final."""
+def _marker_box(ax: Axes, x: float, y: float, size: float) -> Bbox:
+    """The display-space square a marker of `size` points covers at (x, y)."""
+    (cx, cy), half = ax.transData.transform((x, y)), size / 2 * ax.figure.dpi / 72
+    return Bbox.from_extents(cx - half, cy - half, cx + half, cy + half)
+
+
+def _label_points(ax: Axes, points: list[tuple[float, float, str, dict[str, Any]]]) -> None:
+    """Name each (x, y, text, marker style) point, right of it or else left of it, where the
+    name stays inside the figure and overlaps no marker, no earlier name and not the legend,
+    moving down a line at a time until it does. Call after the layout is final."""
     renderer = ax.figure.canvas.get_renderer()
-    placed: list[Bbox] = []
-    for x, y, text, color in points:
-        for line in range(len(points) + 1):
-            label = ax.annotate(text, (x, y), xytext=(10, 4 - LABEL_LINE * line),
-                                textcoords="offset points", fontsize=7, color=color, va="center",
-                                annotation_clip=False)
+    placed = [ax.get_legend().get_window_extent(renderer),
+              *(_marker_box(ax, x, y, style["markersize"]) for x, y, _, style in points)]
+    spots = [(side * 10, 4 - LABEL_LINE * line, side)
+             for line in range(len(points) + 1) for side in (1, -1)]
+    for x, y, text, style in points:
+        for dx, dy, side in spots:
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                fontsize=7, color=style["color"], va="center",
+                                ha="left" if side > 0 else "right", annotation_clip=False)
             box = label.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in placed):
+            inside = ax.figure.bbox.x0 <= box.x0 and box.x1 <= ax.figure.bbox.x1
+            if inside and not any(box.overlaps(other) for other in placed):
                 break
             label.remove()
         placed.append(box)
@@ -65,7 +76,7 @@ def throughput_vs_accepted(results: dict[str, Any]) -> Figure:
         style = marker_style(i)
         ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"] or None, yerr=tps["std"] or None,
                     linestyle="none", capsize=4, label=arm["label"], **style)  # no bar for std 0
-        points.append((acc["mean"], tps["mean"], arm["label"], style["color"]))
+        points.append((acc["mean"], tps["mean"], arm["label"], style))
     mo = results["measured_on"]
     ax.set_xlabel("mean accepted tokens per round")
     ax.set_ylabel("output tokens / s (batch 1, greedy)")

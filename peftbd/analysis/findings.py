@@ -128,14 +128,12 @@ def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
                 f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
                 f"[{_paper('draft_calls', 'peftbd', PROFILE)} vs "
                 f"{_paper('verify_calls', 'peftbd', PROFILE)}]")
-    side = ("more than a verify forward at this size: still no draft/verify asymmetry, but not "
-            "the paper's near-equality" if per_call > 1 else
-            "less than a verify forward at this size: some draft/verify asymmetry exists here")
+    side = ("dearer at this size: no draft/verify asymmetry either, but not the paper's "
+            "near-equality" if per_call > 1 else "cheaper at this size: some asymmetry exists here")
     return _judge("b", measured, [
         (abs(per_call - 1) <= SAME_COST,
          f"a draft forward costs {per_call:.2f}x a verify forward, within ±{SAME_COST:.0%}",
-         f"a draft forward costs {per_call:.2f}x a verify forward, beyond ±{SAME_COST:.0%}: "
-         f"{side}"),
+         f"a draft forward costs {per_call:.2f}x a verify forward, beyond ±{SAME_COST:.0%} ({side})"),
     ])
 
 

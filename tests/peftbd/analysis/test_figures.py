@@ -57,6 +57,7 @@ def test_figure_1_draws_every_arm_even_on_the_same_point(coinciding) -> None:
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in texts]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert all(fig.bbox.x0 <= b.x0 and b.x1 <= fig.bbox.x1 for b in boxes)  # not cut off
     plt.close(fig)
 
 

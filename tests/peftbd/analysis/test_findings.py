@@ -53,7 +53,9 @@ def test_contrary_run_names_the_quantity_that_differs(contrary) -> None:
     assert {f.verdict for f in result.values()} == {NOT_REPRODUCED}
     assert "no more tokens per round than FastMTP (1.200 vs 1.800)" in result["a"].why
     assert "not slower than FastMTP (200.0 vs 150.0 tok/s)" in result["a"].why
-    assert "a draft forward costs 1.52x a verify forward, beyond ±20%" in result["b"].why
+    assert result["b"].why == ("a draft forward costs 1.52x a verify forward, beyond ±20% (dearer "
+                               "at this size: no draft/verify asymmetry either, but not the "
+                               "paper's near-equality)")
     assert "free drafting would reach 2.00x FastMTP's throughput" in result["c"].why
     assert "two steps are not slower (210.0 vs 200.0 tok/s)" in result["d"].why
     assert "do not accept fewer tokens per round (1.300 vs 1.200)" in result["d"].why
