@@ -30,7 +30,7 @@ LARGEST_MARKER, MARKER_STEP = 16.0, 2.0
 LABEL_LINE = 9.0  # points between stacked point names
 
 
-def marker_style(i: int) -> dict[str, Any]:
+def _marker_style(i: int) -> dict[str, Any]:
     """Line2D keywords of the i-th arm (in ARMS order): its colour and shape, hollow, smaller
     than and drawn above every arm before it."""
     return {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)], "markerfacecolor": "none",
@@ -73,7 +73,7 @@ def throughput_vs_accepted(results: dict[str, Any]) -> Figure:
     points = []
     for i, (_, arm) in enumerate(arm_items(results)):
         tps, acc = arm["tokens_per_s"], arm["mean_accepted"]
-        style = marker_style(i)
+        style = _marker_style(i)
         ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"] or None, yerr=tps["std"] or None,
                     linestyle="none", capsize=4, label=arm["label"], **style)  # no bar for std 0
         points.append((acc["mean"], tps["mean"], arm["label"], style))
@@ -97,7 +97,7 @@ def acceptance_by_position(results: dict[str, Any]) -> Figure:
     for i, (_, arm) in enumerate(arm_items(results)):
         rates = arm.get("per_position", {}).get("rate") or []
         if is_speculative(arm) and rates:
-            ax.plot(range(1, len(rates) + 1), rates, label=arm["label"], **marker_style(i))
+            ax.plot(range(1, len(rates) + 1), rates, label=arm["label"], **_marker_style(i))
             depth = max(depth, len(rates))
     gamma = prefix_gamma(results)
     js = range(1, depth + 1)
