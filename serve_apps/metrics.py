@@ -1,8 +1,10 @@
-"""Per-round Prometheus histograms, recorded by the ingress for both apps.
+"""Per-round Prometheus histograms and counters, recorded by the ingress for both apps.
 
-Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` with tags `placement`
-(colocated | split), `method` and Serve's own `deployment`, `replica`, `application`;
-`serve_apps/grafana_dashboard.json` plots them.
+Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` (histograms) and
+`ray_peftbd_<name>_total` (counters) with tags `placement` (colocated | split), `method`, for the
+per-position counters `position` (1-based), and Serve's own `deployment`, `replica`,
+`application`; `serve_apps/grafana_dashboard.json` plots them. Acceptance rate at position j =
+accepted_per_position / proposed_per_position of `position="j"`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from peftbd.serving.rounds import RoundEvent
 MS_BUCKETS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 TOKEN_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
 TAGS = ("placement", "method")
+POSITION_TAGS = (*TAGS, "position")
 
 HISTOGRAMS = {
     "peftbd_draft_ms": ("Drafter-side draft time per round (ms)", MS_BUCKETS),
@@ -23,9 +26,17 @@ HISTOGRAMS = {
     "peftbd_tokens_per_round": ("Tokens committed per speculative round", TOKEN_BUCKETS),
 }
 
+COUNTERS = {
+    "peftbd_session_resumes": ("Request states rebuilt from committed tokens", TAGS),
+    "peftbd_proposed_per_position": (
+        "Speculative rounds whose draft had a token at `position` (1-based)", POSITION_TAGS),
+    "peftbd_accepted_per_position": (
+        "Speculative rounds whose accepted prefix reached `position` (1-based)", POSITION_TAGS),
+}
+
 
 class RoundMetrics:
-    """The histograms plus a counter of state rebuilds, for one app (`placement`)."""
+    """The histograms and counters, for one app (`placement`)."""
 
     def __init__(self, placement: str) -> None:
         self.placement = placement
@@ -33,16 +44,16 @@ class RoundMetrics:
             name: Histogram(name, description=desc, boundaries=bounds, tag_keys=TAGS)
             for name, (desc, bounds) in HISTOGRAMS.items()
         }
-        self.resumes = Counter(
-            "peftbd_session_resumes", description="Request states rebuilt from committed tokens",
-            tag_keys=TAGS,
-        )
+        self.counters = {
+            name: Counter(name, description=desc, tag_keys=keys)
+            for name, (desc, keys) in COUNTERS.items()
+        }
 
     def observe(self, event: RoundEvent, method: str) -> None:
         """Record one step (the prefill step only counts its resumes)."""
         tags = {"placement": self.placement, "method": method}
         if event.resumes:
-            self.resumes.inc(event.resumes, tags=tags)
+            self.counters["peftbd_session_resumes"].inc(event.resumes, tags=tags)
         if event.prefill:
             return
         values = {
@@ -52,3 +63,7 @@ class RoundMetrics:
         }
         for name, value in values.items():
             self.hist[name].observe(value, tags=tags)
+        for name, positions in zip(("peftbd_proposed_per_position", "peftbd_accepted_per_position"),
+                                   event.positions()):
+            for j in positions:
+                self.counters[name].inc(tags={**tags, "position": str(j)})

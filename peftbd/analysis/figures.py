@@ -1,4 +1,13 @@
-"""Figure 1: throughput vs mean accepted tokens per round, one point per arm (PNG, Agg backend)."""
+"""The report's figures (PNG, Agg backend), each a pure function of results.json.
+
+Figure 1: throughput vs mean accepted tokens per round, one point per arm. Figure 2: acceptance
+rate vs draft position, one line per speculative arm, beside the loss's gamma^j.
+
+Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
+another: each arm has its own colour and shape, all markers are hollow and each is smaller than
+the one drawn before it (and drawn above it); Figure 1 also names every point where the name
+overlaps no marker, no other name and not the legend.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +18,105 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
-from peftbd.benchmarking.schema import arm_items  # noqa: E402
+from peftbd.analysis.acceptance import prefix_gamma  # noqa: E402
+from peftbd.benchmarking.schema import arm_items, is_speculative  # noqa: E402
+
+MARKERS = "osD^vP*X"
+LARGEST_MARKER, MARKER_STEP = 16.0, 2.0
+LABEL_LINE = 9.0  # points between stacked point names
 
 
-def throughput_vs_accepted(results: dict[str, Any], path: str | Path) -> Path:
-    """Plot each arm's mean throughput (error bar: std over repeated runs) against its mean
-    accepted tokens per round (error bar: std over runs) and save a PNG at `path`."""
-    path = Path(path)
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    markers = "osD^vP*X"
+def _marker_style(i: int) -> dict[str, Any]:
+    """Line2D keywords of the i-th arm (in ARMS order): its colour and shape, hollow, smaller
+    than and drawn above every arm before it."""
+    return {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)], "markerfacecolor": "none",
+            "markersize": max(LARGEST_MARKER - MARKER_STEP * i, 4.0), "markeredgewidth": 1.8,
+            "zorder": 3 + i}
+
+
+def _marker_box(ax: Axes, x: float, y: float, size: float) -> Bbox:
+    """The display-space square a marker of `size` points covers at (x, y)."""
+    (cx, cy), half = ax.transData.transform((x, y)), size / 2 * ax.figure.dpi / 72
+    return Bbox.from_extents(cx - half, cy - half, cx + half, cy + half)
+
+
+def _label_points(ax: Axes, points: list[tuple[float, float, str, dict[str, Any]]]) -> None:
+    """Name each (x, y, text, marker style) point, right of it or else left of it, where the
+    name stays inside the figure and overlaps no marker, no earlier name and not the legend,
+    moving down a line at a time until it does. Call after the layout is final."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed = [ax.get_legend().get_window_extent(renderer),
+              *(_marker_box(ax, x, y, style["markersize"]) for x, y, _, style in points)]
+    spots = [(side * 10, 4 - LABEL_LINE * line, side)
+             for line in range(len(points) + 1) for side in (1, -1)]
+    for x, y, text, style in points:
+        for dx, dy, side in spots:
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                fontsize=7, color=style["color"], va="center",
+                                ha="left" if side > 0 else "right", annotation_clip=False)
+            box = label.get_window_extent(renderer)
+            inside = ax.figure.bbox.x0 <= box.x0 and box.x1 <= ax.figure.bbox.x1
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+            label.remove()
+        placed.append(box)
+
+
+def throughput_vs_accepted(results: dict[str, Any]) -> Figure:
+    """Figure 1: each arm's mean throughput (error bar: std over repeated runs) against its mean
+    accepted tokens per round (error bar: std over runs)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), dpi=120)
+    points = []
     for i, (_, arm) in enumerate(arm_items(results)):
         tps, acc = arm["tokens_per_s"], arm["mean_accepted"]
-        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"], yerr=tps["std"],
-                    fmt=markers[i % len(markers)], capsize=4, label=arm["label"])
+        style = _marker_style(i)
+        ax.errorbar(acc["mean"], tps["mean"], xerr=acc["std"] or None, yerr=tps["std"] or None,
+                    linestyle="none", capsize=4, label=arm["label"], **style)  # no bar for std 0
+        points.append((acc["mean"], tps["mean"], arm["label"], style))
     mo = results["measured_on"]
     ax.set_xlabel("mean accepted tokens per round")
     ax.set_ylabel("output tokens / s (batch 1, greedy)")
     ax.set_title(f"Throughput vs accepted length\n{mo['model']} · {mo['hardware']}", fontsize=9)
-    ax.margins(x=0.15, y=0.1)
+    ax.margins(x=0.3, y=0.15)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    _label_points(ax, points)
+    return fig
+
+
+def acceptance_by_position(results: dict[str, Any]) -> Figure:
+    """Figure 2: per speculative arm, the share of rounds proposing position j whose accepted
+    prefix reached j, against j; dashed: gamma^j at the PEFT-BD training gamma."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
+    depth = 0
+    for i, (_, arm) in enumerate(arm_items(results)):
+        rates = arm.get("per_position", {}).get("rate") or []
+        if is_speculative(arm) and rates:
+            ax.plot(range(1, len(rates) + 1), rates, label=arm["label"], **_marker_style(i))
+            depth = max(depth, len(rates))
+    gamma = prefix_gamma(results)
+    js = range(1, depth + 1)
+    ax.plot(js, [gamma ** j for j in js], "k--", linewidth=1, zorder=2,
+            label=f"gamma^j, training gamma = {gamma:g} (the loss's assumption)")
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("P(accepted prefix >= j)")
+    ax.set_title("Acceptance per draft position", fontsize=9)
+    ax.set_xticks(list(js))
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write `fig` as a PNG at `path` and close it."""
+    path = Path(path)
     fig.savefig(path, format="png")
     plt.close(fig)
     return path

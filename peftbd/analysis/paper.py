@@ -19,6 +19,9 @@ SETUPS: dict[str, str] = {
 }
 """What each group of the paper's numbers was measured on (the paper does not name its GPU)."""
 
+PAPER_BLOCK_SIZE = 16
+"""The paper's PEFT-BD block size D (§3, §8.2)."""
+
 METRICS: dict[str, str] = {
     "tokens_per_s": "output tokens/s",
     "mean_accepted": "accepted tokens / round",
@@ -47,6 +50,13 @@ class PaperValue:
     std: float | None = None
     text: str | None = None
 
+    @property
+    def quoted(self) -> str:
+        """The value as the paper gives it: its text, else value (± std)."""
+        if self.text:
+            return self.text
+        return f"{self.value:g} ± {self.std:g}" if self.std is not None else f"{self.value:g}"
+
 
 PAPER_VALUES: tuple[PaperValue, ...] = (
     PaperValue("tokens_per_s", "peftbd", 34.05, SGLANG, std=0.20),
@@ -70,3 +80,11 @@ PAPER_VALUES: tuple[PaperValue, ...] = (
     PaperValue("needed_accepted_vs_ar", "peftbd", 18.312, ORACLE),
 )
 """Every paper number the report quotes; the paper gives no per-arm token/block acceptance."""
+
+
+def paper_value(metric: str, arm: str, measured_on: str = SGLANG) -> PaperValue:
+    """The paper's `metric` of `arm` as measured on `measured_on` (a key of SETUPS)."""
+    for pv in PAPER_VALUES:
+        if (pv.metric, pv.arm, pv.measured_on) == (metric, arm, measured_on):
+            return pv
+    raise KeyError(f"the paper quotes no {metric} of {arm} on {measured_on}")

@@ -1,8 +1,9 @@
-"""The benchmark report: `report.md` + Figure 1, built only from `results.json` and stage manifests.
+"""The benchmark report: `report.md` + Figures 1 and 2, built only from `results.json` and stage
+manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
-column), so rebuilding from the same artifacts gives the same report and a changed artifact gives
-a changed report.
+numbers and the findings' tolerances), so rebuilding from the same artifacts gives the same report
+and a changed artifact gives a changed report.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis import tables
-from peftbd.analysis.figures import throughput_vs_accepted
-from peftbd.benchmarking.schema import arm_items
+from peftbd.analysis.acceptance import gamma_table, position_table
+from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
+from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
+from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
+FIGURE_2 = "figure2_acceptance_by_position.png"
 BENCHMARK_STAGE = BENCHMARK.title
 
 
@@ -32,11 +36,12 @@ def read_stage_manifests(upstream: Mapping[str, str | Path]) -> dict[str, dict[s
 
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
-    """Write `report.md` and Figure 1 into `out_dir` from `results` (the benchmark's results.json)
-    and `manifests` ({stage name: manifest.json}); return the report's path."""
+    """Write `report.md` and Figures 1 and 2 into `out_dir` from `results` (the benchmark's
+    results.json) and `manifests` ({stage name: manifest.json}); return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    throughput_vs_accepted(results, out_dir / FIGURE_1)
+    save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
+    save_png(acceptance_by_position(results), out_dir / FIGURE_2)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
@@ -46,9 +51,17 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         f"at most {pr['max_new_tokens']} new tokens; {tm['repeats']} repeated runs per arm. "
         f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
+        "## Findings: the paper's (a)-(f) on this run",
+        "The paper states its findings in prose; these are the six its results rest on, in its "
+        "order, each judged from the numbers below ([brackets]: the paper's). \"About the same "
+        f"cost\" = within ±{SAME_COST:.0%}, \"essentially unchanged\" = within ±{UNCHANGED:.0%}.",
+        "\n".join(f.markdown() for f in findings(results)),
         "## Figure 1: throughput vs accepted tokens per round",
         f"![Figure 1]({FIGURE_1})",
-        "## Table 1: draft vs verify forward calls and latency (one run over all prompts)",
+        "## Table 1: what a round costs: draft vs verify per round, and per forward call",
+        "Draft / verify per round = a round's draft time (every draft call of the round) over its "
+        "verify time; per call = one draft forward over one verify forward. Calls: one run over "
+        "all prompts.",
         tables.forward_table(results),
         "## Table 2: acceptance, greedy audit and throughput",
         tables.acceptance_table(results),
@@ -57,6 +70,18 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "Draft-cost oracle: T(r) = T0 (1 - r * draft share), throughput(r) = accepted / T(r); "
         "the needed accepted length is target throughput * T(1).",
         tables.oracle_table(results),
+        "## Table 4: acceptance per draft position",
+        "Rate at position j = rounds whose accepted prefix reached j / rounds that proposed j "
+        "(over every repeat; vLLM's num_accepted_tokens_per_pos).",
+        position_table(results),
+        "## Figure 2: acceptance rate vs draft position",
+        f"![Figure 2]({FIGURE_2})",
+        "## Table 5: the gamma^j assumption behind the linear-prefix loss (PEFT-BD arms)",
+        "The loss weighs position j by gamma^(j-1): it assumes every drafted token is accepted "
+        "with the same probability gamma, so position j is accepted with probability gamma^j and "
+        "P(accept j | accepted j-1) = gamma at every j. Fitted gamma = accepted draft tokens / "
+        "positions reached (the maximum-likelihood constant acceptance).",
+        gamma_table(results),
     ]
     per_category = tables.category_table(results)
     if per_category:
@@ -76,7 +101,8 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """A few lines for the end of the main job: throughput, accepted length and audit per arm."""
+    """A few lines for the end of the main job: throughput, accepted length, audit and what a
+    round's drafting costs against its verify (per round; per forward call beside it) per arm."""
     lines = []
     for _, arm in arm_items(results):
         tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
@@ -84,8 +110,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f"{acc['mean']:.2f} accepted/round")
         if audit:
             line += f", audit {audit['exact']}/{audit['prompts']} exact"
-        d, v = arm["forward"]["draft"], arm["forward"]["verify"]
-        if d["calls"] and d["mean_ms"] and v["mean_ms"]:
-            line += f", draft/verify latency {d['mean_ms'] / v['mean_ms']:.2f}"
+        per_round, per_call = draft_verify_per_round(arm), draft_verify_per_call(arm)
+        if per_round is not None:
+            line += f", draft/verify {per_round:.2f} per round"
+            if per_call is not None:
+                line += f" ({per_call:.2f} per call)"
         lines.append(line)
     return lines

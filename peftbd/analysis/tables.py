@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from peftbd.analysis.paper import METRICS, PAPER_VALUES, SETUPS, PaperValue
-from peftbd.benchmarking.schema import ORACLE_TARGETS, arm_items, is_speculative
+from peftbd.benchmarking.schema import (
+    ORACLE_TARGETS,
+    arm_items,
+    draft_verify_per_call,
+    draft_verify_per_round,
+    is_speculative,
+)
 
 NA = "n/a"
 
@@ -45,16 +51,20 @@ def _mean(s: dict[str, float] | None) -> float | None:
 
 
 def forward_table(results: dict[str, Any]) -> str:
-    """Table 1: draft vs verify forward calls and mean latency per arm (one run, all prompts)."""
+    """Table 1: what a round costs (draft ms per round, every draft call summed, over verify ms
+    per round) first, then the forward calls (one run, all prompts) and their mean latency."""
     rows = []
-    for arm_id, arm in arm_items(results):
-        d, v = arm["forward"]["draft"], arm["forward"]["verify"]
-        ratio = d["mean_ms"] / v["mean_ms"] if d["mean_ms"] and v["mean_ms"] else None
-        rows.append([arm["label"], d["calls"], fmt(d["mean_ms"], 3), v["calls"],
-                     fmt(v["mean_ms"], 3), fmt(ratio, 3)])
+    for _, arm in arm_items(results):
+        d, v, rnd = arm["forward"]["draft"], arm["forward"]["verify"], arm["round"]
+        spec = is_speculative(arm)
+        rows.append([arm["label"], fmt(draft_verify_per_round(arm), 3),
+                     fmt(rnd["draft_ms"], 3) if spec else None, fmt(rnd["verify_ms"], 3),
+                     d["calls"], fmt(d["mean_ms"], 3), v["calls"], fmt(v["mean_ms"], 3),
+                     fmt(draft_verify_per_call(arm), 3)])
     return markdown_table(
-        ["arm", "draft calls", "draft mean ms", "verify calls", "verify mean ms",
-         "draft / verify latency"], rows)
+        ["arm", "draft / verify per round", "draft ms / round", "verify ms / round",
+         "draft calls", "draft ms / call", "verify calls", "verify ms / call",
+         "draft / verify per call"], rows)
 
 
 def acceptance_table(results: dict[str, Any]) -> str:
@@ -160,9 +170,8 @@ def paper_table(results: dict[str, Any]) -> str:
     labels = {a: arm["label"] for a, arm in arm_items(results)}
     rows = []
     for pv in PAPER_VALUES:
-        paper = pv.text or (f"{pv.value:g} ± {pv.std:g}" if pv.std is not None else f"{pv.value:g}")
         ours = _ours(results, pv)
-        rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], paper, pv.measured_on,
+        rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], pv.quoted, pv.measured_on,
                      None if ours is None else f"{ours:.4g}"])
     legend = [f"- paper, {key}: {text}" for key, text in SETUPS.items()]
     legend.append(f"- ours: {mo['model']} ({mo['dtype']}), {mo['engine']}, {mo['hardware']}")

@@ -2,7 +2,7 @@
 
 ```
 {
-  "schema": "peftbd-benchmark/1",
+  "schema": "peftbd-benchmark/2",
   "preset": "tiny",
   "created": "2025-01-01T00:00:00+00:00",
   "measured_on": {"model": str, "engine": str, "hardware": str, "device": str, "dtype": str},
@@ -23,9 +23,12 @@ ARM = {
   "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
   "mean_accepted_prefix": float | null,            # accepted draft tokens / round, bonus excluded
   "token_acceptance": float | null, "block_acceptance": float | null,
+  "per_position": {"proposed": [int], "reached": [int], "accepted": [int],  # index j - 1, j = 1..D,
+                   "rate": [float | null], "conditional": [float | null]},  # over every repeat
   "forward": {"draft": {"calls": int, "mean_ms": float | null},
               "verify": {"calls": int, "mean_ms": float | null}},   # per run (one repeat)
-  "round": {"t0_s": float, "draft_share": float, "verify_share": float, "other_share": float},
+  "round": {"t0_s": float, "draft_ms": float, "verify_ms": float,  # ms: mean per round
+            "draft_share": float, "verify_share": float, "other_share": float},
   "audit": {"prompts": int, "exact": int, "exact_pct": float, "mismatches": [{...}, ...]} | null,
                                                                    # null for AR, the reference
   "oracle": {"t0_s": float, "draft_share": float, "accepted": float,  # speculative arms only:
@@ -36,7 +39,9 @@ ARM = {
 ```
 
 Throughput is output tokens over the summed per-prompt decode time (batch 1, prompts timed one
-after another), so it does not depend on how many workers shared the prompts.
+after another), so it does not depend on how many workers shared the prompts. `per_position` is
+the engine's (`peftbd.decoding.metrics`): rate = accepted / proposed, conditional = accepted /
+reached = P(accept j | accepted j - 1).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-SCHEMA = "peftbd-benchmark/1"
+SCHEMA = "peftbd-benchmark/2"
 
 ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                          "fastmtp")
@@ -76,3 +81,20 @@ def arm_items(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def is_speculative(arm: dict[str, Any]) -> bool:
     """True for arms with a drafter (everything but greedy AR)."""
     return arm.get("method") != "ar"
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def draft_verify_per_round(arm: dict[str, Any]) -> float | None:
+    """What drafting costs per round relative to verifying: mean draft ms per round (every draft
+    call of the round) / mean verify ms per round; None for AR."""
+    rnd = arm["round"]
+    return _ratio(rnd["draft_ms"], rnd["verify_ms"]) if is_speculative(arm) else None
+
+
+def draft_verify_per_call(arm: dict[str, Any]) -> float | None:
+    """Mean draft forward ms / mean verify forward ms (one call each); None without draft calls."""
+    d, v = arm["forward"]["draft"], arm["forward"]["verify"]
+    return _ratio(d["mean_ms"], v["mean_ms"]) if d["calls"] else None

@@ -8,8 +8,15 @@ Definitions (per run, summed over its requests):
 - mean_accepted_prefix: mean accepted draft tokens per round (bonus excluded).
 - token_acceptance: accepted / proposed draft tokens.
 - block_acceptance: share of rounds with a draft whose every proposed token was accepted.
+- per_position: for draft position j = 1..D (D = the longest draft of a round; FastMTP: its
+  steps), lists indexed j - 1 (vLLM's num_accepted_tokens_per_pos, with its own denominator):
+  proposed = rounds whose draft has position j, reached = those whose positions 1..j-1 were all
+  accepted, accepted = those whose accepted prefix reaches j; rate = accepted / proposed,
+  conditional = accepted / reached = P(accept j | accepted j - 1). Sum of accepted = accepted
+  draft tokens. When every round proposes D, rate is non-increasing in j.
 - forward: calls and mean latency per mode (prefill, draft, verify, sync).
-- round: t0_s = mean round time (the oracle's T0) and the draft / verify / other time shares.
+- round: t0_s = mean round time (the oracle's T0), mean draft / verify ms per round (every draft
+  call of a round summed) and the draft / verify / other time shares.
 """
 
 from __future__ import annotations
@@ -46,6 +53,19 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def _per_position(rounds: Sequence[RoundMetrics]) -> dict[str, list]:
+    """Acceptance per draft position over `rounds` (see the module docstring)."""
+    positions = range(1, max((r.proposed for r in rounds), default=0) + 1)
+    proposed = [sum(r.proposed >= j for r in rounds) for j in positions]
+    reached = [sum(r.proposed >= j and r.accepted >= j - 1 for r in rounds) for j in positions]
+    accepted = [sum(r.accepted >= j for r in rounds) for j in positions]
+    return {
+        "proposed": proposed, "reached": reached, "accepted": accepted,
+        "rate": [_ratio(a, n) for a, n in zip(accepted, proposed)],
+        "conditional": [_ratio(a, n) for a, n in zip(accepted, reached)],
+    }
+
+
 def summarize(results: Sequence[DecodeResult]) -> dict[str, Any]:
     """Run metrics over `results` (see the module docstring for each definition)."""
     rounds = [r for res in results for r in res.rounds]
@@ -70,6 +90,7 @@ def summarize(results: Sequence[DecodeResult]) -> dict[str, Any]:
         "mean_accepted_prefix": _ratio(sum(r.accepted for r in rounds), len(rounds)),
         "token_acceptance": _ratio(sum(r.accepted for r in drafted), sum(r.proposed for r in drafted)),
         "block_acceptance": _ratio(sum(r.accepted == r.proposed for r in drafted), len(drafted)),
+        "per_position": _per_position(drafted),
         "forward": {
             mode: {"calls": n, "mean_ms": seconds[mode] / n * 1e3} for mode, n in sorted(calls.items())
         },

@@ -39,6 +39,11 @@ class RoundEvent:
         """Replica-side milliseconds of this step."""
         return self.draft_ms + self.verify_ms + self.sync_ms + self.other_ms
 
+    def positions(self) -> tuple[range, range]:
+        """The draft positions (1-based) this step proposed, and those it accepted (its accepted
+        prefix reached them), as the engine's `per_position` counts them."""
+        return range(1, self.proposed + 1), range(1, self.accepted + 1)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

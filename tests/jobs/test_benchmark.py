@@ -94,6 +94,16 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             assert arm["audit"]["exact"] == N_PROMPTS and arm["audit"]["exact_pct"] == 100.0
             assert arm["forward"]["draft"]["calls"] > 0
             assert set(arm["oracle"]["needed_accepted"]) == {"fastmtp", "ar"}
+            rounds = [r for repeat in shard.results[arm_id] for res in repeat for r in res.rounds]
+            pos = arm["per_position"]  # over both repeats
+            assert sum(pos["accepted"]) == sum(r.accepted for r in rounds)
+            assert sum(pos["proposed"]) == sum(r.proposed for r in rounds)
+            assert all(0 <= x <= 1 for x in pos["rate"])
+            # a round's draft time holds every draft call of the round (FastMTP: mtp_steps)
+            f, rnd = arm["forward"]["draft"], arm["round"]
+            assert rnd["draft_ms"] * len(rounds) >= 2 * f["calls"] * f["mean_ms"]
+    assert len(arms["fastmtp"]["per_position"]["proposed"]) == small_cfg.mtp.num_steps
+    assert len(arms["peftbd"]["per_position"]["proposed"]) == small_cfg.drafter.block_size
     assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False}
     assert arms["peftbd_early_exit"]["settings"] == {"denoise_steps": 1, "anchored": False,
                                                      "draft_layers": 2}

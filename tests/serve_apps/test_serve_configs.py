@@ -11,7 +11,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from peftbd.config import load_config
 from serve_apps.args import SESSION_ROUTER, AppArgs, actor_options
-from serve_apps.metrics import HISTOGRAMS
+from serve_apps.metrics import COUNTERS, HISTOGRAMS
 
 REPO = Path(__file__).resolve().parents[2]
 APPS = REPO / "serve_apps"
@@ -75,9 +75,14 @@ def test_cluster_yaml_targets_the_drafter_and_verifier_worker_resources():
     assert {"drafter", "verifier"} <= offered, f"cluster.yaml offers {sorted(offered)}"
 
 
-def test_dashboard_plots_every_round_histogram():
+def test_dashboard_plots_every_round_histogram_and_counter():
     dash = json.loads((APPS / "grafana_dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for name in HISTOGRAMS:
         assert f"ray_{name}_bucket" in exprs or f"ray_{name}_sum" in exprs, name
+    for name in COUNTERS:
+        assert f"ray_{name}_total" in exprs, name
+    rate = next(t["expr"] for p in dash["panels"] for t in p["targets"]
+                if "accepted_per_position" in t["expr"])
+    assert rate.count("by (placement, method, position)") == 3  # accepted / proposed per position
     assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "placement", "method"}

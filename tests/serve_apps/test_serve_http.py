@@ -118,7 +118,8 @@ def test_round_metrics_are_exported_under_the_dashboard_names(served):
                            DASHBOARD.read_text()))
     assert {"ray_peftbd_draft_ms", "ray_peftbd_verify_ms", "ray_peftbd_transport_ms",
             "ray_peftbd_tokens_per_round"} <= names
-    wanted = names - {"ray_peftbd_session_resumes"}  # counted only when a state is rebuilt
+    # counted only when a state is rebuilt / a draft token is accepted (untrained drafters here)
+    wanted = names - {"ray_peftbd_session_resumes", "ray_peftbd_accepted_per_position"}
     url = f"http://127.0.0.1:{served.metrics_port}/metrics"
     deadline, text = time.time() + 90, ""
     while time.time() < deadline:
@@ -128,6 +129,7 @@ def test_round_metrics_are_exported_under_the_dashboard_names(served):
         time.sleep(5)
     assert not [n for n in wanted if n not in text], "not exported yet"
     assert re.search(r'ray_peftbd_draft_ms_bucket\{[^}]*placement="split"', text)
+    assert re.search(r'ray_peftbd_proposed_per_position_total\{[^}]*position="1"', text)
 
 
 def test_killed_drafter_replica_mid_request_recovers(served, engine):

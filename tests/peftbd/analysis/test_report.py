@@ -9,50 +9,16 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from peftbd.analysis.report import FIGURE_1, build_report, read_stage_manifests, summary_lines
+from peftbd.analysis.report import (
+    FIGURE_1,
+    FIGURE_2,
+    build_report,
+    read_stage_manifests,
+    summary_lines,
+)
 from peftbd.analysis.tables import markdown_table
-from peftbd.benchmarking.schema import SCHEMA, stat
+from peftbd.benchmarking.schema import stat
 from peftbd.manifest import write_manifest
-
-
-def _arm(label: str, method: str, tps: list[float], accepted: float, draft_ms: float | None,
-         calls: int) -> dict:
-    spec = method != "ar"
-    return {
-        "label": label, "method": method, "settings": {},
-        "repeats": [{"tokens_per_s": t, "new_tokens": 480, "decode_s": 480 / t, "rounds": calls,
-                     "mean_accepted": accepted} for t in tps],
-        "tokens_per_s": stat(tps), "mean_accepted": stat([accepted] * len(tps)),
-        "token_acceptance": 0.25 if spec else None, "block_acceptance": 0.0 if spec else None,
-        "forward": {"draft": {"calls": calls if spec else 0, "mean_ms": draft_ms},
-                    "verify": {"calls": calls, "mean_ms": 2.5}},
-        "round": {"t0_s": 0.006, "draft_share": 0.45, "verify_share": 0.45, "other_share": 0.1},
-        "audit": {"prompts": 16, "exact": 16, "exact_pct": 100.0, "mismatches": []} if spec else None,
-        "oracle": {"reductions": [{"r": r, "t_s": 0.006 * (1 - r * 0.45),
-                                   "tokens_per_s": accepted / (0.006 * (1 - r * 0.45))}
-                                  for r in (0.0, 0.5, 1.0)],
-                   "needed_accepted": {"fastmtp": 1.7, "ar": 2.9}} if spec else None,
-        "by_category": {"qa": {"prompts": 2, "tokens_per_s": stat(tps), "mean_accepted":
-                               stat([accepted])}},
-    }
-
-
-def sample_results() -> dict:
-    """A results.json in the documented schema, with distinct recognisable numbers."""
-    return {
-        "schema": SCHEMA, "preset": "tiny", "created": "2025-01-01T00:00:00+00:00",
-        "measured_on": {"model": "embedded:tiny", "engine": "peftbd loop", "hardware": "test CPU",
-                        "device": "cpu", "dtype": "float32"},
-        "prompts": {"source": "test", "path": "/a/continuations", "count": 16,
-                    "max_new_tokens": 48, "categories": None},
-        "timing": {"workers": 1, "torch_threads": 2, "repeats": 3, "how": "serial"},
-        "drafters": {},
-        "arms": {
-            "ar": _arm("AR", "ar", [401.5, 399.5, 400.0], 1.0, None, 768),
-            "peftbd": _arm("PEFT-BD 1 step", "peftbd", [123.25, 121.75, 122.5], 1.37, 2.61, 420),
-            "fastmtp": _arm("FastMTP", "fastmtp", [311.0, 309.0, 310.0], 1.81, 0.4, 300),
-        },
-    }
 
 
 STAGE_DIRS = {"generate": "continuations", "train_peftbd": "peftbd_adapter",
@@ -68,25 +34,37 @@ def _stage_manifests(root: Path) -> dict[str, Path]:
     return {name: root / sub for name, sub in reversed(STAGE_DIRS.items())}  # order given: none
 
 
-def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path) -> None:
+def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path, sample_results) -> None:
     manifests = read_stage_manifests(_stage_manifests(tmp_path / "artifacts"))
     assert list(manifests) == ["generate continuations", "train PEFT-BD adapter",
                                "train early-exit PEFT-BD adapter", "train FastMTP head"]
-    text = build_report(sample_results(), manifests, tmp_path / "out").read_text()
-    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "The paper beside ours",
-                    "Pipeline stages", "Per category"):
+    text = build_report(sample_results, manifests, tmp_path / "out").read_text()
+    for heading in ("Findings", "Figure 1", "Figure 2", "Table 1", "Table 2", "Table 3", "Table 4",
+                    "Table 5", "The paper beside ours", "Pipeline stages", "Per category"):
         assert heading in text
     assert "122.50 ± 0.75" in text  # PEFT-BD mean ± std over the three runs
-    assert "| PEFT-BD 1 step | 420 | 2.610 | 420 | 2.500 | 1.044 |" in text  # Table 1
+    # Table 1: per round first (FastMTP: 3 calls of 0.4 ms + overhead = 1.3 ms), per call beside
+    assert "| PEFT-BD 1 step | 1.080 | 2.700 | 2.500 | 420 | 2.610 | 420 | 2.500 | 1.044 |" in text
+    assert "| FastMTP | 0.520 | 1.300 | 2.500 | 300 | 0.400 | 300 | 2.500 | 0.160 |" in text
+    assert "| AR | n/a | n/a | 2.500 | 0 | n/a | 768 | 2.500 | n/a |" in text
+    # Table 4: rate (accepted / proposed) per position, FastMTP's 3 positions, PEFT-BD's 4
+    assert "| PEFT-BD 1 step | 0.600 (60/100) | 0.300 (30/100) | 0.120 (12/100) | 0.040 (4/100) |" in text
+    assert "| FastMTP | 0.700 (70/100) | 0.450 (45/100) | 0.250 (25/100) |  |" in text
+    # Table 5: gamma^j at 0.9, fitted gamma = 106 accepted / 202 reached, conditional rates
+    assert "| PEFT-BD 1 step | gamma^j, training gamma = 0.9 | 0.900 | 0.810 | 0.729 | 0.656 |" in text
+    assert "fitted gamma = 0.525 | 0.525 | 0.275 | 0.144 | 0.076 |" in text
+    assert "| PEFT-BD 1 step | measured P(accept j \\| accepted j-1) (model: gamma) | 0.600 | 0.500 | 0.400 | 0.333 |" in text
+    assert "FastMTP | gamma" not in text  # the gamma table is PEFT-BD's only
+    assert "- **(a)** A longer accepted prefix" in text and "**Not measurable here.**" in text
     assert "87.2" in text and "41.5" in text  # stage wall times
     assert "| train early-exit PEFT-BD adapter | 60.8 |" in text
     assert "34.05 ± 0.2" in text  # the paper's column, labelled
     assert "SGLang" in text and "test CPU" in text
 
 
-def test_changing_an_artifact_changes_the_report(tmp_path: Path) -> None:
+def test_changing_an_artifact_changes_the_report(tmp_path: Path, sample_results) -> None:
     inputs = _stage_manifests(tmp_path / "artifacts")
-    results = sample_results()
+    results = sample_results
     before = build_report(results, read_stage_manifests(inputs),
                           tmp_path / "a").read_text()
 
@@ -107,20 +85,23 @@ def test_changing_an_artifact_changes_the_report(tmp_path: Path) -> None:
                         tmp_path / "d").read_text() == again  # deterministic
 
 
-def test_figure_is_a_valid_png(tmp_path: Path) -> None:
-    build_report(sample_results(), {}, tmp_path)
-    png = tmp_path / FIGURE_1
+@pytest.mark.parametrize("name", [FIGURE_1, FIGURE_2])
+def test_figures_are_valid_pngs(tmp_path: Path, sample_results, name) -> None:
+    build_report(sample_results, {}, tmp_path)
+    png = tmp_path / name
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = mpimg.imread(png)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
     assert image[..., :3].std() > 0.01  # not a blank canvas
 
 
-def test_summary_lines_one_per_arm() -> None:
-    lines = summary_lines(sample_results())
+def test_summary_lines_one_per_arm(sample_results) -> None:
+    lines = summary_lines(sample_results)
     assert len(lines) == 3
     assert lines[0] == "AR: 400.3 ± 1.0 tok/s, 1.00 accepted/round"
-    assert lines[1].startswith("PEFT-BD 1 step: 122.5 ± 0.8 tok/s, 1.37 accepted/round, audit 16/16")
+    assert lines[1] == ("PEFT-BD 1 step: 122.5 ± 0.8 tok/s, 1.37 accepted/round, audit 16/16 "
+                        "exact, draft/verify 1.08 per round (1.04 per call)")
+    assert lines[2].endswith("draft/verify 0.52 per round (0.16 per call)")
 
 
 @pytest.mark.parametrize("value, cell", [(None, "n/a"), ("a|b", "a\\|b"), (3, "3")])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder, decode
+from peftbd.decoding import (DecodeResult, MTPDrafter, PeftBDDrafter, SpeculativeDecoder, decode,
+                             summarize)
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter
 
@@ -29,11 +30,22 @@ def peft_verifier(tiny_cfg, tokenizer):
 @pytest.mark.parametrize("steps,anchored", [(1, False), (2, False), (1, True)])
 def test_untrained_peftbd_equals_ar(peft_verifier, tokenizer, prompts, eos, ar_outputs, steps, anchored):
     drafter = PeftBDDrafter(peft_verifier, tokenizer.mask_token_id, 8, steps, anchored)
+    results = []
     for pid, ids in prompts:
         result = decode(peft_verifier, ids, drafter, 32, eos)
         assert result.tokens == ar_outputs[pid]
         assert result.metrics["forward"]["draft"]["calls"] == steps * sum(
             r.proposed > 0 for r in result.rounds)
+        results.append(result)
+    rounds = [r for res in results for r in res.rounds]
+    pos = summarize(results)["per_position"]
+    assert len(pos["proposed"]) == 8
+    assert sum(pos["accepted"]) == sum(r.accepted for r in rounds)  # the counts add up
+    assert sum(pos["proposed"]) == sum(r.proposed for r in rounds)
+    assert all(0 <= x <= 1 for x in pos["rate"]) and pos["rate"][0] is not None
+    assert all(x is None or 0 <= x <= 1 for x in pos["conditional"])  # None: never reached
+    full = summarize([DecodeResult([], [r for r in rounds if r.proposed == 8])])["per_position"]
+    assert full["rate"] == sorted(full["rate"], reverse=True)  # longest prefix: non-increasing
 
 
 def test_untrained_mtp_equals_ar(verifier, prompts, eos, ar_outputs):
@@ -76,6 +88,11 @@ def test_partial_acceptance_counts(scripted, verifier, prompts):
     assert result.tokens == truth
     assert all(r.accepted == min(2, r.proposed) for r in result.rounds)
     assert result.metrics["block_acceptance"] < 1.0
+    pos = result.metrics["per_position"]
+    drafted = [r.proposed for r in result.rounds if r.proposed]
+    assert pos["accepted"] == [len(drafted), sum(p >= 2 for p in drafted), 0, 0, 0]
+    assert pos["rate"][:2] == [1.0, 1.0] and pos["rate"][2:] == [0.0] * 3
+    assert pos["conditional"][2] == 0.0 and pos["conditional"][3:] == [None, None]  # never reached
 
 
 def test_eos_inside_an_accepted_block_stops_where_ar_stops(scripted, verifier, prompts, eos, ar_outputs):

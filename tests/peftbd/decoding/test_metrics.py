@@ -25,6 +25,12 @@ def test_summary_definitions():
     assert m["mean_accepted_prefix"] == pytest.approx(5 / 4)
     assert m["token_acceptance"] == pytest.approx(5 / 10)  # over rounds that drafted
     assert m["block_acceptance"] == pytest.approx(1 / 3)
+    pos = m["per_position"]  # drafted rounds (4, 4), (4, 1), (2, 0); AR's round proposes nothing
+    assert pos["proposed"] == [3, 3, 2, 2] and pos["accepted"] == [2, 1, 1, 1]
+    assert pos["reached"] == [3, 2, 1, 1]  # proposed j and accepted 1..j-1
+    assert pos["rate"] == pytest.approx([2 / 3, 1 / 3, 1 / 2, 1 / 2])  # (2, 0) stops at 2
+    assert pos["conditional"] == pytest.approx([2 / 3, 1 / 2, 1, 1])
+    assert sum(pos["accepted"]) == 5 and sum(pos["proposed"]) == 10
     assert m["forward"] == {"draft": {"calls": 3, "mean_ms": pytest.approx(10)},
                             "verify": {"calls": 4, "mean_ms": pytest.approx(10)}}
     assert m["round"]["t0_s"] == pytest.approx(0.07 / 4)
@@ -37,4 +43,5 @@ def test_summary_definitions():
 def test_ar_run_has_no_acceptance_rates():
     m = summarize([DecodeResult(tokens=[1], rounds=[], prefill_s=0.01)])
     assert m["token_acceptance"] is None and m["block_acceptance"] is None and m["mean_accepted"] is None
+    assert m["per_position"] == dict.fromkeys(("proposed", "reached", "accepted", "rate", "conditional"), [])
     assert m["tokens_per_s"] == pytest.approx(100)

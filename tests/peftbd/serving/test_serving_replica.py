@@ -49,6 +49,12 @@ def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
     summary = stats.summary()
     assert summary.rounds == len(events) - 1 and summary.resumes == 0
     assert summary.tokens_per_round == pytest.approx((len(reference) - 1) / summary.rounds, abs=1e-3)
+    # what the per-position counters record = the engine's per_position of the same decode
+    engine = models.decoder(method).decode(prompt, MAX_NEW).metrics["per_position"]
+    for counted, positions in zip(("proposed", "accepted"), zip(*(e.positions() for e in events))):
+        assert [sum(j in p for p in positions) for j in range(1, len(engine[counted]) + 1)] \
+            == engine[counted]
+        assert sum(map(len, positions)) == sum(engine[counted])
 
 
 def _split(models, prompt, method, lose_at: int | None = None,

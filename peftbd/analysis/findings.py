@@ -1,0 +1,225 @@
+"""The report's Findings: the paper's findings (a)-(f), each checked against this run's numbers.
+
+The paper states its findings in prose, not as a list; these are the six its results rest on
+(sections 5.1-5.3 and 8.5-8.7), lettered in the paper's order. Every verdict is computed from
+results.json alone: REPRODUCED when each condition of the claim holds here, NOT_REPRODUCED naming
+the measured quantity that differs, NOT_MEASURABLE when an arm or number it needs is missing.
+The paper's numbers (in brackets) come from `peftbd.analysis.paper`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from peftbd.analysis.paper import HF_LOOP, ORACLE, PAPER_BLOCK_SIZE, PROFILE, SGLANG, paper_value
+from peftbd.benchmarking.schema import draft_verify_per_call, draft_verify_per_round
+
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
+
+SAME_COST = 0.2
+"""(b) "about the same cost": a draft forward within ±20% of a verify forward (paper: 0.99)."""
+UNCHANGED = 0.1
+"""(e) "essentially unchanged" throughput: within ±10% (paper: 15.4-15.6 tok/s)."""
+
+CLAIMS: dict[str, str] = {
+    "a": "A longer accepted prefix does not buy throughput: PEFT-BD accepts more tokens per round "
+         "than FastMTP yet decodes far slower (§5.1).",
+    "b": "The draft is verifier-scale: a PEFT-BD draft forward costs about as much as a verify "
+         "forward (§5.2, §8.5).",
+    "c": "Even free drafting would not reach FastMTP: the draft-cost oracle at r = 1 stays below "
+         "FastMTP's throughput (§5.2, §8.7).",
+    "d": "Two denoising steps lower both throughput and accepted length (§5.3).",
+    "e": "Anchoring raises the accepted length slightly but leaves throughput essentially "
+         "unchanged (§5.3).",
+    "f": "At this scale greedy AR beats both speculative methods, and matching it would take more "
+         "accepted tokens per round than the block holds (§8.6, §8.7).",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One paper finding checked on this run: its `claim`, the `measured` quantities the verdict
+    rests on (ours, the paper's in brackets), the `verdict` and `why`."""
+
+    key: str
+    claim: str
+    measured: str
+    verdict: str
+    why: str
+
+    def markdown(self) -> str:
+        return (f"- **({self.key})** {self.claim} **{self.verdict.capitalize()}.** "
+                f"Measured: {self.measured}. Why: {self.why}.")
+
+
+Check = tuple[bool, str, str]
+"""(holds, what to say when it holds, what to say when it does not)."""
+
+
+def _judge(key: str, measured: str, checks: Sequence[Check]) -> Finding:
+    failed = [miss for holds, _, miss in checks if not holds]
+    if failed:
+        return Finding(key, CLAIMS[key], measured, NOT_REPRODUCED, "; ".join(failed))
+    return Finding(key, CLAIMS[key], measured, REPRODUCED, "; ".join(hit for _, hit, _ in checks))
+
+
+def _unmeasurable(key: str, needs: str) -> Finding:
+    return Finding(key, CLAIMS[key], "none", NOT_MEASURABLE, f"needs {needs}, which this run lacks")
+
+
+def _arms(results: dict[str, Any], *arm_ids: str) -> list[dict[str, Any]] | None:
+    arms = [results["arms"].get(a) for a in arm_ids]
+    return None if None in arms else arms
+
+
+def _tps(arm: dict[str, Any]) -> float:
+    return arm["tokens_per_s"]["mean"]
+
+
+def _acc(arm: dict[str, Any]) -> float:
+    return arm["mean_accepted"]["mean"]
+
+
+def _paper(metric: str, arm: str, measured_on: str = SGLANG) -> str:
+    return paper_value(metric, arm, measured_on).quoted
+
+
+def _free_drafting(arm: dict[str, Any]) -> float | None:
+    """The oracle's throughput with the draft cost removed (r = 1)."""
+    reductions = (arm.get("oracle") or {}).get("reductions", [])
+    return next((r["tokens_per_s"] for r in reductions if r["r"] == 1.0), None)
+
+
+def _needed(arm: dict[str, Any], target: str) -> float | None:
+    return (arm.get("oracle") or {}).get("needed_accepted", {}).get(target)
+
+
+def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
+    """(a) PEFT-BD vs FastMTP: more accepted tokens per round, less throughput."""
+    arms = _arms(results, "peftbd", "fastmtp")
+    if arms is None:
+        return _unmeasurable("a", "the PEFT-BD and FastMTP arms")
+    pa, fa, pt, ft = _acc(arms[0]), _acc(arms[1]), _tps(arms[0]), _tps(arms[1])
+    measured = (f"accepted tokens / round PEFT-BD {pa:.3f} vs FastMTP {fa:.3f} "
+                f"[{_paper('mean_accepted', 'peftbd')} vs {_paper('mean_accepted', 'fastmtp')}]; "
+                f"tok/s {pt:.1f} vs {ft:.1f} "
+                f"[{_paper('tokens_per_s', 'peftbd')} vs {_paper('tokens_per_s', 'fastmtp')}]")
+    return _judge("a", measured, [
+        (pa > fa, f"PEFT-BD accepts {pa / fa:.2f}x FastMTP's tokens per round",
+         f"PEFT-BD accepts no more tokens per round than FastMTP ({pa:.3f} vs {fa:.3f})"),
+        (pt < ft, f"at {pt / ft:.2f}x its throughput",
+         f"PEFT-BD is not slower than FastMTP ({pt:.1f} vs {ft:.1f} tok/s)"),
+    ])
+
+
+def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
+    """(b) PEFT-BD's draft forward vs its verify forward."""
+    arms = _arms(results, "peftbd")
+    per_call = draft_verify_per_call(arms[0]) if arms else None
+    if arms is None or per_call is None:
+        return _unmeasurable("b", "the PEFT-BD arm's draft and verify forward times")
+    fwd = arms[0]["forward"]
+    paper_ratio = (paper_value("draft_mean_ms", "peftbd", PROFILE).value
+                   / paper_value("verify_mean_ms", "peftbd", PROFILE).value)
+    measured = (f"PEFT-BD draft / verify per forward call {per_call:.2f} [{paper_ratio:.2f}], per "
+                f"round {draft_verify_per_round(arms[0]):.2f}; draft vs verify calls "
+                f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
+                f"[{_paper('draft_calls', 'peftbd', PROFILE)} vs "
+                f"{_paper('verify_calls', 'peftbd', PROFILE)}]")
+    side = ("dearer at this size: no draft/verify asymmetry either, but not the paper's "
+            "near-equality" if per_call > 1 else "cheaper at this size: some asymmetry exists here")
+    return _judge("b", measured, [
+        (abs(per_call - 1) <= SAME_COST,
+         f"a draft forward costs {per_call:.2f}x a verify forward, within ±{SAME_COST:.0%}",
+         f"a draft forward costs {per_call:.2f}x a verify forward, beyond ±{SAME_COST:.0%} ({side})"),
+    ])
+
+
+def free_drafting_below_fastmtp(results: dict[str, Any]) -> Finding:
+    """(c) The oracle's PEFT-BD throughput at zero draft cost vs FastMTP's measured one."""
+    arms = _arms(results, "peftbd", "fastmtp")
+    free = _free_drafting(arms[0]) if arms else None
+    if arms is None or free is None:
+        return _unmeasurable("c", "the PEFT-BD oracle and the FastMTP arm")
+    ft, needed = _tps(arms[1]), _needed(arms[0], "fastmtp")
+    measured = (f"PEFT-BD oracle tok/s at r = 1 {free:.1f} vs FastMTP measured {ft:.1f} "
+                f"[{_paper('free_draft_tokens_per_s', 'peftbd', ORACLE)} vs "
+                f"{_paper('tokens_per_s', 'fastmtp')}]; accepted tokens / round needed to match "
+                f"FastMTP {needed:.2f} [{_paper('needed_accepted_vs_fastmtp', 'peftbd', ORACLE)}]")
+    return _judge("c", measured, [
+        (free < ft, f"free drafting reaches {free / ft:.2f}x FastMTP's throughput",
+         f"free drafting would reach {free / ft:.2f}x FastMTP's throughput: here the draft cost "
+         f"alone stands between them"),
+    ])
+
+
+def two_steps_lower_both(results: dict[str, Any]) -> Finding:
+    """(d) Two denoising steps vs one: throughput and accepted length."""
+    arms = _arms(results, "peftbd", "peftbd_2step")
+    if arms is None:
+        return _unmeasurable("d", "the 1-step and 2-step PEFT-BD arms")
+    (t1, t2), (a1, a2) = [_tps(a) for a in arms], [_acc(a) for a in arms]
+    measured = (f"tok/s 1 step {t1:.1f} vs 2 steps {t2:.1f} [{_paper('tokens_per_s', 'peftbd')} "
+                f"vs {_paper('tokens_per_s', 'peftbd_2step')}]; accepted tokens / round {a1:.3f} "
+                f"vs {a2:.3f} [{_paper('mean_accepted', 'peftbd')} vs "
+                f"{_paper('mean_accepted', 'peftbd_2step')}]")
+    return _judge("d", measured, [
+        (t2 < t1, f"two steps run at {t2 / t1:.2f}x one step's throughput",
+         f"two steps are not slower ({t2:.1f} vs {t1:.1f} tok/s)"),
+        (a2 < a1, f"and accept {a2 / a1:.2f}x its tokens per round",
+         f"two steps do not accept fewer tokens per round ({a2:.3f} vs {a1:.3f})"),
+    ])
+
+
+def anchoring_changes_little(results: dict[str, Any]) -> Finding:
+    """(e) Anchored vs unanchored 1-step PEFT-BD."""
+    arms = _arms(results, "peftbd", "peftbd_anchored")
+    if arms is None:
+        return _unmeasurable("e", "the unanchored and anchored PEFT-BD arms")
+    (t1, ta), (a1, aa) = [_tps(a) for a in arms], [_acc(a) for a in arms]
+    change = ta / t1 - 1
+    measured = (f"accepted tokens / round unanchored {a1:.3f} vs anchored {aa:.3f} "
+                f"[{_paper('mean_accepted', 'peftbd', HF_LOOP)} vs "
+                f"{_paper('mean_accepted', 'peftbd_anchored', HF_LOOP)}]; tok/s {t1:.1f} vs "
+                f"{ta:.1f} [{_paper('tokens_per_s', 'peftbd_anchored', HF_LOOP)}]")
+    return _judge("e", measured, [
+        (aa > a1, f"anchoring adds {aa - a1:.3f} accepted tokens per round",
+         f"anchoring does not raise accepted tokens per round ({a1:.3f} -> {aa:.3f})"),
+        (abs(change) <= UNCHANGED, f"throughput moves {change:+.1%}, within ±{UNCHANGED:.0%}",
+         f"throughput moves {change:+.1%}, beyond ±{UNCHANGED:.0%}"),
+    ])
+
+
+def ar_is_fastest(results: dict[str, Any]) -> Finding:
+    """(f) Greedy AR vs both speculative methods, and the accepted length needed to match AR."""
+    arms = _arms(results, "ar", "peftbd", "fastmtp")
+    needed = _needed(arms[1], "ar") if arms else None
+    if arms is None or needed is None:
+        return _unmeasurable("f", "the AR, PEFT-BD and FastMTP arms and the PEFT-BD oracle")
+    (ta, tp, tf), block = [_tps(a) for a in arms], results["config"]["drafter"]["block_size"]
+    best = max(tp, tf)
+    measured = (f"tok/s AR {ta:.1f} vs FastMTP {tf:.1f} vs PEFT-BD {tp:.1f} "
+                f"[{_paper('tokens_per_s', 'ar')} vs {_paper('tokens_per_s', 'fastmtp')} vs "
+                f"{_paper('tokens_per_s', 'peftbd')}]; accepted tokens / round PEFT-BD needs to "
+                f"match AR {needed:.2f} vs block size D = {block} "
+                f"[{_paper('needed_accepted_vs_ar', 'peftbd', ORACLE)} vs D = {PAPER_BLOCK_SIZE}]")
+    return _judge("f", measured, [
+        (ta > best, f"AR runs at {ta / best:.2f}x the faster speculative arm",
+         f"the faster speculative arm beats AR ({best:.1f} vs {ta:.1f} tok/s)"),
+        (needed > block, f"matching AR needs {needed:.2f} accepted tokens per round, more than D",
+         f"matching AR needs {needed:.2f} accepted tokens per round, within D = {block}"),
+    ])
+
+
+FINDINGS: tuple[Callable[[dict[str, Any]], Finding], ...] = (
+    longer_prefix_not_faster, draft_is_verifier_scale, free_drafting_below_fastmtp,
+    two_steps_lower_both, anchoring_changes_little, ar_is_fastest,
+)
+"""The checks of findings (a)-(f), in order."""
+
+
+def findings(results: dict[str, Any]) -> list[Finding]:
+    """Findings (a)-(f) with this run's verdicts."""
+    return [check(results) for check in FINDINGS]

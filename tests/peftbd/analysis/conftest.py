@@ -1,0 +1,96 @@
+"""Synthetic results.json dicts in the documented schema (`peftbd.benchmarking.schema`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from peftbd.benchmarking.schema import SCHEMA, stat
+
+ArmMaker = Callable[..., dict[str, Any]]
+
+
+def _per_position(accepted: list[int], rounds: int = 100) -> dict[str, list]:
+    """Counts of `rounds` rounds that each proposed len(accepted) positions (reached j = accepted
+    j - 1)."""
+    proposed = [rounds] * len(accepted)
+    reached = [rounds, *accepted[:-1]] if accepted else []
+    return {"proposed": proposed, "reached": reached, "accepted": accepted,
+            "rate": [a / p for a, p in zip(accepted, proposed)],
+            "conditional": [a / n if n else None for a, n in zip(accepted, reached)]}
+
+
+def make_arm(label: str, method: str, tps: list[float], accepted: float, *,
+             draft_call_ms: float | None = None, verify_call_ms: float = 2.5, calls: int = 420,
+             round_ms: tuple[float, float] = (2.7, 2.5), accepted_per_position: list[int] | None = None,
+             free: float | None = None, needed: tuple[float, float] = (1.7, 2.9)) -> dict[str, Any]:
+    """One arm; `accepted_per_position` over 100 rounds that each proposed every position;
+    `free` overrides the oracle's r = 1 throughput, `needed` = (vs FastMTP, vs AR)."""
+    spec = method != "ar"
+    reductions = [{"r": r, "t_s": 0.006 * (1 - r * 0.45),
+                   "tokens_per_s": accepted / (0.006 * (1 - r * 0.45))} for r in (0.0, 0.5, 1.0)]
+    if free is not None:
+        reductions[-1]["tokens_per_s"] = free
+    return {
+        "label": label, "method": method, "settings": {},
+        "repeats": [{"tokens_per_s": t, "new_tokens": 480, "decode_s": 480 / t, "rounds": calls,
+                     "mean_accepted": accepted} for t in tps],
+        "tokens_per_s": stat(tps), "mean_accepted": stat([accepted] * len(tps)),
+        "mean_accepted_prefix": accepted - 1,
+        "token_acceptance": 0.25 if spec else None, "block_acceptance": 0.0 if spec else None,
+        "per_position": _per_position(accepted_per_position or []),
+        "forward": {"draft": {"calls": calls if spec else 0, "mean_ms": draft_call_ms},
+                    "verify": {"calls": calls, "mean_ms": verify_call_ms}},
+        "round": {"t0_s": 0.006, "draft_ms": round_ms[0], "verify_ms": round_ms[1],
+                  "draft_share": 0.45, "verify_share": 0.45, "other_share": 0.1},
+        "audit": {"prompts": 16, "exact": 16, "exact_pct": 100.0, "mismatches": []} if spec else None,
+        "oracle": {"reductions": reductions,
+                   "needed_accepted": {"fastmtp": needed[0], "ar": needed[1]}} if spec else None,
+        "by_category": {"qa": {"prompts": 2, "tokens_per_s": stat(tps), "mean_accepted":
+                               stat([accepted])}},
+    }
+
+
+def make_results(arms: dict[str, dict[str, Any]], block_size: int = 4) -> dict[str, Any]:
+    """A results.json around `arms` ({arm id: arm})."""
+    return {
+        "schema": SCHEMA, "preset": "tiny", "created": "2025-01-01T00:00:00+00:00",
+        "measured_on": {"model": "embedded:tiny", "engine": "peftbd loop", "hardware": "test CPU",
+                        "device": "cpu", "dtype": "float32"},
+        "prompts": {"source": "test", "path": "/a/continuations", "count": 16,
+                    "max_new_tokens": 48, "categories": None},
+        "timing": {"workers": 1, "torch_threads": 2, "repeats": 3, "how": "serial"},
+        "drafters": {},
+        "arms": arms,
+        "config": {"drafter": {"block_size": block_size, "prefix_gamma": 0.9}},
+    }
+
+
+@pytest.fixture
+def arm() -> ArmMaker:
+    """`make_arm`."""
+    return make_arm
+
+
+@pytest.fixture
+def results_of() -> Callable[..., dict[str, Any]]:
+    """`make_results`."""
+    return make_results
+
+
+def sample() -> dict[str, Any]:
+    """AR, PEFT-BD (D = 4) and FastMTP (3 steps) with distinct recognisable numbers."""
+    return make_results({
+        "ar": make_arm("AR", "ar", [401.5, 399.5, 400.0], 1.0, calls=768, round_ms=(0.01, 2.5)),
+        "peftbd": make_arm("PEFT-BD 1 step", "peftbd", [123.25, 121.75, 122.5], 1.37,
+                           draft_call_ms=2.61, accepted_per_position=[60, 30, 12, 4]),
+        "fastmtp": make_arm("FastMTP", "fastmtp", [311.0, 309.0, 310.0], 1.81, draft_call_ms=0.4,
+                            calls=300, round_ms=(1.3, 2.5), accepted_per_position=[70, 45, 25]),
+    })
+
+
+@pytest.fixture
+def sample_results() -> dict[str, Any]:
+    """`sample()`."""
+    return sample()
