@@ -37,7 +37,12 @@ from peftbd.models.peft_bd import (
     count_parameters,
     set_adapter_enabled,
 )
-from peftbd.training.block_diffusion import BlockStats, block_diffusion_stats, build_draft_batch
+from peftbd.training.block_diffusion import (
+    BlockStats,
+    block_diffusion_stats,
+    block_starts,
+    build_draft_batch,
+)
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
 
@@ -103,11 +108,12 @@ class PeftBDTask:
     def _stats(
         self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]
     ) -> BlockStats:
-        d = self.cfg.drafter
+        d, seed = self.cfg.drafter, self.cfg.training.seed
         draft = build_draft_batch(
-            batch, block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
+            batch, block_starts(batch, d.block_size, d.block_offsets, seed, epoch),
+            block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
             anchored=d.anchored, gamma=d.prefix_gamma, t_range=t_range,
-            seed=self.cfg.training.seed, epoch=epoch, dtype=next(module.parameters()).dtype,
+            seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
         )
         return block_diffusion_stats(module, draft.to(batch.ids.device))
 
