@@ -55,7 +55,7 @@ from peft import PeftModel
 from transformers import DynamicCache
 
 from peftbd.config import BlockOffsets
-from peftbd.models.early_exit import adapter_depth, first_layers
+from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
 from peftbd.models.peft_bd import (
     adapter_on,
     draft_input_ids,
@@ -198,19 +198,30 @@ def build_draft_batch(
     )
 
 
-def chunk_hidden_states(model: PeftModel, draft: DraftBatch) -> torch.Tensor:
-    """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
-    drafted against the adapter-off (verifier) KV of the clean sequences."""
-    backbone, depth = model.get_base_model().model, adapter_depth(model)
+def clean_cache(model: PeftModel, clean_ids: torch.Tensor) -> DynamicCache:
+    """The adapter-off (verifier) KV of the clean sequences, through the drafter's layers."""
+    backbone = model.get_base_model().model
     set_adapter_enabled(model, False)
     cache = DynamicCache(config=backbone.config)
-    with torch.no_grad(), first_layers(backbone.config, depth):  # an early-exit drafter's k layers
-        backbone(input_ids=draft.clean_ids, cache=cache, use_cache=True)
+    with torch.no_grad(), first_layers(backbone.config, adapter_depth(model)):  # early exit: k layers
+        backbone(input_ids=clean_ids, cache=cache, use_cache=True)
+    return cache
+
+
+def chunk_hidden_states(
+    model: PeftModel, draft: DraftBatch, cache: DynamicCache | None = None
+) -> torch.Tensor:
+    """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
+    drafted against the adapter-off (verifier) KV of the clean sequences (`cache`: their
+    `clean_cache`, reused and left as it was; default: computed here)."""
+    backbone, depth = model.get_base_model().model, adapter_depth(model)
+    cache = clean_cache(model, draft.clean_ids) if cache is None else cache
     with adapter_on(model), first_layers(backbone.config, depth):
         out = backbone(
             input_ids=draft.chunk_ids, position_ids=draft.chunk_positions,
             attention_mask=draft.attention_mask, cache=cache, use_cache=True,
         )
+    crop_first_layers(cache, draft.chunk_ids.shape[1], depth)
     return out.last_hidden_state
 
 
