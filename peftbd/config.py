@@ -35,6 +35,7 @@ AttnImplementation = Literal["sdpa", "eager"]
 Scheduler = Literal["cosine", "constant"]
 Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
 ZeroStage = Literal[0, 1, 2, 3]
+BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
 Method = Literal["ar", "peft-bd", "fastmtp"]  # peftbd.serving.schemas.METHODS
 Placement = Literal[  # jobs.placement.placement_options
     "colocated", "split", "split-cross-node", "split-same-node", "split-fractional-gpu",
@@ -129,6 +130,9 @@ class DrafterConfig:
     mask_ratio_min: float = 0.3
     mask_ratio_max: float = 1.0
     prefix_gamma: float = 0.9
+    # where training cuts blocks: random = at a random offset per (row, epoch), as the engine
+    # drafts from wherever a round ended; aligned = at the reply start (BD3LM, the ablation)
+    block_offsets: BlockOffsets = "random"
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 

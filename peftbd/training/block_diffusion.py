@@ -1,10 +1,17 @@
 """The PEFT-BD block-diffusion objective, trained exactly as the engine drafts.
 
 Cutting a sequence into blocks. A sequence y_0..y_{n-1} (0-based) has prompt length P and a
-continuation y_P..y_{n-1}. Its blocks start at s = P, P+D, P+2D, ... < n; block k covers
-y_s..y_{s+D-1}. The last block is partial when D does not divide the continuation length (and
-a continuation shorter than D is one partial block): its positions past the end are always mask
-tokens and carry no loss, exactly what a full-mask draft near the end of a text looks like.
+continuation y_P..y_{n-1}; block k starting at s covers y_s..y_{s+D-1}. `drafter.block_offsets`:
+
+- `random` (default): the starts are s = P+1+o, P+1+o+D, ... < n with o in [0, D) drawn per
+  (seed, epoch, row id) (`block_offset`). The engine never drafts y_P (prefill commits it), its
+  first round drafts from P+1 and every later one from wherever the previous round ended, so
+  its rounds start at every position after P; over the epochs a row is cut at every offset.
+- `aligned` (the paper's BD3LM-style cut, kept as the ablation): s = P, P+D, P+2D, ...
+
+The last block is partial when it runs past the end (a continuation shorter than D is one
+partial block): its positions past the end are always mask tokens and carry no loss, exactly
+what a full-mask draft near the end of a text looks like.
 
 The draft pattern (`peftbd.models.peft_bd`, shared with the engine). For a block at s the
 drafter sees the clean context y_0..y_{s-2} as the verifier's adapter-OFF KV (no grad) and runs
@@ -14,7 +21,8 @@ the adapter ON over the chunk `[y_{s-1}, noised y_s..y_{s+D-1}]` at positions s-
 Noise. Per block, t ~ U[mask_ratio_min, mask_ratio_max] and exactly max(1, round(t * v)) of the
 block's v real positions are replaced by the mask token (uniformly without replacement). At
 t = 1 the whole block is masked, which is what inference drafts. The noise of a row is a pure
-function of (seed, epoch, row id), so a run is reproducible and a resumed run sees the same noise.
+function of (seed, epoch, row id), as are its block offsets, so a run is reproducible and a
+resumed run sees the same blocks and noise.
 
 Linear-prefix loss. Block position j (0-based) weighs gamma^j and the loss is the weighted mean
 of the cross-entropy over the masked real positions of the micro-batch:
@@ -46,7 +54,8 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import DynamicCache
 
-from peftbd.models.early_exit import adapter_depth, first_layers
+from peftbd.config import BlockOffsets
+from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
 from peftbd.models.peft_bd import (
     adapter_on,
     draft_input_ids,
@@ -64,10 +73,30 @@ def prefix_weights(block_size: int, gamma: float) -> torch.Tensor:
     return gamma ** torch.arange(block_size, dtype=torch.float64).float()
 
 
+def _row_hash(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
 def noise_generator(seed: int, epoch: int, row_id: str) -> torch.Generator:
     """The generator of one row's noise in one epoch (independent of batching and workers)."""
-    digest = hashlib.sha256(f"{seed}:{epoch}:{row_id}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return torch.Generator().manual_seed(_row_hash(f"{seed}:{epoch}:{row_id}") & (2**63 - 1))
+
+
+def block_offset(seed: int, epoch: int, row_id: str, block_size: int) -> int:
+    """o in [0, block_size): where one row's `random` blocks start in one epoch (see module doc)."""
+    return _row_hash(f"offset:{seed}:{epoch}:{row_id}") % block_size
+
+
+def block_starts(
+    batch: SequenceBatch, block_size: int, offsets: BlockOffsets, seed: int, epoch: int
+) -> list[list[int]]:
+    """Each row's block starts s (the index of the block's first token, see module doc)."""
+    rows = zip(batch.prompt_lens.tolist(), batch.lengths.tolist(), batch.row_ids, strict=True)
+    starts = []
+    for p, n, row_id in rows:
+        first = p if offsets == "aligned" else p + 1 + block_offset(seed, epoch, row_id, block_size)
+        starts.append(list(range(first, n, block_size)))
+    return starts
 
 
 def sample_block_mask(
@@ -118,6 +147,7 @@ class DraftBatch:
 
 def build_draft_batch(
     batch: SequenceBatch,
+    starts: list[list[int]],
     *,
     block_size: int,
     mask_id: int,
@@ -129,14 +159,11 @@ def build_draft_batch(
     epoch: int,
     dtype: torch.dtype = torch.float32,
 ) -> DraftBatch:
-    """Noise every block of `batch` and lay the chunks out for one forward (see module doc)."""
+    """Noise the blocks of `batch` that start at `starts` (per row, each in P..n-1) and lay the
+    chunks out for one forward (see module doc)."""
     d, chunk = block_size, block_size + 1
     n_rows, width = batch.ids.shape
-    starts = [
-        list(range(int(p), int(n), d))
-        for p, n in zip(batch.prompt_lens.tolist(), batch.lengths.tolist(), strict=True)
-    ]
-    num_blocks = max(len(s) for s in starts)
+    num_blocks = max([1, *map(len, starts)])  # rows with fewer blocks get dummy chunks
     q = num_blocks * chunk
     chunk_ids = torch.full((n_rows, q), pad_id, dtype=torch.long)
     positions = torch.zeros((n_rows, q), dtype=torch.long)
@@ -171,19 +198,30 @@ def build_draft_batch(
     )
 
 
-def chunk_hidden_states(model: PeftModel, draft: DraftBatch) -> torch.Tensor:
-    """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
-    drafted against the adapter-off (verifier) KV of the clean sequences."""
-    backbone, depth = model.get_base_model().model, adapter_depth(model)
+def clean_cache(model: PeftModel, clean_ids: torch.Tensor) -> DynamicCache:
+    """The adapter-off (verifier) KV of the clean sequences, through the drafter's layers."""
+    backbone = model.get_base_model().model
     set_adapter_enabled(model, False)
     cache = DynamicCache(config=backbone.config)
-    with torch.no_grad(), first_layers(backbone.config, depth):  # an early-exit drafter's k layers
-        backbone(input_ids=draft.clean_ids, cache=cache, use_cache=True)
+    with torch.no_grad(), first_layers(backbone.config, adapter_depth(model)):  # early exit: k layers
+        backbone(input_ids=clean_ids, cache=cache, use_cache=True)
+    return cache
+
+
+def chunk_hidden_states(
+    model: PeftModel, draft: DraftBatch, cache: DynamicCache | None = None
+) -> torch.Tensor:
+    """Float (B, K*(D+1), hidden): the adapter-on final hidden states of every chunk position,
+    drafted against the adapter-off (verifier) KV of the clean sequences (`cache`: their
+    `clean_cache`, reused and left as it was; default: computed here)."""
+    backbone, depth = model.get_base_model().model, adapter_depth(model)
+    cache = clean_cache(model, draft.clean_ids) if cache is None else cache
     with adapter_on(model), first_layers(backbone.config, depth):
         out = backbone(
             input_ids=draft.chunk_ids, position_ids=draft.chunk_positions,
             attention_mask=draft.attention_mask, cache=cache, use_cache=True,
         )
+    crop_first_layers(cache, draft.chunk_ids.shape[1], depth)
     return out.last_hidden_state
 
 

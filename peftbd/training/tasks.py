@@ -14,8 +14,10 @@ Eval metrics (all over the rows of the val split that are evaluated; see `docs/a
   (t = 1), which is how inference drafts.
 - `eval_target_token_accuracy`: the fraction of draft targets that greedy verification would
   accept: a target counts when the draft is right there and at every earlier position of its
-  draft (PEFT-BD: a t = 1 block of D; FastMTP: the K steps of a round).
-  `eval_accepted_prefix_mean`: the accepted tokens per draft (block / round), bonus excluded.
+  draft. `eval_accepted_prefix_mean`: the accepted tokens per draft, bonus excluded. PEFT-BD:
+  over the engine's rounds replayed on the rows (`peftbd.training.rounds`), the offline
+  `token_acceptance` and `mean_accepted_prefix`; `eval_block_...` the same over t = 1 blocks at
+  the training blocks' starts. FastMTP: the K steps of a round at every position.
 - `eval_step_accuracy` (FastMTP): teacher-forced top-1 accuracy of each step.
 """
 
@@ -37,9 +39,15 @@ from peftbd.models.peft_bd import (
     count_parameters,
     set_adapter_enabled,
 )
-from peftbd.training.block_diffusion import BlockStats, block_diffusion_stats, build_draft_batch
+from peftbd.training.block_diffusion import (
+    BlockStats,
+    block_diffusion_stats,
+    block_starts,
+    build_draft_batch,
+)
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
+from peftbd.training.rounds import replay_rounds, round_sums
 
 EVAL_EPOCH = -1
 """The noise epoch of evaluation: the same eval noise at every eval of every run."""
@@ -103,11 +111,12 @@ class PeftBDTask:
     def _stats(
         self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]
     ) -> BlockStats:
-        d = self.cfg.drafter
+        d, seed = self.cfg.drafter, self.cfg.training.seed
         draft = build_draft_batch(
-            batch, block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
+            batch, block_starts(batch, d.block_size, d.block_offsets, seed, epoch),
+            block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
             anchored=d.anchored, gamma=d.prefix_gamma, t_range=t_range,
-            seed=self.cfg.training.seed, epoch=epoch, dtype=next(module.parameters()).dtype,
+            seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
         )
         return block_diffusion_stats(module, draft.to(batch.ids.device))
 
@@ -120,7 +129,12 @@ class PeftBDTask:
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         noised = self._stats(module, batch, EVAL_EPOCH, self._t_range())
         full = self._stats(module, batch, EVAL_EPOCH, (1.0, 1.0))
+        rounds = replay_rounds(  # the continuations' budget is the engine's (data.max_new_tokens)
+            module, batch, budget=self.cfg.data.max_new_tokens, block_size=self.cfg.drafter.block_size,
+            mask_id=self.mask_id, pad_id=self.pad_id, anchored=self.cfg.drafter.anchored,
+        )
         return {
+            **round_sums(rounds),
             "weighted_loss": noised.weighted_loss, "weight": noised.weight,
             "correct": noised.correct, "labelled": noised.labelled,
             "weighted_loss_t1": full.weighted_loss, "weight_t1": full.weight,
@@ -134,9 +148,12 @@ class PeftBDTask:
             "eval_loss_t1": _ratio(sums["weighted_loss_t1"], sums["weight_t1"]),
             "eval_masked_token_accuracy": _ratio(sums["correct"], sums["labelled"]),
             "eval_masked_token_accuracy_t1": _ratio(sums["correct_t1"], sums["labelled_t1"]),
-            "eval_target_token_accuracy": _ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
-            "eval_accepted_prefix_mean": _ratio(sums["prefix_correct_t1"], sums["blocks_t1"]),
-            "eval_target_tokens": int(sums["labelled_t1"]),
+            "eval_target_token_accuracy": _ratio(sums["round_accepted"], sums["round_proposed"]),
+            "eval_accepted_prefix_mean": _ratio(sums["round_accepted"], sums["rounds"]),
+            "eval_target_tokens": int(sums["round_proposed"]),
+            "eval_rounds": int(sums["rounds"]),
+            "eval_block_target_token_accuracy": _ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
+            "eval_block_accepted_prefix_mean": _ratio(sums["prefix_correct_t1"], sums["blocks_t1"]),
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:

@@ -92,6 +92,7 @@ def test_yaml_file_round_trips_and_layers_under_overrides(tmp_path: Path):
 ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "model.dtype": ("fp8", "'float32', 'bfloat16', 'float16'"),
     "model.attn_implementation": ("flash_attention_2", "'sdpa', 'eager'"),
+    "drafter.block_offsets": ("shifted", "'random', 'aligned'"),
     "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "training.precision": ("fp16", "'fp32', 'bf16'"),
