@@ -24,7 +24,7 @@ GENERATE = StageSpec(
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
 TRAIN_PEFTBD = StageSpec(
     "train_peftbd", "train PEFT-BD adapter", "peftbd_adapter",
-    reads=("model", "drafter", "training"),
+    reads=("model", "drafter", "training", "data.max_new_tokens"),  # the offline rounds' budget
     ignores=("drafter.early_exit_layers", *_PLACEMENT_ONLY),
     inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_peftbd",
 )
