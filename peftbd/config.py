@@ -11,10 +11,8 @@ the value and the allowed form.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +20,8 @@ from typing import Any, Literal
 
 import yaml
 
+from peftbd.config_merge import ConfigError, merge
 from peftbd.presets import EMBEDDED_TINY, PRESETS  # noqa: F401  (EMBEDDED_TINY re-exported)
-
-
-class ConfigError(ValueError):
-    """A config key, value or file is not valid; the message names it and the allowed form."""
 
 
 # The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
@@ -303,9 +298,9 @@ def load_config(
         raise ConfigError(
             f"unknown preset {preset!r}; choose one of: {', '.join(preset_names())}"
         )
-    cfg = _merge(Config(), PRESETS[preset], prefix="")
+    cfg = merge(Config(), PRESETS[preset], prefix="")
     if config_file is not None:
-        cfg = _merge(cfg, _read_yaml(Path(config_file)), prefix="")
+        cfg = merge(cfg, _read_yaml(Path(config_file)), prefix="")
     for item in overrides:
         cfg = apply_override(cfg, item)
     _check_values(cfg)
@@ -328,7 +323,7 @@ def apply_override(cfg: Config, item: str) -> Config:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
-    return _merge(cfg, nested, prefix="")
+    return merge(cfg, nested, prefix="")
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -346,33 +341,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
     return data
-
-
-def _merge(obj: Any, updates: dict[str, Any], prefix: str) -> Any:
-    """Return a copy of dataclass `obj` with `updates` (nested mapping) applied and type-checked."""
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = typing.get_type_hints(type(obj))
-    changes: dict[str, Any] = {}
-    for name, value in updates.items():
-        key = f"{prefix}{name}"
-        if name not in fields:
-            close = difflib.get_close_matches(str(name), fields, n=1)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"unknown config key {key!r}{hint}; keys under "
-                f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
-            )
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ConfigError(
-                    f"config key {key!r} is a section; set one of its fields instead, "
-                    f"e.g. {key}.{dataclasses.fields(current)[0].name}=..."
-                )
-            changes[name] = _merge(current, value, prefix=f"{key}.")
-        else:
-            changes[name] = _coerce(key, value, hints[name])
-    return dataclasses.replace(obj, **changes)
 
 
 def _check_values(obj: Any, prefix: str = "") -> None:
@@ -402,63 +370,3 @@ def _check_values(obj: Any, prefix: str = "") -> None:
                 f"config key '{prefix}{first}': value {low!r} exceeds '{prefix}{second}' "
                 f"({high!r}); expected {first} <= {second}"
             )
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(tp))
-    if origin is Literal:
-        return "one of: " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin is tuple:
-        item = typing.get_args(tp)[0]
-        if typing.get_origin(item) is Literal:
-            return f"a list whose items are each {_describe(item)}"
-        return f"a list of {_describe(item)}"
-    if tp is type(None):
-        return "null"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        tp, str(tp)
-    )
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check `value` against the annotation `tp`; allow int -> float and list -> tuple."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError:
-                continue
-    elif origin is Literal:
-        for allowed in typing.get_args(tp):  # by type too: true is not 1, 2.0 is not 2
-            if value == allowed and type(value) is type(allowed):
-                return value
-    elif origin is tuple:
-        if isinstance(value, (list, tuple)):
-            item_type = typing.get_args(tp)[0]
-            return tuple(_coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value))
-    elif tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads "1e-3" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    raise ConfigError(
-        f"config key {key!r}: value {value!r} is not valid; expected {_describe(tp)}"
-    )
