@@ -43,7 +43,7 @@ from peftbd.data.sources import (
 from peftbd.layout import GENERATE, WORLD
 from peftbd.manifest import peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
-from peftbd.models.tiny_world import ensure_tiny_world, uses_tiny_world
+from peftbd.tiny_world.build import ensure_tiny_world, uses_tiny_world
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     from jobs.benchmark import benchmark_call
     from jobs.generate import generate_call
     from jobs.train_common import train_call
-    from peftbd.models.tiny_world import uses_tiny_world, world_call
+    from peftbd.tiny_world.build import uses_tiny_world, world_call
 
     calls: dict[str, StageCall] = {}
     world = None

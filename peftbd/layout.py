@@ -12,8 +12,8 @@ _PLACEMENT_ONLY = ("training.storage_path", "training.max_failures")
 
 WORLD = StageSpec(
     "world", "tiny world", "world", reads=("tiny_world",),
-    code=("peftbd.models.tiny_world", "peftbd.models.tiny_tokenizer", "peftbd.models.tiny_verifier",
-          "peftbd.data.embedded_corpus", "peftbd.data.chat"),
+    code=("peftbd.tiny_world.build", "peftbd.tiny_world.tokenizer", "peftbd.tiny_world.verifier",
+          "peftbd.tiny_world.corpus", "peftbd.data.chat"),
     command="python -m jobs.pipeline",
 )
 GENERATE = StageSpec(

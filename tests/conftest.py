@@ -38,7 +38,7 @@ def tiny_cfg() -> Config:
 @pytest.fixture(scope="session")
 def tiny_world(tiny_cfg: Config):
     """The embedded tiny world, built on first use (a few minutes on 2 cores, then cached)."""
-    from peftbd.models.tiny_world import ensure_tiny_world
+    from peftbd.tiny_world.build import ensure_tiny_world
 
     return ensure_tiny_world(tiny_cfg.tiny_world, tiny_cfg.paths.cache_dir)
 

@@ -71,7 +71,7 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
     (a missing path, or a hub id while the hub is unreachable)."""
     name = source or cfg.data.source
     if name == EMBEDDED_TINY:
-        from peftbd.models.tiny_world import ensure_tiny_world
+        from peftbd.tiny_world.build import ensure_tiny_world
 
         world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
         return Source("jsonl", str(world.corpus_path), name)

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from peftbd.config import EMBEDDED_TINY, Config, Dtype
 from peftbd.data.chat import QWEN3_CHAT_TEMPLATE
-from peftbd.models.tiny_tokenizer import MASK
-from peftbd.models.tiny_world import ensure_tiny_world
+from peftbd.tiny_world.tokenizer import MASK
+from peftbd.tiny_world.build import ensure_tiny_world
 
 DTYPES = {name: getattr(torch, name) for name in get_args(Dtype)}
 

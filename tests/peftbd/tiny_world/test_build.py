@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from peftbd.config import TinyWorldConfig
-from peftbd.models.tiny_world import build_tiny_world
+from peftbd.tiny_world.build import build_tiny_world
 
 SMALL = TinyWorldConfig(corpus_rows=400, vocab_size=600, train_steps=4, train_batch_size=4,
                         hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,

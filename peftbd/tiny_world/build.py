@@ -23,10 +23,10 @@ from filelock import FileLock
 
 from peftbd.config import EMBEDDED_TINY, Config, TinyWorldConfig, cache_root
 from peftbd.data.chat import encode_prompt
-from peftbd.data.embedded_corpus import build_corpus
+from peftbd.tiny_world.corpus import build_corpus
 from peftbd.layout import WORLD
-from peftbd.models.tiny_tokenizer import train_tokenizer
-from peftbd.models.tiny_verifier import (
+from peftbd.tiny_world.tokenizer import train_tokenizer
+from peftbd.tiny_world.verifier import (
     mean_loss,
     tiny_qwen3_config,
     train_tiny_verifier,
