@@ -49,7 +49,15 @@ from peftbd.cli import add_config_args, add_stage_args, config_from_args, output
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, resolve_source
-from peftbd.layout import BENCHMARK, GENERATE, TRAIN_EARLY_EXIT, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.layout import (
+    BENCHMARK,
+    GENERATE,
+    PEFTBD_ADAPTERS,
+    TRAIN_EARLY_EXIT,
+    TRAIN_MTP,
+    TRAIN_OFFSETS,
+    TRAIN_PEFTBD,
+)
 from peftbd.manifest import StageTimer, is_complete, read_manifest
 from peftbd.stage import StageCall, StageInputs
 from peftbd.models.loading import ModelUnavailableError
@@ -66,17 +74,18 @@ class BenchmarkInputError(ValueError):
     """A bad option; the message says how to fix it."""
 
 
-def time_on_workers(cfg: Config, adapter: Path, head: Path, prompt_set: PromptSet,
-                    repeats: int, early_exit: Path | None = None) -> list[ShardResult]:
-    """Split the prompts round-robin over `decoding.workers` Ray tasks; each times its share."""
+def time_on_workers(cfg: Config, adapters: Mapping[str, Path], head: Path, prompt_set: PromptSet,
+                    repeats: int) -> list[ShardResult]:
+    """Split the prompts round-robin over `decoding.workers` Ray tasks; each times its share
+    (`adapters`: {training stage name: output dir} of the PEFT-BD arms' adapters)."""
     d = cfg.decoding
     n = max(1, min(d.workers, len(prompt_set.prompts)))
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs = arm_specs(cfg)
-    exit_dir = None if early_exit is None else str(early_exit)
+    dirs = {name: str(path) for name, path in adapters.items()}
     with relay() as sink:
-        refs = [task.remote(cfg, str(adapter), str(head), specs, prompt_set.prompts[i::n], repeats,
-                            exit_dir, sink and sink.part(i)) for i in range(n)]
+        refs = [task.remote(cfg, dirs, str(head), specs, prompt_set.prompts[i::n], repeats,
+                            sink and sink.part(i)) for i in range(n)]
         return ray.get(refs)
 
 
@@ -88,10 +97,12 @@ def _drafter_info(path: Path) -> dict[str, Any]:
 
 def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test") -> dict[str, Path]:
     """{stage name: dir} of the benchmark's inputs in the main job's layout under `artifacts_dir`
-    (the early-exit adapter only when `drafter.early_exit_layers` > 0; the continuations, whose
-    test split gives the prompts, also for Spec-Bench prompts when they exist, for the report)."""
+    (the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation's
+    only with `drafter.offsets_ablation`; the continuations, whose test split gives the prompts,
+    also for Spec-Bench prompts when they exist, for the report)."""
     root = Path(artifacts_dir)
     needed = [TRAIN_PEFTBD, TRAIN_MTP] + ([TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else [])
+    needed += [TRAIN_OFFSETS] if cfg.drafter.offsets_ablation else []
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -100,7 +111,8 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
 def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
                    prompts: str = "test", repeats: int | None = None) -> StageCall:
     """The benchmark stage over `inputs` ({stage name: artifact dir}: train_peftbd, train_mtp,
-    train_early_exit when `drafter.early_exit_layers` > 0, generate for test prompts), writing
+    train_early_exit when `drafter.early_exit_layers` > 0, train_offsets with
+    `drafter.offsets_ablation`, generate for test prompts), writing
     results.json, report.md and Figure 1 into `out_dir`."""
     repeats = cfg.decoding.repeats if repeats is None else repeats
     if repeats < 1:
@@ -123,11 +135,10 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
-    adapter, head = upstream[TRAIN_PEFTBD.name], upstream[TRAIN_MTP.name]
-    early_exit = upstream.get(TRAIN_EARLY_EXIT.name)
-    shards = time_on_workers(cfg, adapter, head, prompt_set, repeats, early_exit)
+    adapters = {spec.name: upstream[spec.name] for spec in PEFTBD_ADAPTERS if spec.name in upstream}
+    shards = time_on_workers(cfg, adapters, upstream[TRAIN_MTP.name], prompt_set, repeats)
     drafters = {spec.subdir: _drafter_info(upstream[spec.name])
-                for spec in (TRAIN_PEFTBD, TRAIN_MTP, TRAIN_EARLY_EXIT) if spec.name in upstream}
+                for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP) if spec.name in upstream}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
@@ -154,8 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     parser.add_argument("--artifacts", type=Path, default=None,
                         help="the main job's output root (holds continuations/, peftbd_adapter/, "
-                             "mtp_head/ and, when drafter.early_exit_layers > 0, "
-                             "peftbd_early_exit/; default: <paths.out_dir>/<preset>)")
+                             "mtp_head/, peftbd_early_exit/ when drafter.early_exit_layers > 0 "
+                             "and peftbd_offsets/ with drafter.offsets_ablation; default: "
+                             "<paths.out_dir>/<preset>)")
     parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",
                         help="'test': the artifact's held-out split (default); 'spec-bench PATH': "
                              "Spec-Bench's question.jsonl, reported per category")

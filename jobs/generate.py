@@ -33,6 +33,7 @@ from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
 from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
+from peftbd.data.reply_stats import reply_stats
 from peftbd.data.sources import (
     Source,
     SourceError,
@@ -223,6 +224,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
             "resumed_rows": len(done),
         },
         "dropped": plan.dropped,
+        "replies": reply_stats(table["continuation_ids"].to_pylist()),
         "throughput": throughput(store.read(new_parts), gen_seconds),
     }
     store.remove()  # the splits are in `tmp`, which only the manifest and a rename separate from done

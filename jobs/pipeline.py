@@ -27,9 +27,11 @@ from peftbd.layout import (
     BENCHMARK,
     BY_NAME,
     GENERATE,
+    OTHER_OFFSETS,
     STAGES,
     TRAIN_EARLY_EXIT,
     TRAIN_MTP,
+    TRAIN_OFFSETS,
     TRAIN_PEFTBD,
     WORLD,
 )
@@ -41,7 +43,8 @@ from peftbd.stage import Decision, StageCall, StageError
 def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     """The main job as a recipe: each stage with its output dir under `root` and, explicitly,
     the artifacts it consumes. The world only when the model or data is the embedded tiny world;
-    the early-exit adapter only when `drafter.early_exit_layers` > 0."""
+    the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation only
+    when `drafter.offsets_ablation`."""
     from jobs.benchmark import benchmark_call
     from jobs.generate import generate_call
     from jobs.train_common import train_call
@@ -60,6 +63,11 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
         calls[TRAIN_EARLY_EXIT.name] = train_call(
             "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
             root / TRAIN_EARLY_EXIT.subdir, spec=TRAIN_EARLY_EXIT)
+    if cfg.drafter.offsets_ablation:
+        drafter = dataclasses.replace(cfg.drafter, block_offsets=OTHER_OFFSETS[cfg.drafter.block_offsets])
+        calls[TRAIN_OFFSETS.name] = train_call(
+            "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
+            root / TRAIN_OFFSETS.subdir, spec=TRAIN_OFFSETS)
     calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
     calls[BENCHMARK.name] = benchmark_call(
         cfg, {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names},
@@ -154,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.split("\n\n")[0],
         epilog=f"Stages, in order: {names}. world runs only for the embedded tiny world; "
         "train_early_exit is train_peftbd with drafter.draft_layers=drafter.early_exit_layers "
-        "(skipped when that is 0). Run one alone with python -m jobs.<generate|train_peftbd|"
+        "(skipped when that is 0); train_offsets is train_peftbd with the other "
+        "drafter.block_offsets (random | aligned; skipped unless drafter.offsets_ablation). Run one alone with python -m jobs.<generate|train_peftbd|"
         "train_mtp|benchmark> --help.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

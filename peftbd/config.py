@@ -52,18 +52,18 @@ class TinyWorldConfig:
     """How the embedded tiny world (corpus, tokenizer, verifier) is built; deterministic from `seed`."""
 
     seed: int = 0
-    corpus_rows: int = 5000
+    corpus_rows: int = 3500
     vocab_size: int = 2048
-    hidden_size: int = 128
-    num_layers: int = 4
+    hidden_size: int = 256
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 384
+    head_dim: int = 64
+    intermediate_size: int = 1024
     max_position_embeddings: int = 1024
-    train_steps: int = 600
+    train_steps: int = 400
     train_batch_size: int = 16
-    train_seq_len: int = 128
+    train_seq_len: int = 384
     lr: float = 3e-3
     heldout_fraction: float = 0.05
 
@@ -128,6 +128,7 @@ class DrafterConfig:
     # where training cuts blocks: random = at a random offset per (row, epoch), as the engine
     # drafts from wherever a round ended; aligned = at the reply start (BD3LM, the ablation)
     block_offsets: BlockOffsets = "random"
+    offsets_ablation: bool = True  # the main job also trains + benchmarks the other block_offsets
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 

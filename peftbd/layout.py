@@ -25,7 +25,7 @@ _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs
 TRAIN_PEFTBD = StageSpec(
     "train_peftbd", "train PEFT-BD adapter", "peftbd_adapter",
     reads=("model", "drafter", "training", "data.max_new_tokens"),  # the offline rounds' budget
-    ignores=("drafter.early_exit_layers", *_PLACEMENT_ONLY),
+    ignores=("drafter.early_exit_layers", "drafter.offsets_ablation", *_PLACEMENT_ONLY),
     inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_peftbd",
 )
 TRAIN_EARLY_EXIT = StageSpec(
@@ -34,6 +34,14 @@ TRAIN_EARLY_EXIT = StageSpec(
     code=_TRAIN_CODE, job=TRAIN_PEFTBD.name,
     command="python -m jobs.train_peftbd --set drafter.draft_layers=<drafter.early_exit_layers>",
 )
+TRAIN_OFFSETS = StageSpec(
+    "train_offsets", "train PEFT-BD adapter, other block offsets", "peftbd_offsets",
+    reads=TRAIN_PEFTBD.reads, ignores=TRAIN_PEFTBD.ignores, inputs=TRAIN_PEFTBD.inputs,
+    code=_TRAIN_CODE, job=TRAIN_PEFTBD.name,
+    command="python -m jobs.train_peftbd --set drafter.block_offsets=<the other of random|aligned>",
+)
+"""The block-offsets ablation (`drafter.offsets_ablation`): the adapter trained with the other
+recipe, e.g. aligned (BD3LM, the paper) beside random (the offsets the engine drafts from)."""
 TRAIN_MTP = StageSpec(
     "train_mtp", "train FastMTP head", "mtp_head", reads=("model", "mtp", "training"),
     ignores=_PLACEMENT_ONLY, inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_mtp",
@@ -41,16 +49,22 @@ TRAIN_MTP = StageSpec(
 BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
-           "drafter.early_exit_layers", "mtp.num_steps"),
-    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_MTP),
+           "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
+           "mtp.num_steps"),
+    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
           "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
-STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_MTP, BENCHMARK)
+STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
+                                 TRAIN_MTP, BENCHMARK)
 """The main job's stages in run order."""
 BY_NAME = {s.name: s for s in STAGES}
+PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)
+"""The stages whose output is a PEFT-BD adapter (the benchmark's PEFT-BD arms draft with them)."""
+OTHER_OFFSETS = {"random": "aligned", "aligned": "random"}
+"""`drafter.block_offsets` -> the recipe the offsets ablation trains."""
 
 ENGINE_SPEED = StageSpec(
     "engine_speed", "engine speed check", "engine_speed",

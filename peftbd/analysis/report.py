@@ -34,6 +34,22 @@ def read_stage_manifests(upstream: Mapping[str, str | Path]) -> dict[str, dict[s
     return {s.title: read_manifest(dirs[s.name]) for s in STAGES if s.name in dirs}
 
 
+MIN_TIMED_S = 3.0
+"""Timed decoding per arm-repeat below which a run's tok/s is noise-dominated on a shared CPU."""
+
+
+def _short_runs_note(results: dict[str, Any]) -> str:
+    """A warning naming the arms whose shortest run timed under MIN_TIMED_S, or the shortest run."""
+    shortest = {arm["label"]: min(r["decode_s"] for r in arm["repeats"])
+                for _, arm in arm_items(results) if arm["repeats"]}
+    short = [f"{label} ({s:.2f} s)" for label, s in shortest.items() if s < MIN_TIMED_S]
+    if short:
+        return (f"**Too short to time reliably:** runs under {MIN_TIMED_S:g} s of timed decoding: "
+                f"{', '.join(short)}; raise decoding.num_prompts or decoding.max_new_tokens.")
+    return (f"Every run timed at least {min(shortest.values(), default=0):.1f} s of decoding "
+            f"(>= {MIN_TIMED_S:g} s per arm and run).")
+
+
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
     """Write `report.md` and Figures 1 and 2 into `out_dir` from `results` (the benchmark's
@@ -67,6 +83,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         tables.acceptance_table(results),
         "## Table 3: repeated runs and the draft-cost oracle",
         tables.repeats_table(results),
+        _short_runs_note(results),
         "Draft-cost oracle: T(r) = T0 (1 - r * draft share), throughput(r) = accepted / T(r); "
         "the needed accepted length is target throughput * T(1).",
         tables.oracle_table(results),
@@ -82,6 +99,11 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "P(accept j | accepted j-1) = gamma at every j. Fitted gamma = accepted draft tokens / "
         "positions reached (the maximum-likelihood constant acceptance).",
         gamma_table(results),
+        "## Table 6: the engine's accepted prefix vs training's offline estimate",
+        "Accepted draft tokens per round, bonus excluded: the training run's estimate on its "
+        "eval rows (the engine's rounds replayed on the artifact, one step, unanchored) beside "
+        "what the engine accepted here on the test prompts.",
+        tables.offline_table(results),
     ]
     per_category = tables.category_table(results)
     if per_category:

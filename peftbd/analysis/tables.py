@@ -90,11 +90,13 @@ def repeats_table(results: dict[str, Any]) -> str:
     rows = []
     for _, arm in arms:
         runs = [fmt(r["tokens_per_s"]) for r in arm["repeats"]]
+        shortest = min((r["decode_s"] for r in arm["repeats"]), default=None)
         rows.append([arm["label"], *runs, *[None] * (n - len(runs)),
-                     fmt_stat(arm["tokens_per_s"]), fmt_stat(arm["mean_accepted"], 3)])
+                     fmt_stat(arm["tokens_per_s"]), fmt_stat(arm["mean_accepted"], 3),
+                     fmt(shortest, 2)])
     return markdown_table(
         ["arm", *[f"run {i + 1} tok/s" for i in range(n)], "tokens/s (mean ± std)",
-         "accepted / round (mean ± std)"], rows)
+         "accepted / round (mean ± std)", "timed s per run (shortest)"], rows)
 
 
 def oracle_table(results: dict[str, Any]) -> str:
@@ -120,6 +122,35 @@ def oracle_table(results: dict[str, Any]) -> str:
         ["arm", "T0 s/round", "draft share", "accepted / round",
          *[f"tok/s at r={r:g}" for r in rs],
          *[f"accepted needed to match {labels[t]}" for t in targets]], rows)
+
+
+OFFLINE_AGREES = 0.2
+"""The engine's accepted prefix should be within this of training's offline estimate."""
+ARM_DRAFTER = {"peftbd": "peftbd_adapter", "peftbd_early_exit": "peftbd_early_exit",
+               "peftbd_offsets": "peftbd_offsets", "fastmtp": "mtp_head"}
+"""Arms (one step, unanchored, as the offline estimate drafts) -> the drafter they decode with
+(a key of results.json `drafters`: the training stage's output subdir)."""
+
+
+def offline_table(results: dict[str, Any]) -> str:
+    """Table 6: the engine's accepted prefix per round (bonus excluded) beside the training
+    run's offline estimate on its eval rows (`eval_accepted_prefix_mean`, the engine's rounds
+    replayed), and whether they agree within OFFLINE_AGREES."""
+    drafters, rows = results.get("drafters", {}), []
+    for arm_id, arm in arm_items(results):
+        info = drafters.get(ARM_DRAFTER.get(arm_id, ""), {})
+        offline = info.get("metrics", {}).get("eval_accepted_prefix_mean")
+        engine = arm.get("mean_accepted_prefix")
+        if offline is None or engine is None:
+            continue
+        diff = engine / offline - 1 if offline else None
+        verdict = None if diff is None else ("yes" if abs(diff) <= OFFLINE_AGREES else "no")
+        rows.append([arm["label"], fmt(offline, 3), fmt(engine, 3),
+                     None if diff is None else f"{diff:+.0%}", verdict])
+    if not rows:
+        return "_No drafter reports an offline estimate._"
+    return markdown_table(["arm", "offline estimate (training eval)", "engine (this benchmark)",
+                           "engine vs offline", f"within ±{OFFLINE_AGREES:.0%}"], rows)
 
 
 def category_table(results: dict[str, Any]) -> str | None:

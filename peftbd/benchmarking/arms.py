@@ -3,14 +3,17 @@
 Arms (ids from `peftbd.benchmarking.schema.ARMS`): greedy AR; PEFT-BD with one denoising step,
 unanchored (the paper's main setting); its two ablations, two denoising steps and anchored; beyond
 the paper, early-exit PEFT-BD (`drafter.early_exit_layers = k`: its own adapter drafts from the
-first k layers; `peftbd.models.early_exit`); and FastMTP. AR and FastMTP run on the plain
-verifier; each PEFT-BD adapter on its own copy of it (verifying with the adapter off, as in the
-paper), so the adapter's wrapper layers never slow the baselines down.
+first k layers; `peftbd.models.early_exit`) and the block-offsets ablation
+(`drafter.offsets_ablation`: an adapter trained with the other `drafter.block_offsets` recipe);
+and FastMTP. AR and FastMTP run on the plain verifier; each PEFT-BD adapter on its own copy of it
+(verifying with the adapter off, as in the paper), so the adapter's wrapper layers never slow the
+baselines down. A PEFT-BD arm names its adapter by the training stage that made it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from transformers import PreTrainedModel
 
 from peftbd.config import Config
 from peftbd.decoding import Drafter, MTPDrafter, PeftBDDrafter
+from peftbd.layout import OTHER_OFFSETS, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
 from peftbd.models.early_exit import adapter_depth
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, resolve_device
 from peftbd.models.mtp_head import MTPHead
@@ -36,26 +40,36 @@ class ArmSpec:
     anchored: bool | None = None
     mtp_steps: int | None = None
     draft_layers: int | None = None  # an early-exit arm: its adapter drafts from this many layers
+    block_offsets: str | None = None  # PEFT-BD arms: the recipe their adapter was trained with
+    adapter: str | None = None  # PEFT-BD arms: the training stage whose adapter drafts
 
     def settings(self) -> dict[str, Any]:
         """The non-empty decoding settings, for results.json."""
-        keys = ("denoise_steps", "anchored", "mtp_steps", "draft_layers")
+        keys = ("denoise_steps", "anchored", "mtp_steps", "draft_layers", "block_offsets")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 def arm_specs(cfg: Config) -> list[ArmSpec]:
-    """Every arm, in report order, with block size, MTP steps and the early-exit depth (none
-    when `drafter.early_exit_layers` is 0) from `cfg`."""
+    """Every arm, in report order, with block size, MTP steps, the early-exit depth (no arm when
+    `drafter.early_exit_layers` is 0) and the offsets ablation (unless `drafter.offsets_ablation`
+    is off) from `cfg`."""
     d, k, exit_k = cfg.drafter.block_size, cfg.mtp.num_steps, cfg.drafter.early_exit_layers
-    early_exit = [ArmSpec("peftbd_early_exit", f"PEFT-BD D={d}, 1 step, first {exit_k} layers",
-                          "peftbd", denoise_steps=1, anchored=False, draft_layers=exit_k)]
+    offsets, other = cfg.drafter.block_offsets, OTHER_OFFSETS[cfg.drafter.block_offsets]
+
+    def peftbd(id_: str, label: str, steps: int = 1, anchored: bool = False,
+               adapter: str = TRAIN_PEFTBD.name, **settings: Any) -> ArmSpec:
+        return ArmSpec(id_, f"PEFT-BD D={d}, {label}", "peftbd", denoise_steps=steps,
+                       anchored=anchored, adapter=adapter, **{"block_offsets": offsets, **settings})
+
     return [
         ArmSpec("ar", "AR (greedy)", "ar"),
-        ArmSpec("peftbd", f"PEFT-BD D={d}, 1 step", "peftbd", denoise_steps=1, anchored=False),
-        ArmSpec("peftbd_2step", f"PEFT-BD D={d}, 2 steps", "peftbd", denoise_steps=2, anchored=False),
-        ArmSpec("peftbd_anchored", f"PEFT-BD D={d}, 1 step, anchored", "peftbd", denoise_steps=1,
-                anchored=True),
-        *(early_exit if exit_k > 0 else []),
+        peftbd("peftbd", "1 step"),
+        peftbd("peftbd_2step", "2 steps", steps=2),
+        peftbd("peftbd_anchored", "1 step, anchored", anchored=True),
+        *([peftbd("peftbd_early_exit", f"1 step, first {exit_k} layers", draft_layers=exit_k,
+                  adapter=TRAIN_EARLY_EXIT.name)] if exit_k > 0 else []),
+        *([peftbd("peftbd_offsets", f"1 step, {other} offsets", block_offsets=other,
+                  adapter=TRAIN_OFFSETS.name)] if cfg.drafter.offsets_ablation else []),
         ArmSpec("fastmtp", f"FastMTP ({k} steps)", "fastmtp", mtp_steps=k),
     ]
 
@@ -65,21 +79,22 @@ class ArmModels:
     """Everything a timing worker decodes with, loaded once."""
 
     verifier: PreTrainedModel  # plain: AR and FastMTP
-    peft_verifier: torch.nn.Module  # a second copy with the drafter adapter (PEFT-BD arms)
     mtp_head: MTPHead
     eos_ids: list[int]
     mask_id: int
     block_size: int
     device: torch.device
-    early_exit_verifier: torch.nn.Module | None = None  # a third copy: the early-exit adapter
+    adapters: dict[str, torch.nn.Module] = field(default_factory=dict)
+    """{training stage name: a copy of the verifier carrying that stage's adapter}."""
 
     def verifier_for(self, spec: ArmSpec) -> torch.nn.Module:
-        """The model that verifies for `spec` (the adapter-carrying copy for PEFT-BD arms)."""
-        if spec.draft_layers:
-            if self.early_exit_verifier is None:
-                raise ValueError(f"arm {spec.id!r} needs an early-exit adapter; none was loaded")
-            return self.early_exit_verifier
-        return self.peft_verifier if spec.method == "peftbd" else self.verifier
+        """The model that verifies for `spec` (its adapter's own copy for PEFT-BD arms)."""
+        if spec.method != "peftbd":
+            return self.verifier
+        if spec.adapter not in self.adapters:
+            raise ValueError(f"arm {spec.id!r} drafts with the adapter of stage {spec.adapter!r}; "
+                             f"loaded: {', '.join(self.adapters) or 'none'}")
+        return self.adapters[spec.adapter]
 
     def drafter_for(self, spec: ArmSpec) -> Drafter | None:
         """The engine drafter of `spec` (None = greedy AR)."""
@@ -94,28 +109,24 @@ class ArmModels:
         raise ValueError(f"arm {spec.id!r}: unknown method {spec.method!r}; use ar, peftbd or fastmtp")
 
 
-def load_arm_models(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
-                    early_exit_dir: str | Path | None = None) -> ArmModels:
-    """The verifier (plain, with the drafter adapter from `adapter_dir`, and with the early-exit
-    adapter from `early_exit_dir` when given) and the MTP head from `head_dir`, on
-    `cfg.model.device`."""
+def load_arm_models(cfg: Config, adapter_dirs: Mapping[str, str | Path],
+                    head_dir: str | Path) -> ArmModels:
+    """The plain verifier, one copy per PEFT-BD adapter (`adapter_dirs`: {training stage name:
+    its output dir}) and the MTP head from `head_dir`, on `cfg.model.device`."""
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(cfg)
     verifier = load_verifier(cfg, device)
-    peft_verifier = load_drafter_adapter(load_verifier(cfg, device), adapter_dir).eval()
-    early_exit = None
-    if early_exit_dir is not None:
-        early_exit = load_drafter_adapter(load_verifier(cfg, device), early_exit_dir).eval()
-        depth = adapter_depth(early_exit)
-        if depth != cfg.drafter.early_exit_layers:
-            raise ValueError(
-                f"the early-exit adapter in {str(early_exit_dir)!r} drafts from "
-                f"{depth} layers but drafter.early_exit_layers="
-                f"{cfg.drafter.early_exit_layers}; set it to match or retrain the adapter"
-            )
+    adapters = {name: load_drafter_adapter(load_verifier(cfg, device), path).eval()
+                for name, path in adapter_dirs.items()}
+    early_exit = adapters.get(TRAIN_EARLY_EXIT.name)
+    if early_exit is not None and adapter_depth(early_exit) != cfg.drafter.early_exit_layers:
+        raise ValueError(
+            f"the early-exit adapter in {str(adapter_dirs[TRAIN_EARLY_EXIT.name])!r} drafts from "
+            f"{adapter_depth(early_exit)} layers but drafter.early_exit_layers="
+            f"{cfg.drafter.early_exit_layers}; set it to match or retrain the adapter"
+        )
     return ArmModels(
-        verifier=verifier, peft_verifier=peft_verifier,
-        mtp_head=MTPHead.from_pretrained(head_dir, verifier).eval(),
+        verifier=verifier, mtp_head=MTPHead.from_pretrained(head_dir, verifier).eval(),
         eos_ids=eos_token_ids(verifier, tokenizer), mask_id=tokenizer.mask_token_id,
-        block_size=cfg.drafter.block_size, device=device, early_exit_verifier=early_exit,
+        block_size=cfg.drafter.block_size, device=device, adapters=adapters,
     )

@@ -9,7 +9,7 @@ lazy init). The greedy audit compares each speculative arm's first-repeat output
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,23 +81,23 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
     return found
 
 
-def run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
+def run_shard(cfg: Config, adapter_dirs: Mapping[str, str | Path], head_dir: str | Path,
               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
-              early_exit_dir: str | Path | None = None, sink: Sink | None = None) -> ShardResult:
+              sink: Sink | None = None) -> ShardResult:
     """Load the models, time every arm over `prompts` and audit them (one process, serial);
-    `early_exit_dir` holds the early-exit arm's adapter; `sink` hears of every decoded prompt."""
+    `adapter_dirs` = {training stage name: its output dir} of the PEFT-BD arms' adapters;
+    `sink` hears of every decoded prompt."""
     with progress.listening(sink):
-        return _run_shard(cfg, adapter_dir, head_dir, specs, prompts, repeats, early_exit_dir)
+        return _run_shard(cfg, adapter_dirs, head_dir, specs, prompts, repeats)
 
 
-def _run_shard(cfg: Config, adapter_dir: str | Path, head_dir: str | Path,
-               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
-               early_exit_dir: str | Path | None) -> ShardResult:
+def _run_shard(cfg: Config, adapter_dirs: Mapping[str, str | Path], head_dir: str | Path,
+               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int) -> ShardResult:
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
-    models = load_arm_models(cfg, adapter_dir, head_dir, early_exit_dir)
+    models = load_arm_models(cfg, adapter_dirs, head_dir)
     results = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens)
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=results,

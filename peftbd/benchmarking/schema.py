@@ -53,9 +53,11 @@ from typing import Any
 SCHEMA = "peftbd-benchmark/2"
 
 ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
-                         "fastmtp")
+                         "peftbd_offsets", "fastmtp")
 """Benchmark arms in report order: greedy AR, PEFT-BD (1 step unanchored; 2 steps; anchored),
-early-exit PEFT-BD (beyond the paper; only when `drafter.early_exit_layers` > 0), FastMTP."""
+early-exit PEFT-BD (beyond the paper; only when `drafter.early_exit_layers` > 0), the
+block-offsets ablation (the adapter trained with the other `drafter.block_offsets`; only with
+`drafter.offsets_ablation`), FastMTP."""
 
 ORACLE_TARGETS: tuple[str, ...] = ("fastmtp", "ar")
 """Arms whose measured throughput the draft-cost oracle asks each speculative arm to match."""

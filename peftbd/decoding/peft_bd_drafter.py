@@ -9,7 +9,9 @@ ceil(D * s / S) most confident positions are fixed (confidence = the max softmax
 taken among positions not yet fixed); the others are re-masked and predicted again by the next
 step, which sees the fixed tokens in place; the last step fills every remaining position. With
 S = 2 that is "keep the most confident half, re-predict the rest". The mask token is never
-proposed (its logit is excluded from the argmax).
+proposed (its logit is excluded from the argmax), so the draft reads its logits from the base
+output projection and gathers its input embeddings itself (`draft_logits`, `draft_embeddings`):
+the same values without peft's per-forward copy of both vocab x hidden matrices.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from peft import PeftModel
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import unwrap
 from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
-from peftbd.models.peft_bd import adapter_on, draft_attention_mask, draft_input_ids, draft_position_ids
+from peftbd.models.peft_bd import (
+    adapter_on,
+    draft_attention_mask,
+    draft_embeddings,
+    draft_input_ids,
+    draft_logits,
+    draft_position_ids,
+)
 
 
 class PeftBDDrafter:
@@ -66,9 +75,9 @@ class PeftBDDrafter:
         with adapter_on(self.model), first_layers(base.config, self.depth):
             for step in range(1, steps + 1):
                 with state.forwards.timed("draft"):
-                    out = base.model(input_ids=chunk, cache=state.cache, position_ids=positions,
-                                     attention_mask=mask, use_cache=True)
-                    logits = base.lm_head(out.last_hidden_state[:, 1:]).float()
+                    out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=state.cache,
+                                     position_ids=positions, attention_mask=mask, use_cache=True)
+                    logits = draft_logits(base, out.last_hidden_state[:, 1:]).float()
                 crop_first_layers(state.cache, d + 1, self.depth)
                 logits[..., self.mask_id] = -math.inf
                 if step == steps:

@@ -2,8 +2,10 @@
 
 Sources are `pydoc_data.topics` (the language reference, ~465 kB of English) and the docstrings of
 a fixed list of standard-library modules. Tasks mix open-ended answers (explain, describe,
-continue) with predictable ones (repeat, count, list), so a drafter trained on the verifier's
-continuations is neither trivially always right nor never.
+continue, summarize: ~4/5 of the rows) with ones that follow from the prompt (repeat, number,
+count, spell out, tabulate), so a drafter trained on the verifier's continuations is neither
+trivially always right nor never. Answers run to a few hundred characters (the paper's regime:
+replies of many D = 16 blocks), none shorter than ~40 tokens.
 """
 
 from __future__ import annotations
@@ -41,8 +43,13 @@ SYSTEM_PROMPTS = (
 
 NUMBER_WORDS = (
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen twenty"
+    "fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three "
+    "twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty"
 ).split()
+PROSE_MIN_CHARS = 160
+"""Shortest prose answer kept (~40 tokens): replies in the paper's regime run for many blocks."""
+PROMPT_MAX_CHARS = 1200
+"""Longest user turn kept (~350 tokens), well inside the prompt limit (`data.max_prompt_len`)."""
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 
@@ -103,7 +110,7 @@ def _builtin_docs(module_name: str) -> list[tuple[str, str]]:
 
 
 def _docstrings() -> list[tuple[str, str]]:
-    """(qualified name, first docstring paragraph) for public members of STDLIB_MODULES.
+    """(qualified name, docstring) for public members of STDLIB_MODULES.
 
     Python modules are parsed from source rather than imported, so the corpus does not depend
     on what the process imported or monkeypatched before (torch patches `inspect`).
@@ -116,10 +123,10 @@ def _docstrings() -> list[tuple[str, str]]:
         origin = spec.origin or ""
         docs = _source_docs(origin) if origin.endswith(".py") else _builtin_docs(mod_name)
         for name, doc in sorted(docs):
-            para = _clean(doc.split("\n\n")[0])
-            if name.startswith("_") or len(para) < 40 or para.startswith(name + "("):
+            text = _clean(doc)
+            if name.startswith("_") or len(text) < 40 or text.startswith(name + "("):
                 continue
-            pairs.append((f"{mod_name}.{name}", para))
+            pairs.append((f"{mod_name}.{name}", text))
     return pairs
 
 
@@ -132,38 +139,68 @@ def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]
     return msgs
 
 
+def _prose_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Open-ended answers: explanations, continuations and summaries of the language reference,
+    and docstring questions and reference entries, each a few hundred characters."""
+    rows: list[tuple[str, str]] = []
+    by_topic: dict[str, list[str]] = {}
+    for topic, para in _topic_paragraphs():
+        by_topic.setdefault(topic, []).extend(_sentences(para))
+    for topic, sents in sorted(by_topic.items()):
+        if len(" ".join(sents)) < PROSE_MIN_CHARS:
+            continue
+        rows.append((f"Explain the Python topic '{topic}'.", _clip(sents, 800)))
+        rows.append((f"Summarize in a few sentences: {_clip(sents, 800)}", _clip(sents, 300)))
+        for i in range(1, len(sents) - 1, 3):
+            if len(" ".join(sents[i:])) >= PROSE_MIN_CHARS:
+                rows.append((f"Continue the text: {sents[i - 1]}", _clip(sents[i:], 700)))
+    siblings: dict[str, list[str]] = {}
+    for qualname, _ in docstrings:
+        module, name = qualname.rsplit(".", 1)
+        siblings.setdefault(module, []).append(name)
+    for qualname, doc in docstrings:
+        answer = _clip(_sentences(doc) or [doc], 700)
+        if len(answer) < PROSE_MIN_CHARS:
+            continue
+        module, name = qualname.rsplit(".", 1)
+        related = [n for n in siblings[module] if n != name][:8]
+        rows.append((f"What does `{qualname}` do?", answer))
+        rows.append((f"Describe {name} from the {module} module.", answer))
+        rows.append((f"Write a reference entry for `{qualname}`.",
+                     f"Name: {name}\nModule: {module}\nSummary: {answer}\n"
+                     f"See also: {', '.join(related) or 'none'}."))
+    return [(user, answer) for user, answer in rows if len(user) <= PROMPT_MAX_CHARS]
+
+
+def _structured_rows(words: list[str], rng: random.Random, n: int) -> list[tuple[str, str]]:
+    """Long answers that follow from the prompt: copy, count, number, spell out, tabulate."""
+    rows: list[tuple[str, str]] = []
+    for _ in range(n):
+        picked = rng.sample(words, rng.randint(20, 60))
+        rows.append((f"Repeat these words: {' '.join(picked)}", " ".join(picked)))
+        listed = rng.sample(words, rng.randint(10, 30))
+        rows.append((f"Number these words, one per line: {', '.join(listed)}",
+                     "\n".join(f"{i}. {w}" for i, w in enumerate(listed, 1))))
+        start = rng.randint(0, 200)
+        stop = start + rng.randint(30, 90)
+        rows.append((f"Count from {start} to {stop}.",
+                     ", ".join(str(i) for i in range(start, stop + 1)) + "."))
+        lo = rng.randint(1, 8)
+        hi = rng.randint(lo + 8, len(NUMBER_WORDS) - 1)
+        rows.append((f"Spell out the numbers from {NUMBER_WORDS[lo]} to {NUMBER_WORDS[hi]}.",
+                     " ".join(NUMBER_WORDS[lo : hi + 1]).capitalize() + "."))
+        k = rng.randint(2, 12)
+        rows.append((f"Write the multiplication table of {k}.",
+                     "\n".join(f"{k} x {i} = {k * i}" for i in range(1, 13))))
+    return rows
+
+
 def _task_rows(rng: random.Random) -> list[tuple[str, str]]:
     """All candidate (user, answer) pairs, in a deterministic order."""
     docstrings = _docstrings()
-    rows: list[tuple[str, str]] = []
-    seen_topics: set[str] = set()
-    for topic, para in _topic_paragraphs():
-        sents = _sentences(para)
-        if not sents:
-            continue
-        if topic not in seen_topics:
-            seen_topics.add(topic)
-            rows.append((f"Explain the Python topic '{topic}'.", _clip(sents, 220)))
-        if len(sents) >= 2:
-            rows.append((f"Continue the text: {sents[0]}", _clip(sents[1:], 220)))
-            rows.append((f"Summarize in one sentence: {_clip(sents, 400)}", sents[0]))
-    for qualname, para in docstrings:
-        answer = _clip(_sentences(para) or [para], 200)
-        module, name = qualname.rsplit(".", 1)
-        rows.append((f"What does `{qualname}` do?", answer))
-        rows.append((f"Describe {name} from the {module} module.", answer))
-        rows.append((f"Give a one-line description of `{qualname}`.", answer))
-    words = sorted({w.lower() for _, p in docstrings[:400] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
-    for _ in range(300):
-        picked = rng.sample(words, rng.randint(3, 8))
-        rows.append((f"Repeat these words: {' '.join(picked)}", " ".join(picked)))
-        start = rng.randint(0, 12)
-        stop = start + rng.randint(3, 8)
-        rows.append((f"Count from {start} to {stop}.", ", ".join(str(i) for i in range(start, stop + 1)) + "."))
-        n = rng.randint(2, 6)
-        rows.append((f"Spell out the numbers from one to {NUMBER_WORDS[n]}.",
-                     " ".join(NUMBER_WORDS[1 : n + 1]).capitalize() + "."))
-    return rows
+    words = sorted({w.lower() for _, p in docstrings[:600] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
+    prose = _prose_rows(docstrings)
+    return prose + _structured_rows(words, rng, len(prose) // 20)
 
 
 def build_corpus(seed: int, num_rows: int) -> list[dict[str, Any]]:

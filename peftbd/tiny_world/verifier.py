@@ -71,10 +71,29 @@ def unigram_cross_entropy(train: list[list[int]], heldout: list[list[int]], voca
     return -sum(math.log((counts[t] + 1) / total) for t in tokens) / max(len(tokens), 1)
 
 
+BUCKET_BATCHES = 16
+"""Batches per length bucket: an epoch's shuffled rows are cut into windows of this many
+batches, each sorted by length before it is split, so a batch pads to similar lengths."""
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of row indices in batches of `batch_size` (the last may be smaller) whose rows
+    have similar lengths, in random order; deterministic from `rng`'s state."""
+    order = rng.sample(range(len(lengths)), len(lengths))
+    window = batch_size * BUCKET_BATCHES
+    batches = []
+    for i in range(0, len(order), window):
+        part = sorted(order[i : i + window], key=lambda j: lengths[j])
+        batches += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 def train_tiny_verifier(
     tw: TinyWorldConfig, config: Qwen3Config, train: list[list[int]], pad_id: int
 ) -> Qwen3ForCausalLM:
-    """Train from scratch with AdamW and cosine decay for `tw.train_steps`; deterministic from seed."""
+    """Train from scratch with AdamW and cosine decay for `tw.train_steps` batches of similar
+    lengths (`length_bucketed_batches`); deterministic from seed."""
     torch.manual_seed(tw.seed)
     model = Qwen3ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=tw.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -85,13 +104,12 @@ def train_tiny_verifier(
         * 0.5 * (1 + math.cos(math.pi * min(s, tw.train_steps) / tw.train_steps)),
     )
     rng = random.Random(tw.seed)
-    order: list[int] = []
+    batches: list[list[int]] = []
     model.train()
     for step in range(tw.train_steps):
-        if len(order) < tw.train_batch_size:
-            order += rng.sample(range(len(train)), len(train))
-        batch = [train[j][: tw.train_seq_len] for j in order[: tw.train_batch_size]]
-        del order[: tw.train_batch_size]
+        if not batches:
+            batches = length_bucketed_batches([len(s) for s in train], tw.train_batch_size, rng)
+        batch = [train[j][: tw.train_seq_len] for j in batches.pop()]
         ids, labels = _batch(batch, pad_id)
         out = model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels)
         out.loss.backward()

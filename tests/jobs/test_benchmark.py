@@ -23,6 +23,7 @@ from peftbd.benchmarking.schema import ARMS
 from peftbd.config import Config, apply_override
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.layout import PEFTBD_ADAPTERS
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
@@ -62,8 +63,11 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
     torch.manual_seed(0)
     early_exit = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
         small_cfg.drafter, draft_layers=small_cfg.drafter.early_exit_layers))
+    aligned = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
+        small_cfg.drafter, block_offsets="aligned"))
     for kind, sub, cfg in (("peftbd", "peftbd_adapter", small_cfg), ("mtp", "mtp_head", small_cfg),
-                           ("peftbd", "peftbd_early_exit", early_exit)):
+                           ("peftbd", "peftbd_early_exit", early_exit),
+                           ("peftbd", "peftbd_offsets", aligned)):
         task = make_task(kind, cfg)
         module = task.build(torch.device("cpu"))
         make_artifact(root / sub, lambda tmp, t=task, m=module: t.export(m, tmp),
@@ -74,8 +78,8 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
 def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
     prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
     specs = arm_specs(small_cfg)
-    shard = run_shard(small_cfg, artifacts / "peftbd_adapter", artifacts / "mtp_head", specs,
-                      prompts, repeats=2, early_exit_dir=artifacts / "peftbd_early_exit")
+    shard = run_shard(small_cfg, _adapters(artifacts), artifacts / "mtp_head", specs, prompts,
+                      repeats=2)
     arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
     results = {"arms": arms}
     add_oracles(results)
@@ -104,9 +108,13 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             assert rnd["draft_ms"] * len(rounds) >= 2 * f["calls"] * f["mean_ms"]
     assert len(arms["fastmtp"]["per_position"]["proposed"]) == small_cfg.mtp.num_steps
     assert len(arms["peftbd"]["per_position"]["proposed"]) == small_cfg.drafter.block_size
-    assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False}
-    assert arms["peftbd_early_exit"]["settings"] == {"denoise_steps": 1, "anchored": False,
-                                                     "draft_layers": 2}
+    assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False,
+                                                "block_offsets": "random"}
+    assert arms["peftbd_early_exit"]["settings"] == {
+        "denoise_steps": 1, "anchored": False, "block_offsets": "random",
+        "draft_layers": small_cfg.drafter.early_exit_layers}
+    assert arms["peftbd_offsets"]["settings"] == {"denoise_steps": 1, "anchored": False,
+                                                  "block_offsets": "aligned"}
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
@@ -160,7 +168,11 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
 
 
 def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:
-    cfg = apply_override(small_cfg, "drafter.early_exit_layers=1")
-    with pytest.raises(ValueError, match="drafts from 2 layers but drafter.early_exit_layers=1"):
-        load_arm_models(cfg, artifacts / "peftbd_adapter", artifacts / "mtp_head",
-                        artifacts / "peftbd_early_exit")
+    k = small_cfg.drafter.early_exit_layers
+    cfg = apply_override(small_cfg, f"drafter.early_exit_layers={k + 1}")
+    with pytest.raises(ValueError, match=f"drafts from {k} layers but drafter.early_exit_layers={k + 1}"):
+        load_arm_models(cfg, _adapters(artifacts), artifacts / "mtp_head")
+
+
+def _adapters(root: Path) -> dict[str, Path]:
+    return {spec.name: root / spec.subdir for spec in PEFTBD_ADAPTERS}

@@ -107,3 +107,19 @@ def test_summary_lines_one_per_arm(sample_results) -> None:
 @pytest.mark.parametrize("value, cell", [(None, "n/a"), ("a|b", "a\\|b"), (3, "3")])
 def test_markdown_table_cells(value, cell) -> None:
     assert markdown_table(["x"], [[value]]).splitlines()[2] == f"| {cell} |"
+
+
+def test_offline_estimate_sits_beside_the_engine_and_short_runs_are_flagged(tmp_path, sample_results) -> None:
+    results = copy.deepcopy(sample_results)
+    engine = results["arms"]["peftbd"]["mean_accepted_prefix"]
+    results["drafters"] = {"peftbd_adapter": {"metrics": {"eval_accepted_prefix_mean": engine / 1.25}},
+                           "mtp_head": {"metrics": {"eval_accepted_prefix_mean": 0.0}}}
+    text = build_report(results, {}, tmp_path).read_text()
+    assert f"| PEFT-BD 1 step | {engine / 1.25:.3f} | {engine:.3f} | +25% | no |" in text
+    assert "| FastMTP | 0.000 |" in text and "| n/a | n/a |" in text  # no ratio to a zero estimate
+    shortest = min(r["decode_s"] for arm in results["arms"].values() for r in arm["repeats"])
+    if shortest >= 3:
+        assert "Every run timed at least" in text
+    results["arms"]["ar"]["repeats"][0]["decode_s"] = 0.5
+    text = build_report(results, {}, tmp_path / "short").read_text()
+    assert "**Too short to time reliably:**" in text and "AR (0.50 s)" in text

@@ -12,7 +12,9 @@ from peftbd.models.peft_bd import (
     attach_drafter_adapter,
     count_parameters,
     draft_attention_mask,
+    draft_embeddings,
     draft_input_ids,
+    draft_logits,
     draft_position_ids,
     draft_visibility,
     load_drafter_adapter,
@@ -170,3 +172,19 @@ def test_attached_and_loaded_adapters_rest_switched_off(tiny_cfg, mask_id, tmp_p
     assert torch.equal(loaded(ids).logits, ref)
     with adapter_on(loaded):
         assert not torch.equal(loaded(ids).logits, ref)
+
+
+@torch.no_grad()
+def test_draft_embeddings_and_logits_equal_the_wrapped_layers_where_drafts_read_them(drafter, mask_id):
+    """The draft path's copy-free embedding gather and base-head logits give the adapter-on values
+    bit for bit (the mask-token column aside, which no draft proposes)."""
+    base = drafter.get_base_model()
+    chunk = torch.tensor([[5, mask_id, mask_id, 17, mask_id]])
+    with adapter_on(drafter):
+        wrapped = base.get_input_embeddings()(chunk)
+        assert torch.equal(draft_embeddings(base, chunk), wrapped)
+        hidden = torch.randn(1, 5, base.config.hidden_size, generator=torch.Generator().manual_seed(1))
+        full, ours = base.lm_head(hidden), draft_logits(base, hidden)
+    assert not torch.equal(wrapped[0, 1], base.get_input_embeddings()(chunk)[0, 1])  # row trained
+    keep = torch.arange(full.shape[-1]) != mask_id
+    assert torch.equal(ours[..., keep], full[..., keep])
