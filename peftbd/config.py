@@ -52,18 +52,18 @@ class TinyWorldConfig:
     """How the embedded tiny world (corpus, tokenizer, verifier) is built; deterministic from `seed`."""
 
     seed: int = 0
-    corpus_rows: int = 3500
+    corpus_rows: int = 3200
     vocab_size: int = 2048
-    hidden_size: int = 256
+    hidden_size: int = 192
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 1024
+    head_dim: int = 48
+    intermediate_size: int = 768
     max_position_embeddings: int = 1024
     train_steps: int = 400
-    train_batch_size: int = 16
-    train_seq_len: int = 384
+    train_batch_size: int = 8
+    train_seq_len: int = 512
     lr: float = 3e-3
     heldout_fraction: float = 0.05
 

@@ -1,11 +1,12 @@
 """The embedded instruction corpus: TULU-3-schema conversations built from prose shipped with Python.
 
 Sources are `pydoc_data.topics` (the language reference, ~465 kB of English) and the docstrings of
-a fixed list of standard-library modules. Tasks mix open-ended answers (explain, describe,
-continue, summarize: ~4/5 of the rows) with ones that follow from the prompt (repeat, number,
-count, spell out, tabulate), so a drafter trained on the verifier's continuations is neither
-trivially always right nor never. Answers run to a few hundred characters (the paper's regime:
-replies of many D = 16 blocks), none shorter than ~40 tokens.
+a fixed list of standard-library modules. About 2/3 of the answers are grounded in the
+prompt's text (repeat a passage, list its sentences, turn a docstring into a reference entry),
+the rest open-ended (explain a topic, continue a text, say what a function does) or structured
+(repeat or number words, spell out numbers), so a drafter trained on the verifier's
+continuations is neither trivially always right nor never. Answers run to a few hundred
+characters (the paper's regime: replies of many D = 16 blocks), none shorter than ~40 tokens.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ PROSE_MIN_CHARS = 160
 """Shortest prose answer kept (~40 tokens): replies in the paper's regime run for many blocks."""
 PROMPT_MAX_CHARS = 1200
 """Longest user turn kept (~350 tokens), well inside the prompt limit (`data.max_prompt_len`)."""
+PASSAGE_CHARS = 560
+"""Passages and answers are clipped at about this many characters (~160 tokens)."""
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 
@@ -139,41 +142,56 @@ def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]
     return msgs
 
 
-def _prose_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Open-ended answers: explanations, continuations and summaries of the language reference,
-    and docstring questions and reference entries, each a few hundred characters."""
+def _grounded_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Answers grounded in the prompt's text: repeat a passage, list its sentences, turn a
+    docstring into a reference entry. A small verifier learns to copy (induction) within the
+    tiny budget, so its greedy replies stay long, varied text instead of degenerate loops."""
     rows: list[tuple[str, str]] = []
+    for topic, sents in _topic_sentences():
+        for i in range(0, len(sents), 2):
+            passage = _clip(sents[i:], PASSAGE_CHARS)
+            if len(passage) < PROSE_MIN_CHARS:
+                continue
+            rows.append((f"Repeat the following text: {passage}", passage))
+            if i % 4 == 0:
+                lines = _clip(sents[i:], PASSAGE_CHARS // 2 * 3).split(". ")
+                rows.append((f"List the sentences of this text, one per line: {'. '.join(lines)}",
+                             "\n".join(f"- {line.rstrip('.')}." for line in lines)))
+    for qualname, doc in docstrings:
+        answer = _clip(_sentences(doc) or [doc], PASSAGE_CHARS)
+        if len(answer) >= PROSE_MIN_CHARS:
+            module, name = qualname.rsplit(".", 1)
+            rows.append((f"Turn this docstring of `{qualname}` into a reference entry: {answer}",
+                         f"Name: {name}\nModule: {module}\nSummary: {answer}"))
+    return rows
+
+
+def _open_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Open-ended answers the verifier must recall: explain a topic, continue a text, say what
+    a function does."""
+    rows: list[tuple[str, str]] = []
+    for topic, sents in _topic_sentences():
+        rows.append((f"Explain the Python topic '{topic}'.", _clip(sents, PASSAGE_CHARS)))
+        for i in range(1, len(sents) - 1, 8):
+            if len(" ".join(sents[i:])) >= PROSE_MIN_CHARS:
+                rows.append((f"Continue the text: {sents[i - 1]}", _clip(sents[i:], PASSAGE_CHARS)))
+    for qualname, doc in docstrings:
+        answer = _clip(_sentences(doc) or [doc], PASSAGE_CHARS)
+        if len(answer) >= PROSE_MIN_CHARS:
+            rows.append((f"What does `{qualname}` do?", answer))
+    return rows
+
+
+def _topic_sentences() -> list[tuple[str, list[str]]]:
+    """(topic, its sentences) of the language reference with enough prose to answer from."""
     by_topic: dict[str, list[str]] = {}
     for topic, para in _topic_paragraphs():
         by_topic.setdefault(topic, []).extend(_sentences(para))
-    for topic, sents in sorted(by_topic.items()):
-        if len(" ".join(sents)) < PROSE_MIN_CHARS:
-            continue
-        rows.append((f"Explain the Python topic '{topic}'.", _clip(sents, 800)))
-        rows.append((f"Summarize in a few sentences: {_clip(sents, 800)}", _clip(sents, 300)))
-        for i in range(1, len(sents) - 1, 3):
-            if len(" ".join(sents[i:])) >= PROSE_MIN_CHARS:
-                rows.append((f"Continue the text: {sents[i - 1]}", _clip(sents[i:], 700)))
-    siblings: dict[str, list[str]] = {}
-    for qualname, _ in docstrings:
-        module, name = qualname.rsplit(".", 1)
-        siblings.setdefault(module, []).append(name)
-    for qualname, doc in docstrings:
-        answer = _clip(_sentences(doc) or [doc], 700)
-        if len(answer) < PROSE_MIN_CHARS:
-            continue
-        module, name = qualname.rsplit(".", 1)
-        related = [n for n in siblings[module] if n != name][:8]
-        rows.append((f"What does `{qualname}` do?", answer))
-        rows.append((f"Describe {name} from the {module} module.", answer))
-        rows.append((f"Write a reference entry for `{qualname}`.",
-                     f"Name: {name}\nModule: {module}\nSummary: {answer}\n"
-                     f"See also: {', '.join(related) or 'none'}."))
-    return [(user, answer) for user, answer in rows if len(user) <= PROMPT_MAX_CHARS]
+    return [(t, s) for t, s in sorted(by_topic.items()) if len(" ".join(s)) >= PROSE_MIN_CHARS]
 
 
 def _structured_rows(words: list[str], rng: random.Random, n: int) -> list[tuple[str, str]]:
-    """Long answers that follow from the prompt: copy, count, number, spell out, tabulate."""
+    """Long answers that follow from the prompt: repeat or number words, spell out numbers."""
     rows: list[tuple[str, str]] = []
     for _ in range(n):
         picked = rng.sample(words, rng.randint(20, 60))
@@ -181,26 +199,21 @@ def _structured_rows(words: list[str], rng: random.Random, n: int) -> list[tuple
         listed = rng.sample(words, rng.randint(10, 30))
         rows.append((f"Number these words, one per line: {', '.join(listed)}",
                      "\n".join(f"{i}. {w}" for i, w in enumerate(listed, 1))))
-        start = rng.randint(0, 200)
-        stop = start + rng.randint(30, 90)
-        rows.append((f"Count from {start} to {stop}.",
-                     ", ".join(str(i) for i in range(start, stop + 1)) + "."))
         lo = rng.randint(1, 8)
         hi = rng.randint(lo + 8, len(NUMBER_WORDS) - 1)
         rows.append((f"Spell out the numbers from {NUMBER_WORDS[lo]} to {NUMBER_WORDS[hi]}.",
                      " ".join(NUMBER_WORDS[lo : hi + 1]).capitalize() + "."))
-        k = rng.randint(2, 12)
-        rows.append((f"Write the multiplication table of {k}.",
-                     "\n".join(f"{k} x {i} = {k * i}" for i in range(1, 13))))
     return rows
 
 
 def _task_rows(rng: random.Random) -> list[tuple[str, str]]:
-    """All candidate (user, answer) pairs, in a deterministic order."""
+    """All candidate (user, answer) pairs, in a deterministic order: ~2/3 grounded in the
+    prompt's text, the rest open-ended or structured."""
     docstrings = _docstrings()
     words = sorted({w.lower() for _, p in docstrings[:600] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
-    prose = _prose_rows(docstrings)
-    return prose + _structured_rows(words, rng, len(prose) // 20)
+    grounded, open_ended = _grounded_rows(docstrings), _open_rows(docstrings)
+    rows = grounded + open_ended + _structured_rows(words, rng, len(grounded) // 20)
+    return [(user, answer) for user, answer in rows if len(user) <= PROMPT_MAX_CHARS]
 
 
 def build_corpus(seed: int, num_rows: int) -> list[dict[str, Any]]:

@@ -147,8 +147,16 @@ def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec
     prompt_set = load_prompts(cfg, tmp_path / "unused", f"spec-bench:{spec_bench_path}")
     cats = prompt_set.categories()
     assert sum(cats.values()) == 12 and len(cats) >= 8  # round-robin, not the file's first 12
-    assert sum(prompt_set.dropped.values()) > 0  # long RAG/summarization turns exceed 96 tokens
     assert all(p.id.startswith("spec-bench-") for p in prompt_set.prompts)
+
+
+def test_the_tiny_prompt_limit_keeps_every_spec_bench_category(small_cfg: Config, spec_bench_path: Path,
+                                                               tmp_path: Path) -> None:
+    questions = [json.loads(line) for line in spec_bench_path.read_text().splitlines() if line.strip()]
+    every = {q["category"] for q in questions}
+    cfg = apply_override(small_cfg, f"decoding.num_prompts={len(questions)}")
+    kept = load_prompts(cfg, tmp_path / "unused", f"spec-bench:{spec_bench_path}").categories()
+    assert set(kept) == every, f"data.max_prompt_len={cfg.data.max_prompt_len} drops {every - set(kept)}"
 
 
 def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, artifacts: Path,

@@ -45,8 +45,8 @@ def _reruns(overrides, root, force=(), start=None):
     return {c.spec.name for c, d in zip(calls, decisions) if d.run}
 
 
-PEFTBD_STAGES = {"train_peftbd", "train_early_exit", "benchmark"}
-AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_mtp", "benchmark"}
+PEFTBD_STAGES = {"train_peftbd", "train_early_exit", "train_offsets", "benchmark"}
+AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp", "benchmark"}
 
 
 def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_path, monkeypatch):
@@ -58,7 +58,10 @@ def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_pat
     assert _reruns(["data.max_new_tokens=32"], root) == AFTER_WORLD
     assert _reruns(["decoding.max_new_tokens=32"], root) == {"benchmark"}
     assert _reruns(["mtp.optim.lr=1e-3"], root) == {"train_mtp", "benchmark"}
-    assert _reruns(["drafter.early_exit_layers=1"], root) == {"train_early_exit", "benchmark"}
+    assert _reruns(["drafter.early_exit_layers=2"], root) == {"train_early_exit", "benchmark"}
+    # the main recipe flips to aligned: both adapters retrain (each the other's ablation)
+    assert _reruns(["drafter.block_offsets=aligned"], root) == PEFTBD_STAGES
+    assert _reruns(["drafter.offsets_ablation=false"], root) == {"benchmark"}
     assert _reruns(["tiny_world.seed=1"], root) == {"world"} | AFTER_WORLD
     assert _reruns(["training.storage_path=/elsewhere", "generate.num_actors=1"], root) == set()
     assert _reruns([], root, force=["generate"]) == AFTER_WORLD

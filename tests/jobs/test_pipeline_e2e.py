@@ -14,10 +14,13 @@ TRIM = [
     "drafter.optim.max_steps=40", "mtp.optim.max_steps=40",
     "drafter.optim.eval_every=20", "drafter.optim.checkpoint_every=20",
     "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
-    "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=24",
+    "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
+    "decoding.max_new_tokens=24",
 ]
-STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "mtp_head", "benchmark")
-NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_mtp", "benchmark")
+STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "peftbd_offsets", "mtp_head",
+          "benchmark")
+NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
+         "benchmark")
 
 
 def _pipeline(out: Path, *extra: str) -> str:
@@ -68,9 +71,9 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     mtp_before = (out / "mtp_head" / "manifest.json").read_text()
     changed = _pipeline(out, "--set", "drafter.lora_r=4")
     runs = {name for name, verdict in _plan(changed).items() if verdict == "RUN"}
-    assert runs == {"train_peftbd", "train_early_exit", "benchmark"}, changed
+    assert runs == {"train_peftbd", "train_early_exit", "train_offsets", "benchmark"}, changed
     assert "drafter.lora_r 8 -> 4" in changed
-    for sub in ("peftbd_adapter", "peftbd_early_exit"):
+    for sub in ("peftbd_adapter", "peftbd_early_exit", "peftbd_offsets"):
         assert json.loads((out / sub / "adapter" / "adapter_config.json").read_text())["r"] == 4
     assert (out / "mtp_head" / "manifest.json").read_text() == mtp_before  # untouched
 

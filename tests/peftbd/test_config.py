@@ -187,7 +187,7 @@ def test_device_pattern_rejects(device):
     ("drafter.mask_ratio_max=1.5", "'drafter.mask_ratio_max': value 1.5 is out of range; expected in [0, 1]"),
     ("drafter.mask_ratio_min=0.8", "config key 'drafter.mask_ratio_min': value 0.8 exceeds "
      "'drafter.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
-    ("drafter.denoise_steps=9", "'drafter.denoise_steps': value 9 exceeds 'drafter.block_size' (8)"),
+    ("drafter.denoise_steps=17", "'drafter.denoise_steps': value 17 exceeds 'drafter.block_size' (16)"),
     ("data.train_size=-1", "'data.train_size': value -1 is out of range; expected >= 0"),
 ])
 def test_ranges_name_key_value_and_range(override, message):

@@ -94,14 +94,14 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
         tiny_cfg, prompt, reference, monkeypatch):
     from peftbd.serving.models import load_serving_models
 
-    cfg = dataclasses.replace(tiny_cfg, drafter=dataclasses.replace(tiny_cfg.drafter, draft_layers=2))
-    models = load_serving_models(cfg)  # an untrained early-exit adapter: the first 2 layers' exit
-    assert models.decoder("peft-bd").drafter.kv_layers == 2
+    cfg = dataclasses.replace(tiny_cfg, drafter=dataclasses.replace(tiny_cfg.drafter, draft_layers=1))
+    models = load_serving_models(cfg)  # an untrained early-exit adapter: the first layer's exit
+    assert models.decoder("peft-bd").drafter.kv_layers == 1
     replica, truncated = ReplicaDecoder(models, 4), []
     tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
     assert tokens == reference
-    cache = replica.sessions.get("s").state.cache  # the drafter replica synced 2 of 4 layers
-    assert cache.layers[0].keys.shape[-2] == cache.layers[1].keys.shape[-2] > cache.layers[3].keys.shape[-2]
+    cache = replica.sessions.get("s").state.cache  # the drafter replica synced 1 of 2 layers
+    assert cache.layers[0].keys.shape[-2] > cache.layers[1].keys.shape[-2]
 
     monkeypatch.setattr(models.decoder("peft-bd").drafter, "kv_layers", None)  # sync every layer
     full = []

@@ -46,10 +46,10 @@ def ids(tiny_cfg):
     return tok.mask_token_id, tok.pad_token_id
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["whole-backbone", "early-exit-2"])
+@pytest.fixture(scope="module", params=[0, 1], ids=["whole-backbone", "early-exit-1"])
 def drafter(request, perturbed_drafter):
     """A drafter whose adapter visibly changes the outputs: a whole-backbone one, and an
-    early-exit one drafting from the first 2 layers."""
+    early-exit one drafting from the first layer."""
     return perturbed_drafter(draft_layers=request.param)
 
 

@@ -28,7 +28,7 @@ def cfg(tiny_world):
     return load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}"])
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["whole-backbone", "early-exit-2"])
+@pytest.fixture(scope="module", params=[0, 1], ids=["whole-backbone", "early-exit-1"])
 def trained(request, cfg, tiny_world):
     """(task, adapter, rows, eos): an adapter trained 50 steps on 16 rows whose continuations are
     its verifier's greedy output (it overfits them, so rounds accept long prefixes)."""
@@ -36,9 +36,9 @@ def trained(request, cfg, tiny_world):
     task, tok = PeftBDTask(cfg), load_tokenizer(cfg)
     model = task.build(torch.device("cpu"))
     with open(tiny_world.corpus_path) as f:
-        records = [json.loads(line) for line in itertools.islice(f, 40)]
+        records = [json.loads(line) for line in itertools.islice(f, 120)]
     prompts = [p for p in (encode_prompt(tok, prompt_messages(r["messages"])) for r in records)
-               if len(p) <= 96][:16]
+               if len(p) <= 128][:16]
     eos = eos_token_ids(model.get_base_model(), tok)
     greedy = SpeculativeDecoder(model, None, eos, BUDGET)  # the adapter is off: the verifier
     rows = {"id": [str(i) for i in range(len(prompts))], "prompt_ids": prompts,
