@@ -99,8 +99,8 @@ def test_eos_inside_an_accepted_block_stops_where_ar_stops(scripted, verifier, p
     pid, ids = prompts[0]
     truth = ar_outputs[pid]
     assert truth[-1] in eos and len(truth) < 32
-    junk = [5] * 16  # a block that runs past EOS
-    result = decode(verifier, ids, scripted(truth + junk, block=8), 32, eos)
+    junk = [5] * 16  # one block holds the whole reply and runs past its EOS
+    result = decode(verifier, ids, scripted(truth + junk, block=len(truth) + 4), 32, eos)
     assert result.tokens == truth
     last = result.rounds[-1]
     assert last.emitted < last.accepted + 1 or last.accepted < last.proposed
