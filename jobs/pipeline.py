@@ -35,6 +35,7 @@ from peftbd.layout import (
 )
 from peftbd.console import Console
 from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
+from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError
 
 
@@ -174,10 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or output_root(cfg)
     from jobs.ray_env import shutdown
 
+    try:
+        check_writable(out / LOGS)  # before the log dir and before Ray starts
+    except OutputLockError as exc:
+        sys.exit(f"error: {exc}")
     with Console(out / LOGS, args.verbose, before_exit=shutdown) as console:
         try:
             manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
-        except StageError as exc:
+        except (StageError, OutputLockError) as exc:
             sys.exit(f"error: {exc}")
         if args.dry_run:
             return

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from peftbd.config import Config, ConfigError, load_config, preset_names
 from peftbd.console import Console
+from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError, StageSpec
 
 
@@ -88,7 +89,12 @@ def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall]
                   before_exit: Callable[[], None] | None = None) -> Decision:
     """Run one stage job on the terminal: library and Ray output in `<out>/../logs/<stage>.log`
     (unless `verbose`), a progress bar, then the line saying what was done; an error of the kinds
-    in `errors` exits with its message (it names the fix). `before_exit`: see `Console`."""
+    in `errors` exits with its message (it names the fix); so does an `--out` that is not
+    writable or that another run holds, before any work. `before_exit`: see `Console`."""
+    try:
+        check_writable(out)  # before the log dir beside it and before Ray starts
+    except OutputLockError as exc:
+        sys.exit(f"error: {exc}")
     with Console(out.parent / LOGS, verbose, before_exit) as console:
         log_path = console.log_path(spec.name)
         if log_path:
@@ -96,7 +102,7 @@ def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall]
         try:
             with console.stage(spec.name, spec.title):
                 decision = make_call().run(force)
-        except (StageError, *errors) as exc:
+        except (StageError, OutputLockError, *errors) as exc:
             sys.exit(f"error: {exc}")
         console.line(decision_line(spec, out, decision))
     return decision
