@@ -10,6 +10,7 @@ from pathlib import Path
 
 from peftbd.config import Config, ConfigError, load_config, preset_names
 from peftbd.console import Console
+from peftbd.manifest import is_complete
 from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError, StageSpec
 
@@ -78,6 +79,15 @@ def stage_out(args: argparse.Namespace, cfg: Config, spec: StageSpec) -> Path:
     return args.out or output_root(cfg) / spec.subdir
 
 
+def plan_line(spec: StageSpec, out: Path, decision: Decision) -> str | None:
+    """What a stage job is about to replace and why (e.g. `config drafter.lora_r 16 -> 8`), said
+    before any work; None when there is no finished output or it is skipped."""
+    if not decision.run or not is_complete(out):
+        return None
+    return (f"{spec.name}: rebuilding {out.resolve()} ({decision.describe()}); the output there "
+            f"stays until the new one is complete (to keep both, pass another --out)")
+
+
 def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
     """One line saying what a stage job did and why."""
     done = f"built ({decision.describe()})" if decision.run else "current, skipped (inputs unchanged)"
@@ -100,8 +110,12 @@ def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall]
         if log_path:
             console.line(f"{spec.name}: log in {log_path}")
         try:
+            call = make_call()
+            decision = call.decide(force)
+            if line := plan_line(spec, out, decision):
+                console.line(line)
             with console.stage(spec.name, spec.title):
-                decision = make_call().run(force)
+                call.run(force, decision)
         except (StageError, OutputLockError, *errors) as exc:
             sys.exit(f"error: {exc}")
         console.line(decision_line(spec, out, decision))
