@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = args.out or output_root(cfg)
     from jobs.ray_env import shutdown
+    from jobs.resources import ResourcesUnavailable
 
     try:
         check_writable(out / LOGS)  # before the log dir and before Ray starts
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     with Console(out / LOGS, args.verbose, before_exit=shutdown) as console:
         try:
             manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
-        except (StageError, OutputLockError) as exc:
+        except (StageError, OutputLockError, ResourcesUnavailable) as exc:
             sys.exit(f"error: {exc}")
         if args.dry_run:
             return

@@ -41,6 +41,7 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 
 from jobs.progress import relay
 from jobs.ray_env import init_ray, shutdown
+from jobs.resources import ResourcesUnavailable, wait_for_resources
 from jobs.train_failures import Trainer, raise_unhealable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
@@ -213,6 +214,8 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     if not resume:
         delete_run(storage, name)
     init_ray()
+    wait_for_resources(f"training ({world} Ray Train workers)", [
+        {"CPU": cfg.training.cpus_per_worker, "GPU": float(cfg.training.use_gpu)}] * world)
     with relay() as sink:
         trainer = Trainer(
             train_loop_per_worker,
@@ -284,7 +287,8 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     out = stage_out(args, cfg, spec)
     run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
                   args.force or not args.resume, args.verbose,
-                  (ArtifactError, ConfigError, CheckpointMismatch, ModelUnavailableError),
+                  (ArtifactError, ConfigError, CheckpointMismatch, ModelUnavailableError,
+                   ResourcesUnavailable),
                   before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]
