@@ -65,9 +65,10 @@ def check_writable(out_dir: str | Path) -> None:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".write-probe-"):
             pass
     except OSError as exc:
+        where = exc.filename or parent
+        why = f"{where} is not a directory" if Path(where).is_file() else f"{exc.strerror or exc} ({where})"
         raise OutputLockError(
-            f"cannot write the output {out_dir}: {exc.strerror or exc} ({exc.filename or parent}); "
-            f"choose an --out on writable storage"
+            f"cannot write the output {out_dir}: {why}; choose an --out on writable storage"
         ) from exc
 
 
