@@ -8,6 +8,7 @@ failure policy of its own (the controller's `failure_policy` argument: Ray Train
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray.train.torch import TorchTrainer
@@ -17,6 +18,10 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 from peftbd.config import ConfigError
 from peftbd.data.artifact import ArtifactError
 from peftbd.training.checkpoint import CheckpointMismatch
+
+log = logging.getLogger(__name__)
+NOT_RETRIED = "[NoRetryOfUnhealable] RAISE, not retried"
+"""What the policy logs (in the controller's log) when it refuses a retry."""
 
 UNHEALABLE: tuple[type[BaseException], ...] = (ConfigError, ArtifactError, CheckpointMismatch)
 """Errors a rerun of the same worker code on the same inputs raises again."""
@@ -40,9 +45,11 @@ class NoRetryOfUnhealable(DefaultFailurePolicy):
     is not retried."""
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
-        if isinstance(training_failed_error, WorkerGroupError) and any(
-                unhealable(e) for e in training_failed_error.worker_failures.values()):
-            return FailureDecision.RAISE
+        if isinstance(training_failed_error, WorkerGroupError):
+            errors = [unhealable(e) for e in training_failed_error.worker_failures.values()]
+            if first := next((e for e in errors if e is not None), None):
+                log.warning("%s: %s", NOT_RETRIED, first)
+                return FailureDecision.RAISE
         return super().make_decision(training_failed_error)
 
 
