@@ -27,17 +27,22 @@ UNHEALABLE: tuple[type[BaseException], ...] = (ConfigError, ArtifactError, Check
 """Errors a rerun of the same worker code on the same inputs raises again."""
 
 
-def unhealable(error: BaseException) -> BaseException | None:
-    """The unhealable error a worker raised (Ray wraps it with its traceback), else None."""
-    base = getattr(error, "_base_exc", error)  # UserExceptionWithTraceback
-    return base if isinstance(base, UNHEALABLE) else None
-
-
-def raise_unhealable(error: WorkerGroupError) -> None:
-    """Raise the first unhealable error among the group's failures (as the worker raised it)."""
+def unhealable(error: TrainingFailedError) -> BaseException | None:
+    """The first unhealable error a worker of the group raised (as it raised it; Ray wraps it
+    with its traceback), else None."""
+    if not isinstance(error, WorkerGroupError):
+        return None
     for failure in error.worker_failures.values():
-        if (base := unhealable(failure)) is not None:
-            raise base from None
+        base = getattr(failure, "_base_exc", failure)  # UserExceptionWithTraceback
+        if isinstance(base, UNHEALABLE):
+            return base
+    return None
+
+
+def raise_unhealable(error: TrainingFailedError) -> None:
+    """Raise the group's unhealable error, if any (the caller re-raises `error` otherwise)."""
+    if (base := unhealable(error)) is not None:
+        raise base from None
 
 
 class NoRetryOfUnhealable(DefaultFailurePolicy):
@@ -45,11 +50,9 @@ class NoRetryOfUnhealable(DefaultFailurePolicy):
     is not retried."""
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
-        if isinstance(training_failed_error, WorkerGroupError):
-            errors = [unhealable(e) for e in training_failed_error.worker_failures.values()]
-            if first := next((e for e in errors if e is not None), None):
-                log.warning("%s: %s", NOT_RETRIED, first)
-                return FailureDecision.RAISE
+        if (base := unhealable(training_failed_error)) is not None:
+            log.warning("%s: %s", NOT_RETRIED, base)
+            return FailureDecision.RAISE
         return super().make_decision(training_failed_error)
 
 
