@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import ray
 
 from jobs.ray_env import init_ray, shutdown
+from jobs.resources import ResourcesUnavailable, wait_for_resources
 from peftbd import progress
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
@@ -59,7 +60,9 @@ def read_source(source: Source, cfg: Config, limit: int | None) -> ray.data.Data
     if source.kind == "parquet":
         ds = ray.data.read_parquet(source.location)
     else:
-        ds = ray.data.read_text(source.location, file_extensions=["jsonl", "json"])
+        # blank lines stay rows, so they are counted with the other dropped rows
+        ds = ray.data.read_text(source.location, file_extensions=["jsonl", "json"],
+                                drop_empty_lines=False)
     if limit:
         ds = ds.limit(limit)
         ds.context.execution_options.preserve_order = True  # "first N" must be the file's first N
@@ -106,10 +109,12 @@ def plan_rows(prepared: ray.data.Dataset, cfg: Config, source: Source) -> SplitP
 
 
 def _select(batch: pa.Table, splits: dict[str, str]) -> pa.Table:
-    keep = [i for i, row_id in enumerate(batch["id"].to_pylist()) if row_id in splits]
-    batch = batch.take(keep).drop_columns(["drop_reason"])
-    return batch.append_column(
-        "split", pa.array([splits[i] for i in batch["id"].to_pylist()], pa.string())
+    """The rows of `batch` whose ids are in `splits` (id -> split), with a `split` column; a
+    typed empty table when none are (a resumed run's blocks are often all done)."""
+    where = pc.index_in(batch["id"], value_set=pa.array(list(splits), pa.string()))
+    kept = pc.is_valid(where)
+    return batch.filter(kept).drop_columns(["drop_reason"]).append_column(
+        "split", pa.array(list(splits.values()), pa.string()).take(where.filter(kept))
     )
 
 
@@ -147,7 +152,8 @@ class VerifierActor:
 def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> ray.data.Dataset:
     """The `todo` rows (id -> split) continued by an actor pool of verifiers."""
     g = cfg.generate
-    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow")
+    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow",
+                              batch_size=PREPARE_BATCH_ROWS)  # late in a run most hold no todo row
     # One block per batch: actors share the work evenly and each finished batch becomes a part.
     ds = ds.repartition(target_num_rows_per_block=g.batch_size, strict=True)
     ds.context.execution_options.preserve_order = False
@@ -185,6 +191,9 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
     the three splits into `tmp`; returns the manifest sections."""
     out_dir = tmp.with_name(tmp.name.removesuffix(".partial"))
     init_ray()
+    g = cfg.generate
+    wait_for_resources(f"generate ({g.num_actors} verifier actors)", [
+        {"CPU": g.num_cpus_per_actor, "GPU": g.num_gpus_per_actor}] * g.num_actors)
     src = resolve_source(cfg)
     prepared = prepare(src, cfg, limit)
     plan = plan_rows(prepared, cfg, src)
@@ -257,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = stage_out(args, cfg, GENERATE)
     run_stage_job(GENERATE, out, lambda: generate_call(cfg, out, args.source, args.limit),
-                  args.force, args.verbose, (SourceError, ModelUnavailableError), before_exit=shutdown)
+                  args.force, args.verbose, (SourceError, ModelUnavailableError, ResourcesUnavailable),
+                  before_exit=shutdown)
     m = read_manifest(out)
     print(f"generate artifact: {out.resolve()} (rows per split {m['counts']['per_split']}, "
           f"dropped {m['dropped']}, {m['throughput'].get('tokens_per_s', 0)} tokens/s)")

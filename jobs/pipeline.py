@@ -37,6 +37,7 @@ from peftbd.layout import (
 )
 from peftbd.console import Console
 from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
+from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError
 
 
@@ -182,11 +183,23 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = args.out or output_root(cfg)
     from jobs.ray_env import shutdown
+    from jobs.resources import ResourcesUnavailable
+    from peftbd.data.artifact import ArtifactError
+    from peftbd.data.sources import SourceError
+    from peftbd.models.loading import ModelUnavailableError
+    from peftbd.training.checkpoint import CheckpointMismatch
 
+    # what the stages raise with a message that names the fix: one line, no traceback
+    errors = (StageError, OutputLockError, ResourcesUnavailable, SourceError, ArtifactError,
+              ModelUnavailableError, CheckpointMismatch)
+    try:
+        check_writable(out / LOGS)  # before the log dir and before Ray starts
+    except OutputLockError as exc:
+        sys.exit(f"error: {exc}")
     with Console(out / LOGS, args.verbose, before_exit=shutdown) as console:
         try:
             manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
-        except StageError as exc:
+        except errors as exc:
             sys.exit(f"error: {exc}")
         if args.dry_run:
             return

@@ -5,7 +5,8 @@ artifact's train split (`ray.train.get_dataset_shard`), evaluate on the val spli
 DeepSpeed checkpoints with `ray.train.report`. A run is `RunConfig(name=<out dir name>,
 storage_path=cfg.training.storage_path or <out dir>/../ray_train)`: rerunning with the same
 names resumes from its latest checkpoint (Ray Train V2 restores the run), and a lost worker
-restarts the group from that checkpoint (`FailureConfig`). What is computed lives in
+restarts the group from that checkpoint (`FailureConfig`); errors that fail the same way every
+time are raised at once (`jobs.train_failures`). What is computed lives in
 `peftbd.training` (no Ray there).
 """
 
@@ -36,10 +37,12 @@ from ray.train import (
     RunConfig,
     ScalingConfig,
 )
-from ray.train.torch import TorchTrainer
+from ray.train.v2.api.exceptions import WorkerGroupError
 
 from jobs.progress import relay
 from jobs.ray_env import init_ray, shutdown
+from jobs.resources import ResourcesUnavailable, wait_for_resources
+from jobs.train_failures import Trainer, raise_unhealable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
@@ -49,6 +52,7 @@ from peftbd.models.loading import ModelUnavailableError, load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
+    CheckpointMismatch,
     TrainState,
     delete_run,
     load_checkpoint,
@@ -210,8 +214,10 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     if not resume:
         delete_run(storage, name)
     init_ray()
+    wait_for_resources(f"training ({world} Ray Train workers)", [
+        {"CPU": cfg.training.cpus_per_worker, "GPU": float(cfg.training.use_gpu)}] * world)
     with relay() as sink:
-        trainer = TorchTrainer(
+        trainer = Trainer(
             train_loop_per_worker,
             train_loop_config={
                 "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
@@ -234,7 +240,11 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
                 execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
             ),
         )
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except WorkerGroupError as exc:
+            raise_unhealable(exc)  # not retried: fail with its own one-line message
+            raise
     with result.checkpoint.as_directory() as ckpt_dir:
         shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
     log.info("trained %s drafter -> %s", kind, out_dir)
@@ -277,7 +287,9 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     out = stage_out(args, cfg, spec)
     run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
                   args.force or not args.resume, args.verbose,
-                  (ArtifactError, ConfigError, ModelUnavailableError), before_exit=shutdown)
+                  (ArtifactError, ConfigError, CheckpointMismatch, ModelUnavailableError,
+                   ResourcesUnavailable),
+                  before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]
     print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from peftbd.config import Config, ConfigError, load_config, preset_names
 from peftbd.console import Console
+from peftbd.manifest import is_complete
+from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError, StageSpec
 
 
@@ -77,6 +79,15 @@ def stage_out(args: argparse.Namespace, cfg: Config, spec: StageSpec) -> Path:
     return args.out or output_root(cfg) / spec.subdir
 
 
+def plan_line(spec: StageSpec, out: Path, decision: Decision) -> str | None:
+    """What a stage job is about to replace and why (e.g. `config drafter.lora_r 16 -> 8`), said
+    before any work; None when there is no finished output or it is skipped."""
+    if not decision.run or not is_complete(out):
+        return None
+    return (f"{spec.name}: rebuilding {out.resolve()} ({decision.describe()}); the output there "
+            f"stays until the new one is complete (to keep both, pass another --out)")
+
+
 def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
     """One line saying what a stage job did and why."""
     done = f"built ({decision.describe()})" if decision.run else "current, skipped (inputs unchanged)"
@@ -88,15 +99,24 @@ def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall]
                   before_exit: Callable[[], None] | None = None) -> Decision:
     """Run one stage job on the terminal: library and Ray output in `<out>/../logs/<stage>.log`
     (unless `verbose`), a progress bar, then the line saying what was done; an error of the kinds
-    in `errors` exits with its message (it names the fix). `before_exit`: see `Console`."""
+    in `errors` exits with its message (it names the fix); so does an `--out` that is not
+    writable or that another run holds, before any work. `before_exit`: see `Console`."""
+    try:
+        check_writable(out)  # before the log dir beside it and before Ray starts
+    except OutputLockError as exc:
+        sys.exit(f"error: {exc}")
     with Console(out.parent / LOGS, verbose, before_exit) as console:
         log_path = console.log_path(spec.name)
         if log_path:
             console.line(f"{spec.name}: log in {log_path}")
         try:
+            call = make_call()
+            decision = call.decide(force)
+            if line := plan_line(spec, out, decision):
+                console.line(line)
             with console.stage(spec.name, spec.title):
-                decision = make_call().run(force)
-        except (StageError, *errors) as exc:
+                call.run(force, decision)
+        except (StageError, OutputLockError, *errors) as exc:
             sys.exit(f"error: {exc}")
         console.line(decision_line(spec, out, decision))
     return decision

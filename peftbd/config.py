@@ -4,7 +4,7 @@ A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAM
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
 `--set a.b=value` overrides. Every layer is type-checked against the dataclass fields (`Literal`
 fields accept only their listed values); the finished config is checked against `_RANGES`,
-`_PATTERNS` and `_ORDERED`. An unknown key or a bad value raises `ConfigError` naming the key,
+`_PATTERNS`, `_ORDERED` and `_LENGTHS`. An unknown key or a bad value raises `ConfigError` naming the key,
 the value and the allowed form.
 """
 
@@ -232,7 +232,7 @@ class Config:
 
 # Checks of the finished config, per section type (so `OptimConfig`'s apply to drafter.optim and
 # mtp.optim): inclusive (low, high) bounds, None = unbounded; strings' forms as (regex, words);
-# field pairs whose values must satisfy first <= second.
+# field pairs whose values must satisfy first <= second; lists whose length a count field fixes.
 _Bounds = tuple[float | None, float | None]
 _POSITIVE: _Bounds = (1, None)
 _NON_NEGATIVE: _Bounds = (0, None)
@@ -251,11 +251,12 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                   "eval_batches": _POSITIVE},
     DrafterConfig: {"block_size": _POSITIVE, "denoise_steps": _POSITIVE,
                     "draft_layers": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
-                    "lora_r": _POSITIVE, "lora_dropout": _FRACTION,
+                    "lora_r": _POSITIVE, "lora_alpha": _POSITIVE, "lora_dropout": _FRACTION,
                     "mask_ratio_min": _FRACTION, "mask_ratio_max": _FRACTION,
                     "prefix_gamma": _FRACTION},
     MTPConfig: {"num_steps": _POSITIVE},
     TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
+                     "max_failures": (-1, None),  # Ray Train's FailureConfig: -1 = retry forever
                      "micro_batch_size": _NON_NEGATIVE},
     DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
                      "repeats": _POSITIVE, "workers": _POSITIVE,
@@ -273,6 +274,10 @@ _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
 }
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
+}
+# (list field, count field): the list must hold exactly count items.
+_LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
+    MTPConfig: (("loss_weights", "num_steps"),),  # one loss weight per recursive step
 }
 
 
@@ -345,7 +350,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _check_values(obj: Any, prefix: str = "") -> None:
-    """Check a finished config (section) against `_RANGES`, `_PATTERNS` and `_ORDERED`."""
+    """Check a finished config (section) against `_RANGES`, `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
     bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
@@ -370,4 +375,11 @@ def _check_values(obj: Any, prefix: str = "") -> None:
             raise ConfigError(
                 f"config key '{prefix}{first}': value {low!r} exceeds '{prefix}{second}' "
                 f"({high!r}); expected {first} <= {second}"
+            )
+    for items, count in _LENGTHS.get(type(obj), ()):
+        value, want = getattr(obj, items), getattr(obj, count)
+        if len(value) != want:
+            raise ConfigError(
+                f"config key '{prefix}{items}': value {list(value)!r} has {len(value)} entries; "
+                f"expected one per '{prefix}{count}' ({want})"
             )

@@ -104,6 +104,9 @@ class Console:
         last: dict[str, Any] = {}
 
         def update(done: int, total: int, **info: Any) -> None:
+            if "note" in info:  # a line to say now (e.g. what the stage waits for), not a count
+                self.line(f"  {title}: {info['note']}")
+                return
             shown = {k: f"{v:.3g}" if isinstance(v, float) else v for k, v in info.items()}
             last.update(done=done, total=total, info=shown)
             if not live:

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 
 class Sink(Protocol):
-    """Receives `(done, total, **info)`; `info` holds a few numbers to show (e.g. loss)."""
+    """Receives `(done, total, **info)`; `info` holds a few numbers to show (e.g. loss), or
+    `note`: a line to show now (then `done` and `total` mean nothing)."""
 
     def __call__(self, done: int, total: int, **info: Any) -> None: ...
 

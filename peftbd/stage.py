@@ -10,7 +10,7 @@ A stage reruns when its output is missing, its fingerprint differs, or an upstre
 another run than the one it was built from (so a rerun upstream always reruns what follows);
 `decide` says which of these and what changed. The output is built in a `.partial` sibling and
 renamed into place with `manifest.json` written last, so a half-written artifact never looks
-complete. An output without the contract's fields (an older layout) is never taken as valid.
+complete; one run at a time holds an output (`peftbd.output_lock`). An output without the contract's fields (an older layout) is never taken as valid.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from peftbd.manifest import (
     versions,
     write_manifest,
 )
+from peftbd.output_lock import output_lock
 
 log = logging.getLogger(__name__)
 
@@ -261,26 +262,29 @@ Build = Callable[[Path, StageInputs], dict[str, Any]]
 
 def run_stage(inputs: StageInputs, out_dir: str | Path, build: Build, cfg_dict: Mapping[str, Any],
               force: bool = False, decision: Decision | None = None) -> Decision:
-    """Build `out_dir` unless `decide` says its output is current; returns the decision.
+    """Build `out_dir` unless `decide` says its output is current; returns the decision. The
+    output's lock (`peftbd.output_lock`) is held throughout: a second run into `out_dir` fails at
+    once with `OutputLockError`, naming this one.
 
     `build(tmp, inputs)` writes into the `.partial` sibling; its returned sections (`run_id` among them
     to pin the artifact's identity, e.g. a content hash) go into `manifest.json`, written last
     with the contract, config, versions, wall time and peak memory (sections may refine these).
     """
-    decision = decision or decide(inputs, out_dir, force)
-    if not decision.run:
-        log.info("%s: %s is current, skipped", inputs.stage, out_dir)
-        return decision
-    log.info("%s: building %s (%s)", inputs.stage, out_dir, decision.describe())
-    timer = StageTimer()
-    with atomic_output_dir(out_dir) as tmp:
-        sections = build(tmp, inputs)
-        run_id = sections.pop("run_id", None) or uuid.uuid4().hex[:16]
-        write_manifest(tmp, {
-            "stage": inputs.stage, **timer.stats(), **sections,
-            "contract": {**inputs.record(), "run_id": run_id, "reasons": list(decision.reasons)},
-            "config": dict(cfg_dict), "versions": versions(),
-        })
+    with output_lock(out_dir):
+        decision = decision or decide(inputs, out_dir, force)
+        if not decision.run:
+            log.info("%s: %s is current, skipped", inputs.stage, out_dir)
+            return decision
+        log.info("%s: building %s (%s)", inputs.stage, out_dir, decision.describe())
+        timer = StageTimer()
+        with atomic_output_dir(out_dir) as tmp:
+            sections = build(tmp, inputs)
+            run_id = sections.pop("run_id", None) or uuid.uuid4().hex[:16]
+            write_manifest(tmp, {
+                "stage": inputs.stage, **timer.stats(), **sections,
+                "contract": {**inputs.record(), "run_id": run_id, "reasons": list(decision.reasons)},
+                "config": dict(cfg_dict), "versions": versions(),
+            })
     return decision
 
 

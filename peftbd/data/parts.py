@@ -74,20 +74,46 @@ class PartStore:
         return pa.concat_tables(tables) if tables else WORK_SCHEMA.empty_table()
 
     def read_complete(self, splits: dict[str, str]) -> pa.Table:
-        """All rows, after checking that they are exactly the planned ids (no gaps, no duplicates)
-        with their planned splits."""
-        table = self.read()
+        """All rows, one copy per id, after checking that they are exactly the planned ids (no
+        gaps) with their planned splits. Identical copies of a row (two runs that generated the
+        same block) are kept once; copies that differ fail, naming their ids."""
+        table = self._one_copy_each(self.read())
         ids = table["id"].to_pylist()
-        if len(ids) != len(set(ids)) or set(ids) != splits.keys():
+        if set(ids) != splits.keys():
+            missing, extra = len(splits.keys() - set(ids)), len(set(ids) - splits.keys())
             raise RuntimeError(
-                f"work parts in {self.root} hold {len(ids)} rows ({len(set(ids))} distinct) but "
-                f"the plan has {len(splits)}; delete {self.root} and rerun"
+                f"work parts in {self.root} hold {len(ids)} rows but the plan has {len(splits)} "
+                f"({missing} planned ids missing, {extra} not planned); delete {self.root} and rerun"
             )
         if any(splits[i] != s for i, s in zip(ids, table["split"].to_pylist())):
             raise RuntimeError(f"work parts in {self.root} disagree with the split plan; "
                                f"delete {self.root} and rerun")
         return table
 
+    def _one_copy_each(self, table: pa.Table) -> pa.Table:
+        """`table` with the first copy of each id; fails when copies differ in an artifact column."""
+        counts = table.group_by("id").aggregate([("id", "count")])
+        repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
+        if not len(repeated):
+            return table
+        copies: dict[str, list[dict[str, Any]]] = {}
+        for row in table.filter(pc.is_in(table["id"], value_set=repeated)).select(
+                ARTIFACT_SCHEMA.names).to_pylist():
+            copies.setdefault(row["id"], []).append(row)
+        conflicting = sorted(i for i, rows in copies.items() if any(r != rows[0] for r in rows))
+        if conflicting:
+            shown = ", ".join(conflicting[:10]) + (f" (+{len(conflicting) - 10} more)"
+                                                   if len(conflicting) > 10 else "")
+            raise RuntimeError(
+                f"work parts in {self.root} hold differing copies of {len(conflicting)} row ids: "
+                f"{shown}; the parts were made by different code or machines. Delete {self.root} "
+                f"and rerun"
+            )
+        first = table.append_column("_row", pa.array(range(table.num_rows), pa.int64())).group_by(
+            "id").aggregate([("_row", "min")])["_row_min"]
+        log.warning("work parts in %s hold %d identical copies of %d ids (two runs made the same "
+                    "rows); keeping one of each", self.root, table.num_rows - len(first), len(repeated))
+        return table.take(first.sort())
     def remove(self) -> None:
         """Delete the work directory (after the artifact is finalized)."""
         shutil.rmtree(self.root, ignore_errors=True)

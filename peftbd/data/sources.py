@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
 from peftbd.config import EMBEDDED_TINY, Config
@@ -88,6 +89,7 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
             raise SourceError(f"data.source={name!r}: {str(path)!r} does not exist")
         if not os.access(path, os.R_OK):
             raise SourceError(f"data.source={name!r}: {str(path)!r} is not readable")
+        _check_content(kind, path, name)
         return Source(kind, str(path), name)
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         check_hub_reachable(name)
@@ -106,6 +108,7 @@ def spec_bench_source(path: str | Path) -> Source:
             f"data.source={name!r}: {str(file)!r} is not a file; give the path of Spec-Bench's "
             f"question.jsonl, e.g. spec-bench:../shared/data/spec_bench/question.jsonl"
         )
+    _check_content("jsonl", file, name)
     return Source("spec_bench", str(file), name)
 
 
@@ -118,6 +121,35 @@ def _local_kind(path: Path) -> str | None:
             if any(path.rglob(f"*.{kind}")):
                 return kind
     return None
+
+
+TULU_COLUMNS = ("id", "messages")
+"""The columns a TULU-3-schema parquet source must have (`source` is optional)."""
+
+
+def _check_content(kind: str, path: Path, name: str) -> None:
+    """Fail in one line on a local source with nothing to read: empty JSON-lines files, parquet
+    without rows or without the TULU-3 columns (read from the files' metadata only)."""
+    files = sorted(path.rglob(f"*.{kind}")) if path.is_dir() else [path]
+    if kind == "jsonl":
+        if all(f.stat().st_size == 0 for f in files):
+            raise SourceError(f"data.source={name!r}: {str(path)!r} is empty (no JSON lines); "
+                              f"give TULU-3-schema rows {{id, messages, source}}, one per line")
+        return
+    try:
+        parquet = [pq.ParquetFile(f) for f in files]
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"data.source={name!r}: cannot read parquet {str(path)!r}: {exc}") from exc
+    columns = {c for p in parquet for c in p.schema_arrow.names}
+    missing = [c for c in TULU_COLUMNS if c not in columns]
+    if missing:
+        raise SourceError(
+            f"data.source={name!r}: parquet {str(path)!r} has no column {', '.join(missing)} (its "
+            f"columns: {', '.join(sorted(columns)) or 'none'}); expected TULU-3-schema rows "
+            f"{{id, messages, source}}"
+        )
+    if sum(p.metadata.num_rows for p in parquet) == 0:
+        raise SourceError(f"data.source={name!r}: parquet {str(path)!r} holds no rows")
 
 
 def check_hub_reachable(dataset_id: str, timeout_s: float = 10.0) -> None:
@@ -141,8 +173,10 @@ def check_hub_reachable(dataset_id: str, timeout_s: float = 10.0) -> None:
 
 def parse_record(source: Source, record: dict[str, Any]) -> dict[str, Any]:
     """A raw record (`{"text": line}` for JSON-lines sources) as `{id, source, category, messages}`;
-    raises `BadRow` (invalid_json, not_an_object, missing_id)."""
+    raises `BadRow` (blank_line, invalid_json, not_an_object, missing_id)."""
     if source.is_json_lines:
+        if not record["text"].strip():
+            raise BadRow("blank_line")
         try:
             record = json.loads(record["text"])
         except json.JSONDecodeError as exc:

@@ -33,13 +33,28 @@ def save_checkpoint(engine: Any, ckpt_dir: str | Path, state: TrainState, finger
     )
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that cannot belong to this run (other inputs, other shapes): retrying cannot
+    help; the message says how to start over."""
+
+
 def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> TrainState:
-    """Restore the engine from `ckpt_dir`; fails if the checkpoint belongs to another run."""
-    _, client = engine.load_checkpoint(str(ckpt_dir), tag=TAG, load_module_strict=False)
+    """Restore the engine from `ckpt_dir`; fails with `CheckpointMismatch` if the checkpoint
+    belongs to another run or its tensors have other shapes."""
+    try:
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=TAG, load_module_strict=False)
+    except RuntimeError as exc:
+        if "size mismatch" not in str(exc):
+            raise
+        raise CheckpointMismatch(
+            f"the checkpoint in {ckpt_dir} holds tensors of other shapes than this run's model "
+            f"({str(exc).splitlines()[-1].strip()[:200]}); rerun with --no-resume to start over, "
+            "or use another --out"
+        ) from exc
     if client is None:
         raise FileNotFoundError(f"{ckpt_dir} holds no DeepSpeed checkpoint tagged {TAG!r}")
     if client.get("fingerprint") != fingerprint:
-        raise ValueError(
+        raise CheckpointMismatch(
             f"the checkpoint in {ckpt_dir} was written by a run with another config or artifact "
             f"(fingerprint {client.get('fingerprint')} != {fingerprint}); rerun with --no-resume "
             "to start over, or use another --out (the run name)"

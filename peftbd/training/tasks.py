@@ -172,11 +172,6 @@ class MTPTask:
     export_subdir = HEAD_SUBDIR
 
     def __init__(self, cfg: Config) -> None:
-        if len(cfg.mtp.loss_weights) != cfg.mtp.num_steps:
-            raise ValueError(
-                f"mtp.loss_weights has {len(cfg.mtp.loss_weights)} entries but mtp.num_steps="
-                f"{cfg.mtp.num_steps}; give one weight per step"
-            )
         self.cfg = cfg
         self.optim = cfg.mtp.optim
         self.verifier: PreTrainedModel | None = None

@@ -1,55 +1,25 @@
-"""The generate job on a local Ray: tiny end to end, exactness, resume after a kill, bad rows,
-Spec-Bench. Small on purpose: tens of rows, a dozen new tokens."""
+"""The generate job on a local Ray: tiny end to end, exactness, bad rows, Spec-Bench (resume:
+test_generate_resume.py). Small on purpose: tens of rows, a dozen new tokens."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 
 from jobs.generate import run_generate
-from jobs.ray_env import init_ray
-from peftbd.config import apply_override, load_config
+from peftbd.config import load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-LIMIT = 40
-OVERRIDES = ["data.max_new_tokens=12", "data.train_size=24", "data.val_size=4",
-             "data.test_size=4", "generate.batch_size=4"]
-
-
-@pytest.fixture(scope="module")
-def local_ray(tiny_world):
-    init_ray()
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def reference(local_ray, tmp_path_factory):
-    """An uninterrupted run on the first LIMIT corpus rows, two actors (the other runs use one:
-    each actor start imports torch and transformers, slow on a busy 2-core machine)."""
-    cfg = load_config("tiny", overrides=OVERRIDES)
-    return cfg, run_generate(cfg, tmp_path_factory.mktemp("gen") / "ref", limit=LIMIT)
 
 
 def _rows(artifact: Path) -> dict[str, list[dict]]:
@@ -63,9 +33,9 @@ def test_tiny_end_to_end_artifact(reference):
     assert all(t.schema.equals(ARTIFACT_SCHEMA) for t in tables.values())
     assert {s: t.num_rows for s, t in tables.items()} == {"train": 24, "val": 4, "test": 4}
     assert manifest["counts"]["per_split"] == {"train": 24, "val": 4, "test": 4}
-    c = manifest["counts"]
-    assert c["rows_read"] == LIMIT
-    assert c["usable"] + sum(manifest["dropped"].values()) == LIMIT
+    c, limit = manifest["counts"], manifest["limit"]
+    assert c["rows_read"] == limit == 40  # conftest.GENERATE_LIMIT
+    assert c["usable"] + sum(manifest["dropped"].values()) == limit
     assert c["unused"] == c["usable"] - 32
     rows = [r for t in tables.values() for r in t.to_pylist()]
     assert len({r["id"] for r in rows}) == 32
@@ -79,7 +49,7 @@ def test_tiny_end_to_end_artifact(reference):
     assert manifest["throughput"]["generated_tokens"] == c["continuation_tokens"]
     assert manifest["wall_seconds"] > 0 and manifest["peak_rss_mib"] > 0
     # A rerun of a complete artifact is a no-op.
-    assert run_generate(cfg, out, limit=LIMIT) == out
+    assert run_generate(cfg, out, limit=limit) == out
     assert read_manifest(out) == manifest
 
 
@@ -107,40 +77,12 @@ def test_prompts_and_continuations_equal_single_sequence_greedy(reference, tiny_
         assert (r["finish_reason"] == "eos") == (r["continuation_ids"][-1] in eos)
 
 
-@pytest.mark.slow
-def test_resume_after_a_killed_run_equals_uninterrupted(reference, tmp_path):
-    cfg, ref = reference
-    out = tmp_path / "resumed"
-    work = tmp_path / "resumed.work"
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    cmd = [sys.executable, "-m", "jobs.generate", "--preset", "tiny", "--limit", str(LIMIT),
-           "--out", str(out), "--set", "generate.batch_size=1", "--set", "generate.num_actors=1"]
-    for item in OVERRIDES:
-        cmd += ["--set", item]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not list(work.glob("part-*.parquet")) and proc.poll() is None:
-        assert time.monotonic() < deadline, "the first part never appeared"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
-    parts_before = len(list(work.glob("part-*.parquet")))
-
-    run_generate(apply_override(cfg, "generate.num_actors=1"), out, limit=LIMIT)
-    assert _rows(out) == _rows(ref)
-    resumed = read_manifest(out)["counts"]["resumed_rows"]
-    assert 1 <= resumed < 32 and parts_before >= 1
-    assert read_manifest(out)["throughput"]["generated_rows"] == 32 - resumed
-    assert not work.exists()
-
-
 def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
     good = [{"id": f"g{i}", "source": "t", "messages": [
         {"role": "user", "content": f"Count from {i} to {i + 3}."}]} for i in range(6)]
     bad = {
         "invalid_json": ["{oops"],
+        "blank_line": ["", "   "],
         "missing_id": [{"messages": [{"role": "user", "content": "hi"}]}],
         "no_messages": [{"id": "b1"}, {"id": "b2", "messages": []}],
         "no_user_turn": [{"id": "b3", "messages": [{"role": "system", "content": "s"}]}],

@@ -98,3 +98,15 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, monkeypatch):
     assert "skip" in lines["generate"] and "skip" in lines["train_mtp"]
     assert (root / "peftbd_adapter" / "manifest.json").read_text() == before
     assert not (root / "manifest.json").exists()
+
+
+def test_an_empty_source_stops_the_main_job_in_one_line_before_any_stage(tiny_world, tmp_path):
+    from jobs.pipeline import main
+
+    (tmp_path / "rows.jsonl").write_text("")
+    src = str(tmp_path / "rows.jsonl")
+    with pytest.raises(SystemExit) as err:
+        main(["--set", f"data.source={src}", "--out", str(tmp_path / "root")])
+    assert str(err.value) == (f"error: data.source={src!r}: {src!r} is empty (no JSON lines); give "
+                              f"TULU-3-schema rows {{id, messages, source}}, one per line")
+    assert not (tmp_path / "root" / "continuations").exists()

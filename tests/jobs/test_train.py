@@ -5,6 +5,8 @@ the engine. Small on purpose: 64 train rows, a dozen steps."""
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +19,7 @@ from safetensors.torch import load_file
 
 from jobs.ray_env import init_ray
 from jobs.train_common import main, run_train
+from jobs.train_failures import NOT_RETRIED
 from peftbd.config import load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, ArtifactError, read_split, write_split
 from peftbd.data.continuations import greedy_continuations
@@ -156,6 +159,32 @@ def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, t
     # A rerun of a finished run is a no-op (same fingerprint).
     assert run_train("mtp", cfg, artifact, out) == out
     assert read_manifest(out) == manifest
+
+
+def _log_count(text: str) -> int:
+    """How often `text` occurs in this Ray session's log files (the controller's among them)."""
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    return sum(p.read_text(errors="replace").count(text) for p in logs.rglob("*") if p.is_file())
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_worker_error_that_cannot_heal_is_raised_at_once_not_retried(local_ray, cfg, artifact,
+                                                                        tmp_path, make_artifact):
+    """Val rows with prompt_len 0 fail every attempt the same way in the workers' setup
+    (collate_sequences: ArtifactError); with max_failures=1 Ray Train would try twice."""
+    val = read_split(artifact, "val")
+    broken = make_artifact(tmp_path / "bad_val", lambda tmp: (
+        write_split(tmp, "train", read_split(artifact, "train")),
+        write_split(tmp, "val", val.set_column(val.schema.get_field_index("prompt_len"), "prompt_len",
+                                               pa.array([0] * val.num_rows, pa.int32())))))
+    retries_before = _log_count("[FailurePolicy] RETRY")
+    with pytest.raises(ArtifactError, match="prompt_len must be >= 1"):
+        run_train("peftbd", cfg, broken, tmp_path / "out")
+    time.sleep(3)  # log lines are flushed asynchronously
+    assert _log_count(NOT_RETRIED) >= 1
+    assert _log_count("[FailurePolicy] RETRY") == retries_before
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_artifacts_fail_before_training_with_the_problem_named(cfg, artifact, tmp_path,

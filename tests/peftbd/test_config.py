@@ -36,7 +36,7 @@ def test_presets_load_with_the_papers_values():
 
 def test_overrides_apply_and_parse_yaml_values():
     cfg = load_config("tiny", overrides=[
-        "drafter.block_size=4", "mtp.loss_weights=[0.5, 0.5]", "drafter.optim.lr=1e-3",
+        "drafter.block_size=4", "mtp.loss_weights=[0.5, 0.5]", "mtp.num_steps=2", "drafter.optim.lr=1e-3",
         "training.use_gpu=true", "model.name_or_path=/models/qwen",
     ])
     assert cfg.drafter.block_size == 4
@@ -189,6 +189,27 @@ def test_device_pattern_rejects(device):
      "'drafter.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
     ("drafter.denoise_steps=17", "'drafter.denoise_steps': value 17 exceeds 'drafter.block_size' (16)"),
     ("data.train_size=-1", "'data.train_size': value -1 is out of range; expected >= 0"),
+    # the list: each failed late (inside a Ray worker, retried) or was silently accepted
+    ("data.train_size=-5", "config key 'data.train_size': value -5 is out of range; expected >= 0"),
+    ("drafter.block_size=-1", "config key 'drafter.block_size': value -1 is out of range; expected >= 1"),
+    ("generate.num_actors=0", "config key 'generate.num_actors': value 0 is out of range; expected >= 1"),
+    ("generate.batch_size=0", "config key 'generate.batch_size': value 0 is out of range; expected >= 1"),
+    ("data.max_new_tokens=0", "config key 'data.max_new_tokens': value 0 is out of range; expected >= 1"),
+    ("drafter.optim.max_steps=0", "config key 'drafter.optim.max_steps': value 0 is out of range; "
+     "expected >= 1"),
+    ("mtp.optim.max_steps=0", "config key 'mtp.optim.max_steps': value 0 is out of range"),
+    ("training.zero_stage=7", "config key 'training.zero_stage': value 7 is not valid; "
+     "expected one of: 0, 1, 2, 3"),
+    ("training.precision=fp8", "config key 'training.precision': value 'fp8' is not valid; "
+     "expected one of: 'fp32', 'bf16'"),
+    ("model.dtype=float13", "config key 'model.dtype': value 'float13' is not valid; "
+     "expected one of: 'float32', 'bfloat16', 'float16'"),
+    # neighbours
+    ("training.max_failures=-2", "config key 'training.max_failures': value -2 is out of range; "
+     "expected >= -1"),
+    ("drafter.lora_alpha=0", "config key 'drafter.lora_alpha': value 0 is out of range; expected >= 1"),
+    ("mtp.loss_weights=[1.0]", "config key 'mtp.loss_weights': value [1.0] has 1 entries; "
+     "expected one per 'mtp.num_steps' (3)"),
 ])
 def test_ranges_name_key_value_and_range(override, message):
     overrides = [override] + (["drafter.mask_ratio_max=0.5"] if "0.8" in override else [])

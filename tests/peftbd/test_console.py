@@ -46,3 +46,13 @@ def test_before_exit_runs_while_output_still_goes_to_the_log(tmp_path, capfd):
         pass
     assert "shutting down" not in capfd.readouterr().out
     assert "shutting down" in (tmp_path / "logs" / "job.log").read_text()
+
+
+def test_a_note_is_a_line_on_the_terminal_at_once_and_leaves_the_count_alone(tmp_path, capfd):
+    with Console(tmp_path / "logs") as console:
+        with console.stage("generate", "generate"):
+            progress.report(0, 1, note="waiting up to 300 s for Ray resources: ...")
+            progress.report(2, 4)
+    sys.stdout.flush()
+    assert capfd.readouterr().out.splitlines() == [
+        "  generate: waiting up to 300 s for Ray resources: ...", "  generate: 2/4"]

@@ -36,17 +36,31 @@ def test_part_store_discards_parts_made_for_other_inputs(tmp_path):
     assert PartStore(tmp_path / "work", "fp2").done_ids() == set()
 
 
-def test_read_complete_refuses_gaps_and_duplicates(tmp_path):
+def test_read_complete_refuses_gaps_and_a_split_mismatch(tmp_path):
     store = PartStore(tmp_path / "work", "fp")
     store.write(_work_rows(["a", "b"]))
     assert store.read_complete({"a": "train", "b": "train"}).num_rows == 2
-    with pytest.raises(RuntimeError, match="plan has 3"):
+    with pytest.raises(RuntimeError, match="plan has 3 .1 planned ids missing, 0 not planned"):
         store.read_complete({"a": "train", "b": "train", "c": "val"})
     with pytest.raises(RuntimeError, match="disagree with the split plan"):
         store.read_complete({"a": "train", "b": "val"})
-    store.write(_work_rows(["b", "a", "a"]))  # a buggy rerun writing ids twice
-    with pytest.raises(RuntimeError, match="5 rows"):
-        store.read_complete({"a": "train", "b": "train"})
+
+
+def test_identical_copies_are_kept_once_and_differing_copies_fail_naming_the_ids(tmp_path):
+    """Two runs into one work dir (the issue: all their copies identical, yet every later run
+    failed); their bookkeeping differs, their rows do not."""
+    store = PartStore(tmp_path / "work", "fp")
+    store.write(_work_rows(["a", "b", "c"], actor="run1"))
+    store.write(_work_rows(["c", "b"], actor="run2", start=5.0, end=6.0))
+    store.write(_work_rows(["d"], actor="run2"))
+    table = store.read_complete({i: "train" for i in "abcd"})
+    assert sorted(table["id"].to_pylist()) == ["a", "b", "c", "d"]
+    assert table.schema.equals(WORK_SCHEMA)
+
+    changed = _work_rows(["b", "d"]).set_column(4, "continuation_ids", pa.array([[9], [3, 4]]))
+    store.write(changed)  # b's continuation differs from run1's copy; d's copy is identical
+    with pytest.raises(RuntimeError, match="differing copies of 1 row ids: b;"):
+        store.read_complete({i: "train" for i in "abcd"})
 
 
 def test_throughput_per_actor_and_over_the_span():

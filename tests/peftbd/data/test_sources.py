@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from peftbd.config import load_config
@@ -37,10 +39,11 @@ def test_resolve_embedded_local_spec_bench_and_hub(tiny_cfg, tiny_world, tmp_pat
     monkeypatch.setattr("peftbd.data.sources.check_hub_reachable", lambda dataset_id: None)
     src = resolve_source(tiny_cfg)
     assert (src.kind, src.location) == ("jsonl", str(tiny_world.corpus_path))
-    (tmp_path / "a.parquet").write_bytes(b"")
+    pq.write_table(pa.table({"id": ["a"], "messages": [[{"role": "user", "content": "hi"}]]}),
+                   tmp_path / "a.parquet")
     assert resolve_source(tiny_cfg, str(tmp_path / "a.parquet")).kind == "parquet"
     assert resolve_source(tiny_cfg, str(tmp_path)).kind == "parquet"  # a directory of parts
-    (tmp_path / "q.jsonl").write_text("")
+    (tmp_path / "q.jsonl").write_text("{}\n")
     assert resolve_source(tiny_cfg, f"spec-bench:{tmp_path / 'q.jsonl'}").kind == "spec_bench"
     assert resolve_source(tiny_cfg, "allenai/tulu-3-sft-mixture").kind == "hub"
 
@@ -53,6 +56,36 @@ def test_resolve_embedded_local_spec_bench_and_hub(tiny_cfg, tiny_world, tmp_pat
 def test_unreadable_source_fails_at_once_naming_it(tiny_cfg, name, match):
     with pytest.raises(SourceError, match=match):
         resolve_source(tiny_cfg, name)
+
+
+def _empty_jsonl(tmp_path):
+    (tmp_path / "rows.jsonl").write_text("")
+    return "rows.jsonl", "is empty (no JSON lines); give TULU-3-schema rows {id, messages, source}, one per line"
+
+
+def _parquet(table: pa.Table, message: str):
+    def make(tmp_path):
+        pq.write_table(table, tmp_path / "rows.parquet")
+        return "rows.parquet", message
+    return make
+
+
+@pytest.mark.parametrize("make", [
+    _empty_jsonl,
+    _parquet(pa.table({"id": pa.array([], pa.string()), "messages": pa.array([], pa.string())}),
+             "holds no rows"),
+    _parquet(pa.table({}), "has no column id, messages (its columns: none); expected "
+                           "TULU-3-schema rows {id, messages, source}"),
+    _parquet(pa.table({"text": ["a"], "id": ["1"]}), "has no column messages (its columns: id, "
+                                                     "text); expected TULU-3-schema rows {id, messages, source}"),
+])
+def test_a_source_with_nothing_to_read_fails_in_one_line_before_any_work(tiny_cfg, tmp_path, make):
+    name, message = make(tmp_path)
+    with pytest.raises(SourceError) as err:
+        resolve_source(tiny_cfg, str(tmp_path / name))
+    kind = "" if name.endswith("jsonl") else "parquet "
+    assert str(err.value) == (f"data.source={str(tmp_path / name)!r}: {kind}"
+                              f"{str(tmp_path / name)!r} {message}")
 
 
 def test_local_directory_without_rows_is_not_mistaken_for_a_hub_id(tiny_cfg, tmp_path, monkeypatch):
@@ -87,6 +120,8 @@ def test_good_rows_keep_system_turn_and_stop_before_first_assistant(tok):
 
 @pytest.mark.parametrize("record, reason", [
     (_line("{not json"), "invalid_json"),
+    (_line(""), "blank_line"),
+    (_line(" \t"), "blank_line"),
     (_line([1, 2]), "not_an_object"),
     (_line({"messages": [{"role": "user", "content": "hi"}]}), "missing_id"),
     (_line({"id": "a"}), "no_messages"),

@@ -7,7 +7,7 @@ import pytest
 
 from peftbd.data.artifact import ARTIFACT_SCHEMA, ArtifactError, write_split
 from peftbd.manifest import write_manifest
-from peftbd.training.checkpoint import TrainState, load_checkpoint
+from peftbd.training.checkpoint import CheckpointMismatch, TrainState, load_checkpoint
 from peftbd.training.examples import collate_sequences, load_training_split
 
 
@@ -62,7 +62,18 @@ class _Engine:
         return path, {"step": 7, "fingerprint": "fp-of-run-a"}
 
 
+class _OtherShapes:
+    """A DeepSpeed engine whose module has other shapes than the checkpoint (e.g. lora_r 16 -> 8)."""
+
+    def load_checkpoint(self, path, tag, load_module_strict):
+        raise RuntimeError("Error(s) in loading state_dict for PeftModel:\n\tsize mismatch for "
+                           "lora_A.weight: copying a param with shape torch.Size([16, 128])")
+
+
 def test_a_checkpoint_resumes_only_its_own_run():
     assert load_checkpoint(_Engine(), "ckpt", "fp-of-run-a") == TrainState(step=7)
-    with pytest.raises(ValueError, match="--no-resume"):
+    with pytest.raises(CheckpointMismatch, match="--no-resume"):
         load_checkpoint(_Engine(), "ckpt", "fp-of-run-b")
+    with pytest.raises(CheckpointMismatch, match=r"other shapes .*size mismatch for lora_A.weight.*"
+                                                 r"rerun with --no-resume"):
+        load_checkpoint(_OtherShapes(), "ckpt", "fp-of-run-a")
