@@ -130,3 +130,22 @@ def test_plain_encoding_never_yields_an_added_token(tok):
     ids = encode_plain(tok, text)
     assert not set(ids) & set(tok.get_added_vocab().values())
     assert tok.decode(ids) == text
+
+
+def test_the_corpus_prompts_encode_exactly_as_before(tiny_world, tiny_tok):
+    """generate's prompts (the first 1000 corpus rows) keep their ids: only injected text moves."""
+    import json
+
+    from peftbd.data.chat import BadRow, prompt_messages
+
+    checked = 0
+    with tiny_world.corpus_path.open() as f:
+        for line in list(f)[:1000]:
+            try:
+                messages = prompt_messages(json.loads(line)["messages"])
+            except BadRow:
+                continue
+            old = tiny_tok(render_prompt(tiny_tok, messages), add_special_tokens=False)["input_ids"]
+            assert encode_prompt(tiny_tok, messages) == old
+            checked += 1
+    assert checked > 900
