@@ -20,6 +20,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ray import serve
 from ray.exceptions import TaskCancelledError
 from ray.serve.exceptions import RequestCancelledError
@@ -79,10 +81,33 @@ def _server_error(message: str) -> dict[str, Any]:
 
 @api.exception_handler(Exception)
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    """A bug, not the client's fault: still an OpenAI error body (500), logged once."""
-    log.error("unexpected %s serving %s: %s", type(exc).__name__, request.url.path, exc)
+    """A bug, not the client's fault: still an OpenAI error body (500); Serve logs the traceback."""
     return JSONResponse(_server_error(f"internal error ({type(exc).__name__}); the request "
                                       "was not completed"), status_code=500)
+
+
+class _QuietDisconnect:
+    """ASGI middleware: once Serve cancelled a request (its client left), reading the request
+    raises Ray's cancellation errors; they mean `http.disconnect`, and the request ends with one
+    info line instead of a 500 and a traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receive_or_disconnect() -> Message:
+            try:
+                return await receive()
+            except CLIENT_GONE:
+                return {"type": "http.disconnect"}
+
+        try:
+            await self.app(scope, receive_or_disconnect, send)
+        except (*CLIENT_GONE, ClientDisconnect):
+            log.info("%s: client disconnected", scope.get("path"))
+
+
+api.add_middleware(_QuietDisconnect)
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=256)
