@@ -256,6 +256,9 @@ def test_exported_means_are_exact(served):
         assert tokens[key] == rounds[key] > 0, key  # mean tokens per AR round: exactly 1.0
     sync = _metric_totals(text, "ray_peftbd_round_sync_ms_total")
     assert not [k for k in sync if k[0] == "colocated"]  # never grew: the dashboard reads 0
+    # where the README says to look up a random metrics port: <temp dir>/prom_metrics_...json
+    found = Path(served.temp, "prom_metrics_service_discovery.json").read_text()
+    assert f":{served.metrics_port}" in found, found
 
 
 def _serve_logs(served) -> dict[Path, int]:
