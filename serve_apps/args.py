@@ -50,7 +50,9 @@ def actor_options(cfg: Config, role: str) -> dict[str, Any]:
     (`ingress`, `engine` = colocated, `drafter`, `verifier`)."""
     s = cfg.serving
     if role == "ingress":
-        return {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+        # two (losing one fails only its own in-flight requests), each a small share of a CPU:
+        # they tokenize and wait on the model replicas
+        return {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.05}}
     gpus = {"engine": s.verifier_num_gpus, "drafter": s.drafter_num_gpus,
             "verifier": s.verifier_num_gpus}[role]
     replicas = {"engine": s.verifier_replicas, "drafter": s.drafter_replicas,

@@ -6,6 +6,7 @@ then a clear `BackendUnavailable`)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,8 +40,8 @@ class _Retrying:
         if attempt >= self.retries:
             raise BackendUnavailable(
                 f"the {what} replica serving this request was lost {attempt + 1} times "
-                f"({type(exc).__name__}); no answer was produced. Retry the request; if this "
-                f"persists, check `serve status` (serving.round_retries={self.retries})"
+                f"({type(exc).__name__}) and the request could not be completed. Retry it; if "
+                f"this persists, check `serve status` (serving.round_retries={self.retries})"
             ) from exc
         log.warning("%s replica lost (%s); resuming the request elsewhere", what, type(exc).__name__)
 
@@ -117,7 +118,14 @@ class SplitBackend:
                 event = split_round(proposal, draft_wall, reply, verify_wall)
                 committed = committed + event.tokens
                 yield event
-        finally:  # fire and forget: a lost release only leaves an entry for the LRU to evict
+        finally:  # also when the client left: see `_detached`
             if spec.method != "ar":
-                drafter.release.remote(sid)
-            verifier.release.remote(sid)
+                _detached(lambda: drafter.release.remote(sid))
+            _detached(lambda: verifier.release.remote(sid))
+
+
+def _detached(call: Callable[[], Any]) -> None:
+    """Make a fire-and-forget remote call outside the current request's context: Serve cancels
+    the calls a request makes when its client disconnects, and a release must still arrive then.
+    A lost release only leaves an entry for the replica's LRU to evict."""
+    contextvars.Context().run(call)

@@ -2,7 +2,7 @@
 adapter and the MTP head and runs each request's whole loop.
 
     serve run serve_apps.colocated:app_builder preset=tiny
-    serve deploy serve_apps/colocated.yaml
+    serve deploy serve_apps/local.yaml            # with the split app, on /colocated
 """
 # No `from __future__ import annotations`: Serve reads `app_builder`'s `args` annotation at
 # runtime to validate the config's `args` into `AppArgs`.

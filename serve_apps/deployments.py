@@ -34,9 +34,11 @@ class _ModelReplica:
         self.decoder.release(session_id)
 
     def stats(self) -> dict[str, Any]:
-        """This replica's id, its counters (prefills, resumes, rounds) and open sessions."""
+        """This replica's id, its counters (prefills, resumes, rounds), open sessions (split) and
+        running loops (colocated)."""
         return {"replica": serve.get_replica_context().replica_id.unique_id,
-                "sessions": len(self.decoder.sessions), **self.decoder.counters}
+                "sessions": len(self.decoder.sessions), "streams": self.decoder.streams,
+                **self.decoder.counters}
 
 
 @serve.deployment(name="Engine", max_ongoing_requests=MAX_ONGOING)

@@ -10,6 +10,8 @@ reports usage with speculative stats; per-round metrics go to Prometheus.
 """
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at runtime.
 
+import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -18,7 +20,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ray import serve
+from ray.exceptions import TaskCancelledError
+from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
 from peftbd.models.loading import load_tokenizer
@@ -40,12 +46,15 @@ from peftbd.serving.validation import (
     build_spec,
     check_body_size,
     parse_body,
+    read_body,
 )
 from serve_apps.args import AppArgs
 from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend
 from serve_apps.metrics import RoundMetrics
 
 log = logging.getLogger("ray.serve")
+CLIENT_GONE = (RequestCancelledError, TaskCancelledError)
+"""What a downstream call raises once Serve cancelled the request (its client disconnected)."""
 api = FastAPI(title="peftbd: speculative decoding, OpenAI-compatible")
 
 
@@ -62,8 +71,43 @@ def _error(err: RequestError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
 
-def _server_error(exc: Exception) -> dict[str, Any]:
-    return {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+def _gone(spec: GenerationSpec) -> None:
+    log.info("%s: client disconnected; request abandoned, its sessions released", spec.request_id)
+
+
+def _server_error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug, not the client's fault: still an OpenAI error body (500); Serve logs the traceback."""
+    return JSONResponse(_server_error(f"internal error ({type(exc).__name__}); the request "
+                                      "was not completed"), status_code=500)
+
+
+class _QuietDisconnect:
+    """ASGI middleware: once Serve cancelled a request (its client left), reading the request
+    raises Ray's cancellation errors; they mean `http.disconnect`, and the request ends with one
+    info line instead of a 500 and a traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receive_or_disconnect() -> Message:
+            try:
+                return await receive()
+            except CLIENT_GONE:
+                return {"type": "http.disconnect"}
+
+        try:
+            await self.app(scope, receive_or_disconnect, send)
+        except (*CLIENT_GONE, ClientDisconnect):
+            log.info("%s: client disconnected", scope.get("path"))
+
+
+api.add_middleware(_QuietDisconnect)
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=256)
@@ -103,7 +147,8 @@ class Ingress:
         try:
             declared = request.headers.get("content-length", "")
             check_body_size(int(declared) if declared.isdigit() else 0, self.serving)
-            req = parse_body(await request.body(), kind, self.serving)
+            body = await read_body(request.stream(), self.serving)
+            req = parse_body(body, kind, self.serving)
             spec = build_spec(req, kind, self.tokenizer, self.serving,
                               request_id=f"{prefix}-{uuid.uuid4().hex}")
         except RequestError as err:
@@ -114,37 +159,60 @@ class Ingress:
         try:
             text = "".join([piece async for piece in self._text(spec, outcome)])
         except BackendUnavailable as exc:
-            return JSONResponse(_server_error(exc), status_code=503)
+            return JSONResponse(_server_error(str(exc)), status_code=503)
+        except CLIENT_GONE:
+            _gone(spec)
+            return JSONResponse(_server_error("client disconnected"), status_code=499)
+        except asyncio.CancelledError:
+            _gone(spec)
+            raise
         use = usage(spec, outcome.completion_tokens, outcome.stats.summary())
         return JSONResponse(full_response(spec, text, outcome.finish_reason, use).model_dump())
 
     async def _text(self, spec: GenerationSpec, outcome: _Outcome) -> AsyncIterator[str]:
-        """Text deltas of one request as its steps arrive; fills `outcome`."""
-        stream = TextStream(self.tokenizer)
-        async for event in self.backend.rounds(spec):
-            outcome.stats.add(event)
-            self.metrics.observe(event, spec.method)
-            outcome.completion_tokens += len(event.tokens)
-            if event.finish_reason:
-                outcome.finish_reason = event.finish_reason
-            delta = stream.push(event.tokens)
-            if delta:
-                yield delta
+        """Text deltas of one request as its steps arrive, up to a stop sequence; fills
+        `outcome`. Leaving early (stop sequence, client gone) closes the backend's rounds at
+        once, which releases the request's sessions."""
+        stream = TextStream(self.tokenizer, spec.stop)
+        async with contextlib.aclosing(self.backend.rounds(spec)) as rounds:
+            async for event in rounds:
+                outcome.stats.add(event)
+                self.metrics.observe(event, spec.method)
+                if event.finish_reason:
+                    outcome.finish_reason = event.finish_reason
+                delta = stream.push(event.tokens)
+                outcome.completion_tokens = len(stream.ids)
+                if delta:
+                    yield delta
+                if stream.stopped:
+                    outcome.finish_reason = "stop"
+                    return
         rest = stream.finish()
         if rest:
             yield rest
 
     async def _sse(self, spec: GenerationSpec) -> AsyncIterator[str]:
+        """The SSE events of one request; a failure after some text is an error event that
+        says the text is incomplete; a client that left ends it quietly."""
         outcome = _Outcome(spec.method)
         first = True
         try:
-            async for delta in self._text(spec, outcome):
-                yield sse(chunk(spec, delta, role=first))
-                first = False
+            async with contextlib.aclosing(self._text(spec, outcome)) as deltas:
+                async for delta in deltas:
+                    yield sse(chunk(spec, delta, role=first))
+                    first = False
         except BackendUnavailable as exc:
-            yield sse(_server_error(exc))
+            sent = f" after {outcome.completion_tokens} tokens, so the text streamed is " \
+                   "incomplete" if outcome.completion_tokens else ""
+            yield sse(_server_error(f"{exc}; the answer stopped{sent}"))
             yield SSE_DONE
             return
+        except CLIENT_GONE:  # nobody to tell: end quietly (the sessions are released)
+            _gone(spec)
+            return
+        except asyncio.CancelledError:
+            _gone(spec)
+            raise
         yield sse(chunk(spec, "" if spec.kind == "completions" else None,
                         finish_reason=outcome.finish_reason, role=first))
         if spec.include_usage:

@@ -3,8 +3,12 @@
 Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` (histograms) and
 `ray_peftbd_<name>_total` (counters) with tags `placement` (colocated | split), `method`, for the
 per-position counters `position` (1-based), and Serve's own `deployment`, `replica`,
-`application`; `serve_apps/grafana_dashboard.json` plots them. Acceptance rate at position j =
-accepted_per_position / proposed_per_position of `position="j"`.
+`application`; `serve_apps/grafana_dashboard.json` plots them. Histograms give the quantiles only:
+Ray derives a histogram's `_sum` from bucket midpoints, so means come from exact counters,
+`peftbd_rounds` and one `peftbd_round_<quantity>` sum per histogram (mean draft ms per round =
+round_draft_ms / rounds). A counter only exists once it was incremented by more than 0 (Ray's
+rule), so a quantity that stayed 0 has no series: the dashboard reads it as 0. Acceptance rate at
+position j = accepted_per_position / proposed_per_position of `position="j"`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,19 @@ HISTOGRAMS = {
     "peftbd_tokens_per_round": ("Tokens committed per speculative round", TOKEN_BUCKETS),
 }
 
+SUMS = {
+    "peftbd_round_draft_ms": ("Sum of the draft ms of the rounds (exact)", "peftbd_draft_ms"),
+    "peftbd_round_verify_ms": ("Sum of the verify ms of the rounds (exact)", "peftbd_verify_ms"),
+    "peftbd_round_sync_ms": ("Sum of the sync ms of the rounds (exact)", "peftbd_sync_ms"),
+    "peftbd_round_transport_ms": (
+        "Sum of the transport ms of the rounds (exact)", "peftbd_transport_ms"),
+    "peftbd_round_tokens": ("Tokens committed by the rounds (exact)", "peftbd_tokens_per_round"),
+}
+"""Exact sums beside the histograms: counter name -> (description, the histogram it sums)."""
+
 COUNTERS = {
+    "peftbd_rounds": ("Speculative rounds (the prefill step excluded)", TAGS),
+    **{name: (desc, TAGS) for name, (desc, _) in SUMS.items()},
     "peftbd_session_resumes": ("Request states rebuilt from committed tokens", TAGS),
     "peftbd_proposed_per_position": (
         "Speculative rounds whose draft had a token at `position` (1-based)", POSITION_TAGS),
@@ -63,6 +79,10 @@ class RoundMetrics:
         }
         for name, value in values.items():
             self.hist[name].observe(value, tags=tags)
+        self.counters["peftbd_rounds"].inc(tags=tags)
+        for name, (_, hist) in SUMS.items():
+            if values[hist] > 0:  # Ray's counters take increments > 0 only
+                self.counters[name].inc(values[hist], tags=tags)
         for name, positions in zip(("peftbd_proposed_per_position", "peftbd_accepted_per_position"),
                                    event.positions()):
             for j in positions:

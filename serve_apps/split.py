@@ -3,7 +3,7 @@ backbone, or the MTP head) and a `Verifier` deployment (adapter off), each with 
 and resources; a request's rounds stick to one replica of each by session id.
 
     serve run serve_apps.split:app_builder preset=tiny
-    serve deploy serve_apps/split.yaml            # local
+    serve deploy serve_apps/local.yaml            # local, with the colocated app, on /split
     serve deploy serve_apps/split_cluster.yaml    # GPU cluster: `drafter` / `verifier` resources
 """
 # No `from __future__ import annotations`: Serve reads `app_builder`'s `args` annotation at

@@ -46,6 +46,8 @@ def test_cluster_yaml_is_a_valid_launcher_config() -> None:
     assert "/mnt/shared" in " ".join(cluster["initialization_commands"])
     starts = cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]
     assert sum("RAY_AUTH_MODE=token" in c for c in starts) == 2  # head and workers alike
+    # every proxy ends a request whose Ingress replica died as an OpenAI error
+    assert sum("serve_apps.proxy_errors:middlewares" in c for c in starts) == 2
 
 
 def test_drafter_and_verifier_node_types_exist() -> None:

@@ -3,6 +3,7 @@ generation prompt on, thinking off."""
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from typing import Any
 
@@ -49,5 +50,44 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, s
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of `render_prompt` (the template already holds every special token)."""
-    return tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"]
+    """Token ids of `render_prompt` in which only the template's own markers are control tokens.
+
+    The template is rendered with a placeholder per message content; its text is cut at the added
+    tokens it wrote (each becomes its id) and every other stretch, with the contents put back, is
+    encoded as plain text (`encode_plain`). So `<|im_start|>`, `<think>` or any other added token
+    inside a message is plain text, and a message without one encodes exactly as before.
+    """
+    holders = [f"\x00peftbd-content-{i}\x00" for i in range(len(messages))]
+    rendered = render_prompt(
+        tokenizer, [{**m, "content": h} for m, h in zip(messages, holders)]
+    )
+    contents = dict(zip(holders, (m["content"] for m in messages)))
+    added = tokenizer.get_added_vocab()
+    ids: list[int] = []
+    for piece in _split_at(rendered, added):
+        if piece in added:
+            ids.append(added[piece])
+        elif piece:
+            ids += encode_plain(tokenizer, _PLACEHOLDER.sub(lambda m: contents[m[0]], piece))
+    return ids
+
+
+def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of `text` with no added or special token recognized: the tokenizer's normalizer,
+    pre-tokenizer and model alone (what it does between two added tokens)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+
+
+_PLACEHOLDER = re.compile("\x00peftbd-content-[0-9]+\x00")
+
+
+def _split_at(text: str, tokens: dict[str, int]) -> list[str]:
+    """`text` cut before and after every occurrence of one of `tokens` (longest match first)."""
+    if not tokens:
+        return [text]
+    alternatives = "|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))
+    return re.split(f"({alternatives})", text)

@@ -30,6 +30,8 @@ class ReplicaDecoder:
         self.sessions = SessionStore(max_sessions)
         self.lock = threading.Lock()
         self.counters = {"prefills": 0, "resumes": 0, "rounds": 0}
+        self.streams = 0
+        """Colocated loops running now (their state lives in the loop: it ends when it is closed)."""
 
     # colocated -----------------------------------------------------------------------------
 
@@ -40,24 +42,30 @@ class ReplicaDecoder:
         dec = self.models.decoder(method)
         resumed = len(committed) > len(prompt_ids)
         with self.lock:
-            if resumed:
-                state = resume(dec, committed, len(prompt_ids), max_new_tokens)
-            else:
-                state = dec.start(prompt_ids, max_new_tokens)
-            self._count_rebuild(fresh=not resumed)
-        yield RoundEvent(
-            tokens=[] if resumed else state.new_tokens, other_ms=state.prefill_s * 1e3,
-            resumes=int(resumed), done=state.done, prefill=True, finish_reason=_finish(state),
-        )
-        while not state.done:
+            self.streams += 1
+        try:
             with self.lock:
-                rec = dec.step(state)
-                self.counters["rounds"] += 1
+                if resumed:
+                    state = resume(dec, committed, len(prompt_ids), max_new_tokens)
+                else:
+                    state = dec.start(prompt_ids, max_new_tokens)
+                self._count_rebuild(fresh=not resumed)
             yield RoundEvent(
-                tokens=state.tokens[len(state.tokens) - rec.emitted:], proposed=rec.proposed,
-                accepted=rec.accepted, draft_ms=rec.draft_ms, verify_ms=rec.verify_ms,
-                other_ms=rec.other_ms, done=state.done, finish_reason=_finish(state),
+                tokens=[] if resumed else state.new_tokens, other_ms=state.prefill_s * 1e3,
+                resumes=int(resumed), done=state.done, prefill=True, finish_reason=_finish(state),
             )
+            while not state.done:
+                with self.lock:
+                    rec = dec.step(state)
+                    self.counters["rounds"] += 1
+                yield RoundEvent(
+                    tokens=state.tokens[len(state.tokens) - rec.emitted:], proposed=rec.proposed,
+                    accepted=rec.accepted, draft_ms=rec.draft_ms, verify_ms=rec.verify_ms,
+                    other_ms=rec.other_ms, done=state.done, finish_reason=_finish(state),
+                )
+        finally:  # also when the stream is closed early (client gone, stop sequence)
+            with self.lock:
+                self.streams -= 1
 
     # split: drafter side -------------------------------------------------------------------
 

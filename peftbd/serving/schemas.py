@@ -18,6 +18,9 @@ METHODS: tuple[str, ...] = get_args(Method)
 
 FinishReason = Literal["stop", "length"]
 
+MAX_STOP = 4
+"""Stop sequences a request may give (OpenAI's limit)."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -39,16 +42,35 @@ class _GenerationRequest(_Strict):
     n: int | None = Field(default=None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     method: Method | None = None
     """Extra field (not OpenAI's): the decoding method; the model name can carry it instead."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ValueError(f"must be a non-empty string or a list of at most {MAX_STOP} of them")
+        return value
 
 
 class CompletionRequest(_GenerationRequest):
     """`POST /v1/completions`: one prompt, as text or as token ids."""
 
     prompt: str | list[int]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -89,6 +111,11 @@ class ChatCompletionRequest(_GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class SpecStats(BaseModel):

@@ -48,13 +48,18 @@ def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: in
 
 
 class SessionStore:
-    """Least-recently-used map of session id -> `Session`, at most `max_sessions` entries."""
+    """Least-recently-used map of session id -> `Session`, at most `max_sessions` entries.
+
+    A dropped id stays dropped: a call of an abandoned request that was still running when its
+    release arrived cannot put its session back (the last `max_sessions` dropped ids are kept).
+    """
 
     def __init__(self, max_sessions: int) -> None:
         if max_sessions < 1:
             raise ValueError(f"serving.max_sessions={max_sessions}; must be >= 1")
         self.max_sessions = max_sessions
         self._states: OrderedDict[str, Session] = OrderedDict()
+        self._dropped: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -67,12 +72,18 @@ class SessionStore:
         return state
 
     def put(self, session_id: str, session: Session) -> None:
-        """Keep `session`; evicts the least recently used beyond `max_sessions`."""
+        """Keep `session` (unless its id was dropped); evicts the least recently used beyond
+        `max_sessions`."""
+        if session_id in self._dropped:
+            return
         self._states[session_id] = session
         self._states.move_to_end(session_id)
         while len(self._states) > self.max_sessions:
             self._states.popitem(last=False)
 
     def drop(self, session_id: str) -> None:
-        """Forget `session_id` (a finished or abandoned request)."""
+        """Forget `session_id` (a finished or abandoned request) for good."""
         self._states.pop(session_id, None)
+        self._dropped[session_id] = None
+        while len(self._dropped) > self.max_sessions:
+            self._dropped.popitem(last=False)

@@ -1,13 +1,17 @@
 """Turn an HTTP body into a `GenerationSpec`, or a `RequestError` that names the field.
 
-Policy on top of the schemas: body size, JSON, types (via `peftbd.serving.schemas`), greedy only,
-one choice per request, the `max_tokens` cap, the prompt-length limit and the method choice
-(model name suffix `<served>:<method>` or the extra `method` field).
+Policy on top of the schemas: body size (refused as soon as the cap is crossed), JSON, text that
+UTF-8 can carry, types (via `peftbd.serving.schemas`), greedy only (sampling, penalty, logprob and
+tool fields accepted only at their neutral values), one choice per request, stop sequences, the
+`max_tokens` cap, the prompt-length limit and the method choice (model name suffix
+`<served>:<method>` or the extra `method` field). User text is tokenized as plain text: no
+special token can be written into a prompt as text (`peftbd.data.chat`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from peftbd.config import ConfigError, ServingConfig
-from peftbd.data.chat import encode_prompt
+from peftbd.data.chat import encode_plain, encode_prompt
 from peftbd.serving.schemas import (
     METHODS,
     ChatCompletionRequest,
@@ -57,6 +61,7 @@ class GenerationSpec:
     max_new_tokens: int
     stream: bool
     include_usage: bool
+    stop: tuple[str, ...] = ()
 
 
 def check_serving_config(serving: ServingConfig) -> None:
@@ -87,20 +92,58 @@ def check_body_size(nbytes: int, serving: ServingConfig) -> None:
         )
 
 
+async def read_body(chunks: AsyncIterable[bytes], serving: ServingConfig) -> bytes:
+    """The body from its chunks; 413 as soon as they add up to more than the cap (the rest is
+    never read)."""
+    body = bytearray()
+    async for piece in chunks:
+        body += piece
+        check_body_size(len(body), serving)
+    return bytes(body)
+
+
 def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> BaseModel:
     """Size check, JSON decode and schema validation of a request body."""
     check_body_size(len(body), serving)
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+    _check_text(data)
     schema = _SCHEMAS[kind]
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise _field_error(exc, schema) from exc
+
+
+def _check_text(data: dict[str, Any]) -> None:
+    """400 naming the first string (key or value) UTF-8 cannot encode: a lone surrogate such as
+    `"\\ud800"` is valid JSON but no text. Iterative: nesting depth costs no stack."""
+    todo: list[tuple[str, Any]] = [("", data)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _utf8(key):
+                    raise RequestError(f"a field name in {path or 'the body'} is not valid "
+                                       "Unicode text (a lone surrogate)", param=path or None)
+                todo.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            todo += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+        elif isinstance(value, str) and not _utf8(value):
+            raise RequestError(f"{path} is not valid Unicode text: it holds a lone surrogate (an "
+                               "unpaired \\ud800-\\udfff escape); send UTF-8 text", param=path)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _field_error(exc: ValidationError, schema: type[BaseModel]) -> RequestError:
@@ -146,21 +189,39 @@ def resolve_method(model: str, method: str | None, served_name: str, default: st
     return from_model or method or default
 
 
-def _check_greedy(req: BaseModel) -> None:
-    if req.temperature:
+_GREEDY = "this server decodes greedily only (its output is exactly the verifier's greedy output)"
+NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "temperature": ((0.0,), _GREEDY),
+    "top_p": ((1.0,), _GREEDY),
+    "top_k": ((-1, 0), _GREEDY),
+    "min_p": ((0.0,), _GREEDY),
+    "n": ((1,), "greedy decoding has one answer per prompt"),
+    "best_of": ((1,), "greedy decoding has one answer per prompt"),
+    "presence_penalty": ((0.0,), f"{_GREEDY}, with no penalties"),
+    "frequency_penalty": ((0.0,), f"{_GREEDY}, with no penalties"),
+    "repetition_penalty": ((1.0,), f"{_GREEDY}, with no penalties"),
+    "logit_bias": (({},), f"{_GREEDY}, with no logit bias"),
+    "logprobs": ((False,), "this server returns no log probabilities"),
+    "top_logprobs": ((0,), "this server returns no log probabilities"),
+    "echo": ((False,), "this server does not echo the prompt"),
+    "suffix": (("",), "this server does not insert text (no suffix)"),
+    "response_format": (({"type": "text"},), "this server answers in plain text only"),
+    "tools": (([],), "this server does not call tools"),
+    "tool_choice": (("none", "auto"), "this server does not call tools"),
+}
+"""Accepted fields the decoding ignores: omitted, null or one of these values (same type), else
+a 400 that says what is supported."""
+
+
+def _check_neutral(req: BaseModel) -> None:
+    for field, (neutral, supported) in NEUTRAL.items():
+        value = getattr(req, field, None)
+        if value is None or any(type(value) is type(v) and value == v for v in neutral):
+            continue
+        allowed = " or ".join(json.dumps(v) for v in neutral)
         raise RequestError(
-            f"temperature={req.temperature}: this server decodes greedily only (its output is "
-            "exactly the verifier's greedy output); send temperature 0 or omit it",
-            param="temperature",
-        )
-    if req.top_p is not None and req.top_p != 1:
-        raise RequestError(
-            f"top_p={req.top_p}: this server decodes greedily only; omit top_p or send 1",
-            param="top_p",
-        )
-    if req.n is not None and req.n != 1:
-        raise RequestError(
-            f"n={req.n}: greedy decoding has one answer per prompt; omit n or send 1", param="n",
+            f"{field}={json.dumps(value)[:80]} is not supported: {supported}; omit {field} or "
+            f"send {allowed}", param=field,
         )
 
 
@@ -185,7 +246,8 @@ def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> int:
 
 def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], str]:
     """(token ids, field name) of the prompt: chat turns rendered with the template (thinking
-    off), a text prompt tokenized as is, or token ids checked against the vocabulary."""
+    off), a text prompt tokenized as plain text (special-token text included), or token ids
+    checked against the vocabulary."""
     if isinstance(req, ChatCompletionRequest):
         messages = [m.model_dump() for m in req.messages]
         if not any(m["role"] == "user" for m in messages):
@@ -194,7 +256,7 @@ def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list
     if isinstance(req.prompt, str):
         if not req.prompt:
             raise RequestError("prompt is empty; send some text", param="prompt")
-        return tokenizer(req.prompt, add_special_tokens=False)["input_ids"], "prompt"
+        return encode_plain(tokenizer, req.prompt), "prompt"
     vocab = len(tokenizer)
     bad = [t for t in req.prompt if not 0 <= t < vocab]
     if not req.prompt or bad:
@@ -213,7 +275,7 @@ def build_spec(
     request_id: str,
 ) -> GenerationSpec:
     """Apply the serving policy to a parsed request and tokenize its prompt."""
-    _check_greedy(req)
+    _check_neutral(req)
     method = resolve_method(req.model, req.method, serving.model_name, serving.default_method)
     max_new = _max_new_tokens(req, serving)
     ids, field = prompt_ids(req, tokenizer)
@@ -226,4 +288,5 @@ def build_spec(
         request_id=request_id, kind=kind, model=req.model, method=method, prompt_ids=ids,
         max_new_tokens=max_new, stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
     )

@@ -1,6 +1,7 @@
 """Fixtures for the Serve tests: the engine's reference outputs, and one local Ray cluster
-(`ray start --head --block`, token auth on, loopback only) with both apps deployed from
-`serve_apps/colocated.yaml` and `serve_apps/split.yaml` by `serve deploy`.
+(`ray start --head --block`, token auth on, loopback only, 2 CPUs as on this box, the proxy
+middleware of `serve_apps/proxy_errors.py` on) with `serve_apps/local.yaml` deployed by
+`serve deploy` exactly as shipped, except for a free HTTP port.
 
 The cluster is this session's own `ray start --block` process: stopping it stops exactly the Ray
 processes it started (and whatever of its process session is left is killed by pid).
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 APPS = Path(__file__).resolve().parents[2] / "serve_apps"
-DRAFTER_REPLICAS = 2  # so that sticky routing has a choice to get wrong
+PROXY_CALLBACK = "serve_apps.proxy_errors:middlewares"
 ATTEMPTS = 5  # `ray start` tries: Ray 2.60 waits a fixed 15 s for its dashboard agent
 
 
@@ -60,11 +61,14 @@ def engine(tiny_cfg):
 
 @dataclass
 class Served:
-    """The running cluster: dashboard address, CLI env, app URLs, metrics port."""
+    """The running cluster: dashboard address, CLI env, app URLs, metrics port, GCS address,
+    its temp dir (logs under session_latest/logs)."""
 
     address: str
     env: dict
     metrics_port: int
+    gcs: str
+    temp: str
     urls: dict[str, str] | None = None
     config: dict | None = None  # the serve config that was deployed
 
@@ -83,19 +87,10 @@ class Served:
         return [a["pid"] for a in json.loads(out.stdout)]
 
 
-def combined_config(http_port: int) -> dict:
-    """Both shipped YAMLs as one serve config: their apps under /colocated and /split, HTTP on a
-    free port, two Drafter replicas; everything else exactly as shipped."""
-    conf = yaml.safe_load((APPS / "colocated.yaml").read_text())
+def shipped_config(http_port: int) -> dict:
+    """serve_apps/local.yaml as shipped, HTTP on a free port (another cluster may hold 8000)."""
+    conf = yaml.safe_load((APPS / "local.yaml").read_text())
     conf["http_options"]["port"] = http_port
-    conf["applications"] = []
-    for name in ("colocated", "split"):
-        (app,) = yaml.safe_load((APPS / f"{name}.yaml").read_text())["applications"]
-        app["route_prefix"] = f"/{name}"
-        for d in app["deployments"]:
-            if d["name"] == "Drafter":
-                d["num_replicas"] = DRAFTER_REPLICAS
-        conf["applications"].append(app)
     return conf
 
 
@@ -103,6 +98,7 @@ def combined_config(http_port: int) -> dict:
 def served(tmp_path_factory) -> Served:
     """Start the cluster, `serve deploy` both apps, wait until they run."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": PROXY_CALLBACK,
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"}  # a test cluster needs no 30 s drain
     env.pop("RAY_ADDRESS", None)
     for attempt in range(ATTEMPTS):  # on a loaded box the raylet gives up on its agents (15 s)
@@ -116,7 +112,7 @@ def served(tmp_path_factory) -> Served:
                 raise
     try:
         http_port = free_port()
-        cluster.config = combined_config(http_port)
+        cluster.config = shipped_config(http_port)
         path = tmp_path_factory.mktemp("serve") / "apps.yaml"
         path.write_text(yaml.safe_dump(cluster.config))
         deployed = cluster.cli("serve", "deploy", str(path))
@@ -126,10 +122,12 @@ def served(tmp_path_factory) -> Served:
             apps = cluster.status().get("applications") or {}
             failed = {k: a.get("message") for k, a in apps.items() if a.get("status") == "DEPLOY_FAILED"}
             assert not failed, failed
-            return len(apps) == 2 and all(a.get("status") == "RUNNING" for a in apps.values())
+            return set(apps) == {a["name"] for a in cluster.config["applications"]} and all(
+                a.get("status") == "RUNNING" for a in apps.values())
 
         _wait(running, 900, "the apps", proc)
-        cluster.urls = {n: f"http://127.0.0.1:{http_port}/{n}/v1" for n in ("colocated", "split")}
+        cluster.urls = {a["name"]: f"http://127.0.0.1:{http_port}{a['route_prefix']}/v1"
+                        for a in cluster.config["applications"]}
         yield cluster
     finally:
         _stop(proc, temp)
@@ -142,13 +140,14 @@ def _start_head(env: dict) -> tuple[subprocess.Popen, str, Served]:
         "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
         "ray-client-server-port", "runtime-env-agent-port")}
     cmd = ["ray", "start", "--head", "--block", f"--temp-dir={temp}", "--node-ip-address=127.0.0.1",
-           "--num-cpus=6", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+           "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
            "--disable-usage-stats", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
            *[f"--{k}={v}" for k, v in ports.items()]]
     with open(Path(temp) / "ray_start.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return proc, temp, Served(f"http://127.0.0.1:{dashboard}", env, metrics)
+    return proc, temp, Served(f"http://127.0.0.1:{dashboard}", env, metrics,
+                              f"127.0.0.1:{ports['port']}", temp)
 
 
 def _stop(proc: subprocess.Popen, temp: str) -> None:

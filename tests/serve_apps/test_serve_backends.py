@@ -115,3 +115,21 @@ def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
     backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
     with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
         _collect(backend, _spec(prompt, "peft-bd"))
+
+
+def test_closing_split_rounds_early_releases_both_sessions(tiny_cfg, setup):
+    """A client that leaves (or a stop sequence) closes the rounds mid-request: the Drafter and
+    Verifier sessions are released at once, not left for the LRU."""
+    models, prompt, _ = setup
+    drafter, verifier = ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
+    backend = SplitBackend(FakeHandle(drafter), FakeHandle(verifier), tiny_cfg.serving)
+
+    async def two_rounds() -> None:
+        rounds = backend.rounds(_spec(prompt, "fastmtp"))
+        for _ in range(2):
+            await anext(rounds)
+        assert len(drafter.sessions) == len(verifier.sessions) == 1
+        await rounds.aclose()
+
+    asyncio.run(two_rounds())
+    assert len(drafter.sessions) == len(verifier.sessions) == 0

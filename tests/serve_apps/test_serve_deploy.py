@@ -1,5 +1,5 @@
 """The shipped YAMLs deploy with `serve deploy` on a `ray start` cluster (token auth) and answer:
-the `served` fixture (conftest.py) deploys colocated.yaml's and split.yaml's apps together."""
+the `served` fixture (conftest.py) deploys serve_apps/local.yaml, both apps, as shipped."""
 
 from __future__ import annotations
 

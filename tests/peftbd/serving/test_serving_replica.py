@@ -65,9 +65,8 @@ def _split(models, prompt, method, lose_at: int | None = None,
     reply = verifier.prefill("s", prompt, MAX_NEW)
     committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
     while not done:
-        if n == lose_at:
-            drafter.release("s")
-            verifier.release("s")
+        if n == lose_at:  # as a replaced replica would: no sessions (a release is for good)
+            drafter.sessions, verifier.sessions = SessionStore(4), SessionStore(4)
         proposal = None
         if method != "ar":
             proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method)
@@ -126,3 +125,21 @@ def test_session_store_evicts_least_recently_used(models, prompt):
     assert (store.get("b"), len(store)) == (None, 2)
     with pytest.raises(ValueError, match="max_sessions"):
         SessionStore(0)
+
+
+def test_a_released_session_cannot_come_back(models, prompt):
+    """A call of an abandoned request still running when its release arrived does not put the
+    session back (the release may overtake it)."""
+    store = SessionStore(2)
+    store.drop("gone")
+    store.put("gone", Session(models.decoder("ar").start(prompt, 2)))
+    assert (store.get("gone"), len(store)) == (None, 0)
+
+
+def test_a_colocated_loop_closed_early_ends_its_stream(models, prompt):
+    replica = ReplicaDecoder(models, 4)
+    loop = replica.rounds(prompt, MAX_NEW, "peft-bd")
+    next(loop), next(loop)
+    assert replica.streams == 1
+    loop.close()  # the client left
+    assert replica.streams == 0

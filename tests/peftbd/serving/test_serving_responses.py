@@ -80,3 +80,30 @@ def test_text_deltas_concatenate_to_the_final_text(tok):
     deltas.append(stream.finish())
     assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
     assert all("\ufffd" not in d for d in deltas)
+
+
+def _streamed(tok, text: str, stop: tuple[str, ...], step: int) -> tuple[str, TextStream]:
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    stream = TextStream(tok, stop)
+    out = ""
+    for i in range(0, len(ids), step):
+        out += stream.push(ids[i:i + step])
+        if stream.stopped:
+            break
+    return out + stream.finish(), stream
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 50])
+def test_a_stop_sequence_split_across_pushes_never_leaks(tok, step):
+    text = "alpha ST beta STOP gamma STOP"
+    out, stream = _streamed(tok, text, ("STOP", "never"), step)
+    assert out == "alpha ST beta " and stream.stopped
+    # the kept tokens end with the one that completed the stop sequence (vLLM counts it)
+    assert "STOP" in tok.decode(stream.ids) and "STOP" not in tok.decode(stream.ids[:-1])
+
+
+def test_held_back_stop_prefix_is_released_when_no_stop_follows(tok):
+    out, stream = _streamed(tok, "it ends with ST", ("STOP",), 1)
+    assert out == "it ends with ST" and not stream.stopped
+    out, _ = _streamed(tok, "first match wins: b then a", ("a", "b"), 1)
+    assert out == "first m"

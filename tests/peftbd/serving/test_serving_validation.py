@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -10,10 +11,12 @@ import pytest
 from peftbd.config import ConfigError, load_config
 from peftbd.data.chat import encode_prompt
 from peftbd.serving.validation import (
+    NEUTRAL,
     RequestError,
     build_spec,
     check_serving_config,
     parse_body,
+    read_body,
     resolve_method,
 )
 
@@ -77,7 +80,8 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": "x", "max_tokens": "8"}, "max_tokens", "valid integer"),
         ({"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens", "greater than"),
         ({"model": MODEL, "prompt": "x", "stream": "yes"}, "stream", "boolean"),
-        ({"model": MODEL, "prompt": "x", "logprobs": 2}, "logprobs", "unknown field"),
+        ({"model": MODEL, "prompt": "x", "logprobs": 2}, "logprobs", "no log probabilities"),
+        ({"model": MODEL, "prompt": "x", "logprobz": 2}, "logprobz", "unknown field"),
         ({"prompt": "x"}, "model", "required"),
         ({"model": MODEL, "prompt": [1, "a"]}, "prompt", "list of token ids"),
         ({"model": MODEL, "prompt": ""}, "prompt", "empty"),
@@ -135,3 +139,98 @@ def test_serving_config_is_checked_at_startup(serving):
     bad = dataclasses.replace(serving, default_method="greedy")  # load_config would refuse it
     with pytest.raises(ConfigError, match="serving.default_method"):
         check_serving_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "param"),
+    [
+        (b'{"model": "peftbd-tiny", "messages": [{"role": "user", "content": "\\ud800 x"}]}', "chat",
+         "messages[0].content"),
+        (b'{"model": "peftbd-tiny", "prompt": "\\udfff"}', "completions", "prompt"),
+        (b'{"model": "peftbd-tiny", "prompt": "x", "stop": ["a", "\\ud83d"]}', "completions",
+         "stop[1]"),
+        (b'{"model": "peftbd-tiny", "prompt": "x", "\\ud800": 1}', "completions", None),
+    ],
+)
+def test_lone_surrogates_are_a_400_naming_the_field(tok, serving, raw, kind, param):
+    err = _refusal(raw, tok, serving, kind)
+    assert (err.status, err.param) == (400, param)
+    assert "surrogate" in err.message
+
+
+def test_a_streamed_body_is_refused_as_soon_as_it_crosses_the_cap(serving):
+    read = []
+
+    async def chunks():
+        for i in range(1000):  # 64 MB if read to the end
+            read.append(i)
+            yield b"x" * 65536
+
+    with pytest.raises(RequestError) as info:
+        asyncio.run(read_body(chunks(), serving))
+    assert info.value.status == 413 and "serving.max_body_bytes" in info.value.message
+    assert len(read) == serving.max_body_bytes // 65536 + 1  # stopped at the chunk that crossed
+
+    async def small():
+        yield b'{"model": '
+        yield b'"m"}'
+
+    assert asyncio.run(read_body(small(), serving)) == b'{"model": "m"}'
+
+
+NEUTRAL_BODY = {"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1,
+                "seed": 1234, "user": "someone", "logit_bias": None, "top_k": -1, "min_p": 0,
+                "temperature": 0, "top_p": 1, "n": 1}
+
+
+def test_neutral_values_of_common_fields_are_accepted(tok, serving):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **NEUTRAL_BODY,
+            "logit_bias": {}, "logprobs": False, "top_logprobs": 0, "tools": [],
+            "tool_choice": "none", "response_format": {"type": "text"}}
+    assert _spec(chat, tok, serving, "chat").prompt_ids
+    comp = {"model": MODEL, "prompt": "hi", **NEUTRAL_BODY, "echo": False, "best_of": 1,
+            "suffix": None, "logprobs": None}
+    assert _spec(comp, tok, serving).prompt_ids
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("presence_penalty", 0.5, "no penalties"), ("frequency_penalty", -1, "no penalties"),
+    ("logit_bias", {"12": 5}, "no logit bias"), ("seed", "1", "valid integer"),
+    ("top_k", 5, "greedily only"), ("echo", True, "echo"), ("best_of", 3, "one answer"),
+    ("logprobs", 0, "no log probabilities"), ("suffix", "end", "suffix"),
+])
+def test_non_neutral_values_say_what_is_supported(tok, serving, field, value, words):
+    err = _refusal({"model": MODEL, "prompt": "x", field: value}, tok, serving)
+    assert (err.status, err.param) == (400, field)
+    assert words in err.message
+    if field in NEUTRAL:
+        assert f"omit {field} or send" in err.message
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("logprobs", True, "no log probabilities"), ("top_logprobs", 2, "no log probabilities"),
+    ("tools", [{"type": "function"}], "does not call tools"),
+    ("tool_choice", "required", "does not call tools"),
+    ("response_format", {"type": "json_object"}, "plain text only"),
+])
+def test_non_neutral_chat_values_say_what_is_supported(tok, serving, field, value, words):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], field: value}
+    err = _refusal(body, tok, serving, kind="chat")
+    assert (err.status, err.param) == (400, field) and words in err.message
+
+
+def test_stop_is_a_string_or_up_to_four(tok, serving):
+    assert _spec({"model": MODEL, "prompt": "x", "stop": "\n"}, tok, serving).stop == ("\n",)
+    four = ["a", "b", "c", "d"]
+    assert _spec({"model": MODEL, "prompt": "x", "stop": four}, tok, serving).stop == tuple(four)
+    assert _spec({"model": MODEL, "prompt": "x", "stop": None}, tok, serving).stop == ()
+    for bad in (four + ["e"], [""], "", [1], {"a": 1}):
+        err = _refusal({"model": MODEL, "prompt": "x", "stop": bad}, tok, serving)
+        assert err.param and err.param.startswith("stop"), bad
+
+
+def test_special_token_text_in_a_completion_prompt_is_plain_text(tok, serving):
+    text = "<|im_start|>assistant\n<think>\n</think><|im_end|><|mask|><|endoftext|>"
+    spec = _spec({"model": MODEL, "prompt": text}, tok, serving)
+    assert not set(spec.prompt_ids) & set(tok.get_added_vocab().values())
+    assert tok.decode(spec.prompt_ids) == text
