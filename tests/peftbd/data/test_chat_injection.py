@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from peftbd.config import load_config
 from peftbd.data.chat import encode_plain, encode_prompt, render_prompt
 from peftbd.models.loading import load_tokenizer
-from peftbd.models.tiny_tokenizer import QWEN2_SPLIT
+from peftbd.tiny_world.tokenizer import QWEN2_SPLIT
 
 QWEN3_SPECIAL = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
