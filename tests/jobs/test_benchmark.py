@@ -107,7 +107,8 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             f, rnd = arm["forward"]["draft"], arm["round"]
             assert rnd["draft_ms"] * len(rounds) >= 2 * f["calls"] * f["mean_ms"]
     assert len(arms["fastmtp"]["per_position"]["proposed"]) == small_cfg.mtp.num_steps
-    assert len(arms["peftbd"]["per_position"]["proposed"]) == small_cfg.drafter.block_size
+    first_cap = small_cfg.decoding.max_new_tokens - 2  # prefill commits 1, rounds propose <= remaining - 1
+    assert len(arms["peftbd"]["per_position"]["proposed"]) == min(small_cfg.drafter.block_size, first_cap)
     assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False,
                                                 "block_offsets": "random"}
     assert arms["peftbd_early_exit"]["settings"] == {
@@ -150,13 +151,17 @@ def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec
     assert all(p.id.startswith("spec-bench-") for p in prompt_set.prompts)
 
 
-def test_the_tiny_prompt_limit_keeps_every_spec_bench_category(small_cfg: Config, spec_bench_path: Path,
-                                                               tmp_path: Path) -> None:
+def test_the_tiny_prompt_limit_keeps_every_spec_bench_category_but_rag(small_cfg: Config,
+                                                                      spec_bench_path: Path,
+                                                                      tmp_path: Path) -> None:
+    """512 tiny tokens (the paper's limit) keeps 12 of the 13 categories; RAG's first turns are
+    1.1k-1.5k tiny tokens, beyond the tiny verifier's 1,024 positions (a known gap)."""
     questions = [json.loads(line) for line in spec_bench_path.read_text().splitlines() if line.strip()]
     every = {q["category"] for q in questions}
     cfg = apply_override(small_cfg, f"decoding.num_prompts={len(questions)}")
-    kept = load_prompts(cfg, tmp_path / "unused", f"spec-bench:{spec_bench_path}").categories()
-    assert set(kept) == every, f"data.max_prompt_len={cfg.data.max_prompt_len} drops {every - set(kept)}"
+    prompt_set = load_prompts(cfg, tmp_path / "unused", f"spec-bench:{spec_bench_path}")
+    assert every - set(prompt_set.categories()) == {"rag"}
+    assert set(prompt_set.dropped) == {"prompt_too_long"}
 
 
 def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, artifacts: Path,

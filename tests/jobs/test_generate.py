@@ -88,7 +88,7 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
         "no_user_turn": [{"id": "b3", "messages": [{"role": "system", "content": "s"}]}],
         "non_string_content": [{"id": "b4", "messages": [{"role": "user", "content": ["x"]}]}],
         "empty_text": [{"id": "b5", "messages": [{"role": "user", "content": " "}]}],
-        "prompt_too_long": [{"id": "b6", "messages": [{"role": "user", "content": "w " * 300}]}],
+        "prompt_too_long": [{"id": "b6", "messages": [{"role": "user", "content": "w " * 700}]}],
         "duplicate_id": [{"id": "dup", "messages": [{"role": "user", "content": "a"}]}] * 2,
     }
     lines = [json.dumps(r) for r in good] + [

@@ -69,7 +69,7 @@ def test_replayed_rounds_are_the_engines_rounds(trained):
     ends = {len(c) == BUDGET for c in rows["continuation_ids"]}
     assert ends == {True, False}  # rows that ended on the budget and rows that ended on EOS
     long_prefixes = sum(x.accepted >= 2 for row in replayed for x in row)
-    assert long_prefixes >= 8, long_prefixes  # the adapter drafts: multi-token prefixes compared
+    assert long_prefixes >= 4, long_prefixes  # the adapter drafts: multi-token prefixes compared
     measured = summarize(results)
     offline = evaluate(task, model, [batch])  # the training job's eval metrics of the same rows
     assert offline["eval_rounds"] == measured["rounds"]
