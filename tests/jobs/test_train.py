@@ -151,7 +151,7 @@ def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, t
     before = _untrained_eval("mtp", cfg, artifact)
     assert manifest["metrics"]["eval_loss"] < before["eval_loss"] - 0.5
     assert len(manifest["metrics"]["eval_step_accuracy"]) == 3
-    assert json.loads((out / "mtp_head" / "mtp_head.json").read_text())["hidden_size"] == 128
+    assert json.loads((out / "mtp_head" / "mtp_head.json").read_text())["hidden_size"] == cfg.tiny_world.hidden_size
     verifier = load_verifier(cfg)
     head = MTPHead.from_pretrained(out / "mtp_head", verifier)
     check = _decode_check(cfg, verifier, MTPDrafter(head, verifier, cfg.mtp.num_steps), artifact)
