@@ -9,7 +9,9 @@ results.json, report.md and Figure 1.
 
 `--artifacts` is the main job's output root: `continuations/` (the generate artifact; its test
 split gives the prompts), `peftbd_adapter/` and `mtp_head/` (the training jobs' outputs: the
-adapter in `peftbd_adapter/adapter/`, the head in `mtp_head/mtp_head/`). Greedy, batch 1,
+adapter in `peftbd_adapter/adapter/`, the head in `mtp_head/mtp_head/`) and, when it exists,
+`cost_profile/` (jobs.cost_profile: the report projects its cost at scale with this run's
+acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times.
 
 Timing placement: the prompts are split round-robin over `decoding.workers` Ray tasks, each with
@@ -42,6 +44,7 @@ from peftbd.analysis.report import (
     summary_lines,
 )
 from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.cost_profile import PROFILE_FILE
 from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
@@ -51,6 +54,7 @@ from peftbd.data.artifact import ArtifactError
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, resolve_source
 from peftbd.layout import (
     BENCHMARK,
+    COST_PROFILE,
     GENERATE,
     PEFTBD_ADAPTERS,
     TRAIN_EARLY_EXIT,
@@ -99,10 +103,12 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     """{stage name: dir} of the benchmark's inputs in the main job's layout under `artifacts_dir`
     (the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation's
     only with `drafter.offsets_ablation`; the continuations, whose test split gives the prompts,
-    also for Spec-Bench prompts when they exist, for the report)."""
+    also for Spec-Bench prompts when they exist, for the report; the cost profile when it exists,
+    for the report's "cost at the paper's architecture")."""
     root = Path(artifacts_dir)
     needed = [TRAIN_PEFTBD, TRAIN_MTP] + ([TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else [])
     needed += [TRAIN_OFFSETS] if cfg.drafter.offsets_ablation else []
+    needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -140,6 +146,8 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
     drafters = {spec.subdir: _drafter_info(upstream[spec.name])
                 for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP) if spec.name in upstream}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
+    if COST_PROFILE.name in upstream:
+        results["cost_at_scale"] = json.loads((upstream[COST_PROFILE.name] / PROFILE_FILE).read_text())
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
     (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))

@@ -26,6 +26,7 @@ from peftbd.config import Config
 from peftbd.layout import (
     BENCHMARK,
     BY_NAME,
+    COST_PROFILE,
     GENERATE,
     OTHER_OFFSETS,
     STAGES,
@@ -47,6 +48,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation only
     when `drafter.offsets_ablation`."""
     from jobs.benchmark import benchmark_call
+    from jobs.cost_profile import cost_profile_call
     from jobs.generate import generate_call
     from jobs.train_common import train_call
     from peftbd.tiny_world.build import uses_tiny_world, world_call
@@ -70,6 +72,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
             "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
             root / TRAIN_OFFSETS.subdir, spec=TRAIN_OFFSETS)
     calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
+    calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
     calls[BENCHMARK.name] = benchmark_call(
         cfg, {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names},
         root / BENCHMARK.subdir)

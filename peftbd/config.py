@@ -196,6 +196,27 @@ class ServingConfig:
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
 
 
+RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS
+
+
+@dataclass(frozen=True)
+class CostProfileConfig:
+    """The draft-cost profile at the paper's architecture (jobs.cost_profile): one round of every
+    arm, timed with the engine's own code on a model of `architecture`'s shape."""
+
+    architecture: str = "Qwen/Qwen3-0.6B"  # hub id (local HF cache) | local dir | "model"
+    kv_len: int = 512  # committed tokens in the KV cache when a round is timed
+    repeats: int = 3  # timed rounds per arm (arms interleaved); medians are reported
+    dtypes: tuple[Dtype, ...] = ("float32", "bfloat16")
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 1  # torch intra-op threads on CPU (0 = torch's default)
+    num_gpus: float = 0.0  # GPUs of the Ray task that runs the profile
+    early_exit_layers: int = 14  # the early-exit arm's depth at this architecture (0: no arm)
+    lora_r: int = 16  # the adapters' rank and alpha at this architecture (the paper's)
+    lora_alpha: int = 32
+    roofline_gpu: RooflineGPU = "H200"
+
+
 @dataclass(frozen=True)
 class PathsConfig:
     """Where the embedded world is cached and where jobs write artifacts."""
@@ -223,6 +244,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
+    cost_profile: CostProfileConfig = field(default_factory=CostProfileConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,9 +290,14 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                     "replica_num_cpus": _NON_NEGATIVE, "drafter_replicas": _POSITIVE,
                     "verifier_replicas": _POSITIVE, "drafter_num_gpus": _NON_NEGATIVE,
                     "verifier_num_gpus": _NON_NEGATIVE},
+    CostProfileConfig: {"kv_len": _POSITIVE, "repeats": _POSITIVE, "threads": _NON_NEGATIVE,
+                        "num_gpus": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
+                        "lora_r": _POSITIVE, "lora_alpha": _POSITIVE},
 }
+_DEVICE = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
 _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
-    ModelConfig: {"device": (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")},
+    ModelConfig: {"device": _DEVICE},
+    CostProfileConfig: {"device": _DEVICE},
 }
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),

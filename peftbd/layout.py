@@ -46,19 +46,30 @@ TRAIN_MTP = StageSpec(
     "train_mtp", "train FastMTP head", "mtp_head", reads=("model", "mtp", "training"),
     ignores=_PLACEMENT_ONLY, inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_mtp",
 )
+COST_PROFILE = StageSpec(
+    "cost_profile", "cost profile at the paper's architecture", "cost_profile",
+    reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
+           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "training.seed"),
+    code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.forward_counter",
+          "peftbd.benchmarking.roofline", "peftbd.benchmarking.arms", "peftbd.decoding",
+          "peftbd.models", "jobs.cost_profile"),
+    command="python -m jobs.cost_profile",
+)
+"""One round of every arm timed at `cost_profile.architecture` (Qwen3-0.6B): the cost facts a tiny
+model cannot show; the report projects them with the tiny run's acceptance."""
 BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
            "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
            "mtp.num_steps"),
-    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP),
+    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, COST_PROFILE),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
           "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
 STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
-                                 TRAIN_MTP, BENCHMARK)
+                                 TRAIN_MTP, COST_PROFILE, BENCHMARK)
 """The main job's stages in run order."""
 BY_NAME = {s.name: s for s in STAGES}
 PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)

@@ -5,6 +5,10 @@ The paper states its findings in prose, not as a list; these are the six its res
 results.json alone: REPRODUCED when each condition of the claim holds here, NOT_REPRODUCED naming
 the measured quantity that differs, NOT_MEASURABLE when an arm or number it needs is missing.
 The paper's numbers (in brackets) come from `peftbd.analysis.paper`.
+
+The cost facts (a)'s throughput, (b)'s draft/verify ratio) are judged at the paper's architecture
+when the run has a cost profile (`peftbd.analysis.cost_at_scale`: cost at scale x acceptance from
+this run), with this run's own numbers beside them; without one, on this run's numbers alone.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peftbd.analysis.cost_at_scale import LABEL as AT_SCALE, at_scale_ratio, projected
 from peftbd.analysis.paper import HF_LOOP, ORACLE, PAPER_BLOCK_SIZE, PROFILE, SGLANG, paper_value
 from peftbd.benchmarking.schema import draft_verify_per_call, draft_verify_per_round
 
@@ -97,7 +102,8 @@ def _needed(arm: dict[str, Any], target: str) -> float | None:
 
 
 def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
-    """(a) PEFT-BD vs FastMTP: more accepted tokens per round, less throughput."""
+    """(a) PEFT-BD vs FastMTP: more accepted tokens per round, less throughput (projected at the
+    paper's architecture when profiled, else as measured here)."""
     arms = _arms(results, "peftbd", "fastmtp")
     if arms is None:
         return _unmeasurable("a", "the PEFT-BD and FastMTP arms")
@@ -106,34 +112,48 @@ def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
                 f"[{_paper('mean_accepted', 'peftbd')} vs {_paper('mean_accepted', 'fastmtp')}]; "
                 f"tok/s {pt:.1f} vs {ft:.1f} "
                 f"[{_paper('tokens_per_s', 'peftbd')} vs {_paper('tokens_per_s', 'fastmtp')}]")
+    where = ""
+    scaled = projected(results, "peftbd"), projected(results, "fastmtp")
+    if None not in scaled:
+        pt, ft, where = scaled[0].tokens_per_s, scaled[1].tokens_per_s, f" at scale ({AT_SCALE})"
+        measured += f"; at scale ({AT_SCALE}) tok/s {pt:.1f} vs {ft:.1f}"
     return _judge("a", measured, [
         (pa > fa, f"PEFT-BD accepts {pa / fa:.2f}x FastMTP's tokens per round",
          f"PEFT-BD accepts no more tokens per round than FastMTP ({pa:.3f} vs {fa:.3f})"),
-        (pt < ft, f"at {pt / ft:.2f}x its throughput",
-         f"PEFT-BD is not slower than FastMTP ({pt:.1f} vs {ft:.1f} tok/s)"),
+        (pt < ft, f"at {pt / ft:.2f}x its throughput{where}",
+         f"PEFT-BD is not slower than FastMTP ({pt:.1f} vs {ft:.1f} tok/s{where})"),
     ])
 
 
 def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
-    """(b) PEFT-BD's draft forward vs its verify forward."""
+    """(b) PEFT-BD's draft forward vs its verify forward: at the paper's architecture when
+    profiled (one draft forward per round, so per round = per call), else on this run."""
     arms = _arms(results, "peftbd")
     per_call = draft_verify_per_call(arms[0]) if arms else None
-    if arms is None or per_call is None:
+    scaled = at_scale_ratio(results, "peftbd")
+    if scaled is None and (arms is None or per_call is None):
         return _unmeasurable("b", "the PEFT-BD arm's draft and verify forward times")
-    fwd = arms[0]["forward"]
     paper_ratio = (paper_value("draft_mean_ms", "peftbd", PROFILE).value
                    / paper_value("verify_mean_ms", "peftbd", PROFILE).value)
-    measured = (f"PEFT-BD draft / verify per forward call {per_call:.2f} [{paper_ratio:.2f}], per "
-                f"round {draft_verify_per_round(arms[0]):.2f}; draft vs verify calls "
-                f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
-                f"[{_paper('draft_calls', 'peftbd', PROFILE)} vs "
-                f"{_paper('verify_calls', 'peftbd', PROFILE)}]")
-    side = ("dearer at this size: no draft/verify asymmetry either, but not the paper's "
-            "near-equality" if per_call > 1 else "cheaper at this size: some asymmetry exists here")
-    return _judge("b", measured, [
-        (abs(per_call - 1) <= SAME_COST,
-         f"a draft forward costs {per_call:.2f}x a verify forward, within ±{SAME_COST:.0%}",
-         f"a draft forward costs {per_call:.2f}x a verify forward, beyond ±{SAME_COST:.0%} ({side})"),
+    parts = []
+    if scaled is not None:
+        parts.append(f"PEFT-BD draft / verify per round at the paper's architecture "
+                     f"({scaled[0]}) {scaled[1]:.2f} [{paper_ratio:.2f}]")
+    if arms is not None and per_call is not None:
+        fwd = arms[0]["forward"]
+        parts.append(f"on this run per forward call {per_call:.2f}, per round "
+                     f"{draft_verify_per_round(arms[0]):.2f}; draft vs verify calls "
+                     f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
+                     f"[{_paper('draft_calls', 'peftbd', PROFILE)} vs "
+                     f"{_paper('verify_calls', 'peftbd', PROFILE)}]")
+    ratio, where = (scaled[1], "at the paper's architecture") if scaled else (per_call, "at this size")
+    side = ("dearer: no draft/verify asymmetry either, but not the paper's near-equality"
+            if ratio > 1 else "cheaper: some asymmetry exists")
+    return _judge("b", "; ".join(parts), [
+        (abs(ratio - 1) <= SAME_COST,
+         f"a draft forward costs {ratio:.2f}x a verify forward {where}, within ±{SAME_COST:.0%}",
+         f"a draft forward costs {ratio:.2f}x a verify forward {where}, beyond ±{SAME_COST:.0%} "
+         f"({side})"),
     ])
 
 

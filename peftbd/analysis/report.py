@@ -15,6 +15,7 @@ from typing import Any
 from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
 from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
+from peftbd.analysis import cost_at_scale
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
@@ -104,6 +105,9 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "eval rows (the engine's rounds replayed on the artifact, one step, unanchored) beside "
         "what the engine accepted here on the test prompts.",
         tables.offline_table(results),
+        f"## Table 7: cost at the paper's architecture ({cost_at_scale.LABEL})",
+        cost_at_scale.describe(results),
+        *([table] if (table := cost_at_scale.cost_table(results)) else []),
     ]
     per_category = tables.category_table(results)
     if per_category:

@@ -14,8 +14,9 @@
   "drafters": {"peftbd_adapter": {"path": str, "trained": bool, ...},
                "mtp_head": {"path": str, "trained": bool, ...}},
   "arms": {arm_id: ARM, ...},         # ordered as ARMS
-  "config": {...}                      # the whole config tree
-}
+  "config": {...},                     # the whole config tree
+  "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json
+}                                      #   (peftbd.benchmarking.cost_profile.CostProfile)
 ARM = {
   "label": str, "method": "ar" | "peftbd" | "fastmtp", "settings": {...},
   "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -26,16 +26,21 @@ class Clock:
 
 @dataclass
 class ForwardLog:
-    """Forward calls and their total seconds per mode (`prefill`, `draft`, `verify`, ...)."""
+    """Forward calls and their total seconds per mode (`prefill`, `draft`, `verify`, ...).
+
+    `observer`, when set, wraps every forward call (given its mode) inside the timed span: the
+    cost profiler counts each forward's FLOPs and bytes with it (an untimed round)."""
 
     clock: Clock
     calls: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    observer: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
 
     @contextlib.contextmanager
     def timed(self, mode: str) -> Iterator[None]:
         """Time one forward call of `mode`."""
         start = self.clock.now()
-        yield
+        with self.observer(mode) if self.observer else contextlib.nullcontext():
+            yield
         self.seconds[mode] = self.seconds.get(mode, 0.0) + self.clock.now() - start
         self.calls[mode] = self.calls.get(mode, 0) + 1

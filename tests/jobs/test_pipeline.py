@@ -61,11 +61,13 @@ def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_pat
     assert _reruns(["drafter.early_exit_layers=2"], root) == {"train_early_exit", "benchmark"}
     # the main recipe flips to aligned: both adapters retrain (each the other's ablation)
     assert _reruns(["drafter.block_offsets=aligned"], root) == PEFTBD_STAGES
-    assert _reruns(["drafter.offsets_ablation=false"], root) == {"benchmark"}
+    assert _reruns(["drafter.offsets_ablation=false"], root) == {"cost_profile", "benchmark"}
+    assert _reruns(["cost_profile.kv_len=256"], root) == {"cost_profile", "benchmark"}
+    assert _reruns(["drafter.block_size=8"], root) == PEFTBD_STAGES | {"cost_profile"}
     assert _reruns(["tiny_world.seed=1"], root) == {"world"} | AFTER_WORLD
     assert _reruns(["training.storage_path=/elsewhere", "generate.num_actors=1"], root) == set()
     assert _reruns([], root, force=["generate"]) == AFTER_WORLD
-    assert _reruns([], root, start="train_mtp") == {"train_mtp", "benchmark"}
+    assert _reruns([], root, start="train_mtp") == {"train_mtp", "cost_profile", "benchmark"}
 
 
 def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monkeypatch):

@@ -16,11 +16,14 @@ TRIM = [
     "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
     "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
     "decoding.max_new_tokens=24",
+    # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)
+    "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
+    "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
 STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "peftbd_offsets", "mtp_head",
-          "benchmark")
+          "cost_profile", "benchmark")
 NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
-         "benchmark")
+         "cost_profile", "benchmark")
 
 
 def _pipeline(out: Path, *extra: str) -> str:
@@ -51,7 +54,7 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     report = out / "benchmark" / "report.md"
     assert f"report: {report.resolve()}" in first
     text = report.read_text()
-    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "stages", "tiny world"):
+    for heading in ("Figure 1", "Table 1", "Table 2", "Table 3", "Table 7", "stages", "tiny world"):
         assert heading in text, heading
     png = next((out / "benchmark").glob("*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -78,7 +81,7 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     assert (out / "mtp_head" / "manifest.json").read_text() == mtp_before  # untouched
 
     dry = _pipeline(out, "--set", "drafter.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")
-    assert {n for n, v in _plan(dry).items() if v == "RUN"} == set(NAMES[1:])
+    assert {n for n, v in _plan(dry).items() if v == "RUN"} == set(NAMES[1:]) - {"cost_profile"}
 
     again = _pipeline(out, "--set", "drafter.lora_r=4")
     assert set(_plan(again).values()) == {"skip"}

@@ -1,0 +1,100 @@
+"""Cost profile stage: one round of every arm, timed at the paper's architecture.
+
+    python -m jobs.cost_profile                                    # Qwen3-0.6B shape, CPU, ~3 min
+    python -m jobs.cost_profile --set cost_profile.dtypes=[float32] --set cost_profile.kv_len=1024
+    python -m jobs.cost_profile --set cost_profile.architecture=/models/Qwen3-0.6B   # a local copy
+    python -m jobs.cost_profile --set cost_profile.architecture=model --set \\
+        cost_profile.early_exit_layers=1                           # the tiny verifier itself
+    ray job submit --working-dir . -- python -m jobs.cost_profile --preset qwen3-0.6b   # bf16, GPU
+
+Builds `cost_profile.architecture` (random weights unless a local copy has them; no network),
+attaches every benchmark arm's drafter as the benchmark does, and times one round of each with
+the engine's own code at `cost_profile.kv_len` tokens of KV: the round's draft forwards, the
+verify forward over the proposal + 1, and the AR step, per dtype in `cost_profile.dtypes`. It
+also counts each round's FLOPs and bytes (a roofline bound for `cost_profile.roofline_gpu`) and
+times the mask row's two paths. Runs as one Ray task (`cost_profile.num_gpus` GPUs); writes
+`cost_profile.json`, which the benchmark's report reads ("Cost at the paper's architecture").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from jobs.ray_env import init_ray, shutdown
+from jobs.resources import ResourcesUnavailable, wait_for_resources
+from peftbd.benchmarking.cost_profile import PROFILE_FILE, preflight, run_profile
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
+from peftbd.config import Config
+from peftbd.layout import COST_PROFILE
+from peftbd.models.loading import ModelUnavailableError
+from peftbd.stage import StageCall, StageInputs
+
+
+def _task(cfg: Config) -> dict[str, Any]:
+    return run_profile(cfg).to_dict()
+
+
+def profile_on_ray(cfg: Config) -> dict[str, Any]:
+    """Run the profile as one Ray task with the CPUs its threads use and `num_gpus` GPUs."""
+    init_ray()
+    cp = cfg.cost_profile
+    resources = {"CPU": float(max(1, cp.threads)), "GPU": cp.num_gpus}
+    wait_for_resources("cost profile (1 task)", [resources])
+    task = ray.remote(_task).options(num_cpus=resources["CPU"], num_gpus=cp.num_gpus)
+    return ray.get(task.remote(cfg))
+
+
+def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
+    """The cost profile as a stage (`peftbd.layout.COST_PROFILE`) writing `out_dir`; its settings
+    are checked against the architecture now, before Ray starts."""
+    preflight(cfg)
+
+    def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
+        profile = profile_on_ray(cfg)
+        (tmp / PROFILE_FILE).write_text(json.dumps(profile, indent=2))
+        return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"]}
+
+    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build)
+
+
+def summary_lines(profile: dict[str, Any]) -> list[str]:
+    """One line per dtype: each arm's draft/verify per round, plus the roofline's."""
+    arch = profile["architecture"]
+    lines = [f"cost profile at {arch['name']} ({arch['layers']} layers, weights "
+             f"{arch['weights']}), KV {profile['kv_len']}, {profile['hardware']}:"]
+    for dtype, run in profile["profiles"].items():
+        ratios = ", ".join(f"{arm} {cost['draft_over_verify_round']:.2f}"
+                           for arm, cost in run["arms"].items() if cost["method"] != "ar")
+        ar = run["arms"]["ar"]["verify_ms_round"]
+        lines.append(f"  {dtype}: AR step {ar:.1f} ms; draft/verify per round {ratios}")
+    roof = profile["roofline"]
+    ratios = ", ".join(f"{arm} {w['roofline_draft_over_verify']:.2f}"
+                       for arm, w in roof["arms"].items() if w["draft_forwards"])
+    lines.append(f"  roofline {roof['gpu']['name']}: draft/verify per round {ratios}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.cost_profile",
+                                     description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(parser)
+    add_stage_args(parser, COST_PROFILE)
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    out = stage_out(args, cfg, COST_PROFILE)
+    run_stage_job(COST_PROFILE, out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
+                  (ModelUnavailableError, ResourcesUnavailable, ValueError), before_exit=shutdown)
+    print("\n".join(summary_lines(json.loads((out / PROFILE_FILE).read_text()))))
+    print(f"wrote {out / PROFILE_FILE} and {out / 'manifest.json'}")
+
+
+if __name__ == "__main__":
+    main()

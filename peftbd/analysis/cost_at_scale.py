@@ -1,0 +1,136 @@
+"""Cost at the paper's architecture x acceptance from the tiny run: the report's projection.
+
+`results["cost_at_scale"]` is the cost profile (`cost_profile.json`, schema in
+`peftbd.benchmarking.cost_profile`) the benchmark read from its upstream stage. A projected
+throughput combines an arm's round cost measured there (draft + verify ms per round, at one dtype,
+or the roofline bound of a named GPU) with the accepted tokens per round measured here:
+tok/s = accepted / (draft + verify) per round; AR's round is its step. It is labelled as what it
+is everywhere: cost at scale x acceptance from the tiny run, not a measured throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from peftbd.analysis.tables import fmt, markdown_table
+
+LABEL = "cost at scale x acceptance from tiny"
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One arm at scale: its measured round cost there and the projected throughput."""
+
+    arm: str
+    label: str
+    accepted: float  # tokens per round, measured on this (tiny) run
+    draft_over_verify: float  # per round, at the profile's primary dtype
+    tokens_per_s: float  # projected: accepted / round time at that dtype
+    speedup: float  # vs AR's projected (1 / AR step)
+    roofline_draft_over_verify: float
+    roofline_speedup: float  # the same projection with the roofline round times
+
+
+def profile(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The cost profile in `results`, or None when this benchmark ran without one."""
+    return results.get("cost_at_scale")
+
+
+def primary_dtype(prof: dict[str, Any]) -> str:
+    """The dtype the projection uses: the profile's first (`cost_profile.dtypes[0]`)."""
+    return next(iter(prof["profiles"]))
+
+
+def projections(results: dict[str, Any]) -> list[Projection]:
+    """Every arm both the profile and this run measured, in the profile's order."""
+    prof = profile(results)
+    if prof is None or "ar" not in results["arms"]:
+        return []
+    costs, work = prof["profiles"][primary_dtype(prof)]["arms"], prof["roofline"]["arms"]
+
+    def round_ms(arm: str) -> float:
+        return costs[arm]["draft_ms_round"] + costs[arm]["verify_ms_round"]
+
+    def roof_ms(arm: str) -> float:
+        return work[arm]["roofline_draft_ms"] + work[arm]["roofline_verify_ms"]
+
+    rows = []
+    for arm, cost in costs.items():
+        ours = results["arms"].get(arm)
+        if ours is None or arm not in work:
+            continue
+        accepted = ours["mean_accepted"]["mean"]
+        tps = 1e3 * accepted / round_ms(arm)
+        rows.append(Projection(
+            arm=arm, label=ours["label"], accepted=accepted,
+            draft_over_verify=cost["draft_over_verify_round"], tokens_per_s=tps,
+            speedup=tps / (1e3 / round_ms("ar")),
+            roofline_draft_over_verify=work[arm]["roofline_draft_over_verify"],
+            roofline_speedup=(accepted / roof_ms(arm)) / (1 / roof_ms("ar")),
+        ))
+    return rows
+
+
+def at_scale_ratio(results: dict[str, Any], arm: str) -> tuple[str, float] | None:
+    """(dtype, draft/verify per round) of `arm` at the profile's primary dtype, if profiled."""
+    prof = profile(results)
+    if prof is None:
+        return None
+    dtype = primary_dtype(prof)
+    cost = prof["profiles"][dtype]["arms"].get(arm)
+    return None if cost is None else (dtype, cost["draft_over_verify_round"])
+
+
+def projected(results: dict[str, Any], arm: str) -> Projection | None:
+    return next((p for p in projections(results) if p.arm == arm), None)
+
+
+def describe(results: dict[str, Any]) -> str:
+    """The paragraph above the table: what was profiled, where and how."""
+    prof = profile(results)
+    if prof is None:
+        return ("Not profiled: this benchmark ran without a cost profile (run "
+                "`python -m jobs.cost_profile`, then rerun the benchmark; the main job does both).")
+    a, gpu = prof["architecture"], prof["roofline"]["gpu"]
+    return (f"One round of every arm timed by the engine at **{a['name']}** ({a['layers']} layers, "
+            f"hidden {a['hidden_size']}, vocabulary {a['vocab_size']}, {a['parameters'] / 1e6:.1f}M "
+            f"parameters, {a['origin']}, weights {a['weights']}), {prof['kv_len']} tokens of KV, "
+            f"{prof['hardware']}, median of {prof['repeats']} rounds per arm, drafters untrained "
+            f"(cost does not depend on weights). Draft/verify = a round's draft ms over its "
+            f"verify ms (AR: its step). Projected tok/s and speedup vs AR = **{LABEL}**: accepted "
+            f"tokens per round measured on this run over the round time at scale "
+            f"({primary_dtype(prof)}). Roofline: each forward at max(bytes / "
+            f"{gpu['hbm_bytes_per_s'] / 1e12:.2f} TB/s, FLOPs / {gpu['bf16_flops_per_s'] / 1e12:.0f} "
+            f"TFLOPS) on one {gpu['name']} in bf16, bytes and FLOPs counted from the engine's own "
+            f"forwards. Mask row (adapter-on embedding + LM head over one draft chunk): "
+            + "; ".join(f"{d}: peft's wrappers {p['mask_row']['peft_wrappers_ms']:.1f} ms vs the "
+                        f"engine's copy-free path {p['mask_row']['engine_ms']:.1f} ms"
+                        for d, p in prof["profiles"].items()) + ".")
+
+
+def cost_table(results: dict[str, Any]) -> str | None:
+    """Per arm: draft and verify ms per round at each profiled dtype, draft/verify, roofline
+    draft/verify, accepted from this run, projected tok/s and speedups; None without a profile."""
+    prof = profile(results)
+    if prof is None:
+        return None
+    dtypes = list(prof["profiles"])
+    proj = {p.arm: p for p in projections(results)}
+    header = ["arm"] + [f"{d} draft / verify ms (ratio)" for d in dtypes] + [
+        f"roofline {prof['roofline']['gpu']['name']} draft/verify", "accepted/round (tiny)",
+        f"tok/s ({dtypes[0]}, projected)", "speedup vs AR (projected)",
+        "speedup vs AR (roofline, projected)"]
+    rows = []
+    for arm, cost in prof["profiles"][dtypes[0]]["arms"].items():
+        cells = [results["arms"].get(arm, cost)["label"]]
+        for d in dtypes:
+            c = prof["profiles"][d]["arms"][arm]
+            cells.append(f"{c['draft_ms_round']:.1f} / {c['verify_ms_round']:.1f} "
+                         f"({c['draft_over_verify_round']:.2f})")
+        p = proj.get(arm)
+        cells += [fmt(prof["roofline"]["arms"][arm]["roofline_draft_over_verify"]),
+                  fmt(p and p.accepted), fmt(p and p.tokens_per_s, 1), fmt(p and p.speedup),
+                  fmt(p and p.roofline_speedup)]
+        rows.append(cells)
+    return markdown_table(header, rows)

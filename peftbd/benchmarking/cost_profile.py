@@ -1,0 +1,329 @@
+"""The draft-cost profile: what one round of every arm costs at the paper's architecture.
+
+The paper's central fact is a cost fact at Qwen3-0.6B (a LoRA draft forward costs as much as a
+verify forward), which a tiny model cannot show. This builds `cost_profile.architecture`
+(`peftbd.models.architecture`: random weights where none are local), attaches every drafter as
+the benchmark does (`peftbd.benchmarking.arms`: `arm_specs`, `ArmModels.drafter_for`, so a new
+drafter joins by joining the benchmark) and times their rounds with the engine's own
+`SpeculativeDecoder.step` and clock:
+
+- one backbone serves every arm: the PEFT-BD adapters are named adapters of one peft model (rank
+  and alpha `cost_profile.lora_r` / `lora_alpha`, the paper's 16 / 32, on the run's
+  `drafter.target_modules` plus the mask row; the early-exit one adapts the first
+  `cost_profile.early_exit_layers` layers), AR and FastMTP verify
+  with the adapters off, the MTP head is random and bound to the same backbone;
+- the state is prefilled once over `kv_len` random tokens; each arm runs one untimed warm-up
+  round, then every timed round starts from a copy of that state, so all rounds see the same KV
+  length; arms take turns per repeat; medians (and minima) over `repeats`;
+- dtypes in `cost_profile.dtypes` are timed in turn, the model and state cast between them;
+- one more (untimed) round per arm is counted by `ForwardCounter`: FLOPs and bytes per forward,
+  the basis of the roofline bound (`peftbd.benchmarking.roofline`), and the largest tensor a
+  draft forward makes;
+- the mask row's cost: peft's trainable-token wrappers (which copy the whole embedding and LM
+  head per forward) vs the engine's `draft_embeddings` / `draft_logits`.
+
+No Ray here: `jobs.cost_profile` runs it as a Ray task and as a stage of the main job.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft import PeftModel
+from transformers import DynamicCache
+
+from peftbd.benchmarking.arms import ArmModels, ArmSpec, arm_specs
+from peftbd.benchmarking.environment import hardware_description
+from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
+from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
+from peftbd.config import Config
+from peftbd.decoding import SpeculativeDecoder
+from peftbd.decoding.clock import Clock
+from peftbd.decoding.state import DecodeState
+from peftbd.decoding.verify import prefill, unwrap
+from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
+from peftbd.models.architecture import Architecture, build_model, resolve_architecture
+from peftbd.models.loading import DTYPES, resolve_device
+from peftbd.models.mtp_head import MTPHead
+from peftbd.models.peft_bd import (
+    adapter_on,
+    attach_drafter_adapter,
+    count_parameters,
+    draft_embeddings,
+    draft_input_ids,
+    draft_logits,
+    lora_config,
+    set_adapter_enabled,
+)
+
+log = logging.getLogger(__name__)
+
+PROFILE_FILE = "cost_profile.json"
+WHOLE_ADAPTER, EARLY_EXIT_ADAPTER = "default", "early_exit"
+_BUDGET = 1 << 20  # new tokens a profiled request may take: never the reason a round stops
+
+
+@dataclass
+class ArmCost:
+    """One arm's timed round at one dtype (ms; medians over the repeats, minima beside)."""
+
+    label: str
+    method: str
+    proposed: int
+    kv_len: int
+    draft_calls: int
+    draft_ms_round: float
+    verify_ms_round: float
+    draft_over_verify_round: float
+    draft_ms_round_min: float
+    verify_ms_round_min: float
+
+
+@dataclass
+class ArmWork:
+    """One arm's round as the hardware sees it (dtype-free: weights and KV counted at bf16)."""
+
+    draft_forwards: int
+    draft_gflops: float
+    draft_mb: float
+    verify_gflops: float
+    verify_mb: float
+    roofline_draft_ms: float
+    roofline_verify_ms: float
+    roofline_draft_over_verify: float
+    largest_draft_tensor: int
+
+
+@dataclass
+class MaskRowCost:
+    """The adapter-on embedding lookup + LM head over one draft chunk (ms, median): peft's
+    trainable-token wrappers vs the engine's copy-free `draft_embeddings` / `draft_logits`."""
+
+    peft_wrappers_ms: float
+    engine_ms: float
+
+
+@dataclass
+class DtypeProfile:
+    dtype: str
+    arms: dict[str, ArmCost]
+    mask_row: MaskRowCost
+
+
+@dataclass
+class CostProfile:
+    """`cost_profile.json`: per dtype, per arm id, a round's draft and verify cost."""
+
+    architecture: dict[str, Any]
+    device: str
+    hardware: str
+    threads: int
+    kv_len: int
+    repeats: int
+    block_size: int
+    early_exit_layers: int
+    mtp_steps: int
+    roofline: dict[str, Any]
+    profiles: dict[str, DtypeProfile] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def profiled_specs(cfg: Config) -> list[ArmSpec]:
+    """The benchmark's arms, with the early-exit arm at `cost_profile.early_exit_layers`."""
+    drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cfg.cost_profile.early_exit_layers)
+    return arm_specs(dataclasses.replace(cfg, drafter=drafter))
+
+
+def preflight(cfg: Config) -> Architecture:
+    """The architecture to profile, checked against the settings (cheap: its config only)."""
+    arch = resolve_architecture(cfg)
+    depth, early = arch.config.num_hidden_layers, cfg.cost_profile.early_exit_layers
+    if early >= depth:
+        raise ValueError(f"cost_profile.early_exit_layers={early}: {arch.name} has {depth} layers; "
+                         f"use 1..{depth - 1}, or 0 for no early-exit arm")
+    return arch
+
+
+def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
+                   device: torch.device) -> ArmModels:
+    """One backbone of `arch` carrying every drafter the benchmark uses, untrained (the adapters'
+    named adapters: whole-backbone and early-exit; the MTP head bound to it)."""
+    verifier = build_model(arch, dtype, device, cfg.model.attn_implementation)
+    early = cfg.cost_profile.early_exit_layers
+    torch.manual_seed(cfg.training.seed)
+    mask_id = verifier.config.vocab_size - 1  # any row: a draft's cost does not depend on it
+    whole = dataclasses.replace(cfg.drafter, draft_layers=0, lora_r=cfg.cost_profile.lora_r,
+                                lora_alpha=cfg.cost_profile.lora_alpha)
+    peft = attach_drafter_adapter(verifier, whole, mask_id)
+    if early:
+        peft.add_adapter(EARLY_EXIT_ADAPTER,
+                         lora_config(dataclasses.replace(whole, draft_layers=early), mask_id))
+        set_adapter_enabled(peft, False)
+    base = unwrap(peft)
+    return ArmModels(verifier=base, mtp_head=MTPHead(base).eval(), eos_ids=[], mask_id=mask_id,
+                     block_size=cfg.drafter.block_size, device=device,
+                     adapters={TRAIN_PEFTBD.name: peft, TRAIN_OFFSETS.name: peft,
+                               TRAIN_EARLY_EXIT.name: peft})
+
+
+def _activate(models: ArmModels, spec: ArmSpec) -> None:
+    """Make `spec`'s adapter the peft model's active one (PEFT-BD arms)."""
+    if spec.method == "peftbd":
+        peft = models.verifier_for(spec)
+        assert isinstance(peft, PeftModel)
+        peft.set_adapter(EARLY_EXIT_ADAPTER if spec.adapter == TRAIN_EARLY_EXIT.name else WHOLE_ADAPTER)
+
+
+def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
+    """Cast a state's KV caches and hidden states to `dtype` in place."""
+    for cache in (state.cache, state.drafter_state):
+        if isinstance(cache, DynamicCache):
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
+    if state.hidden is not None:
+        state.hidden = state.hidden.to(dtype)
+
+
+def _median_ms(fn: Callable[[], Any], clock: Clock, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = clock.now()
+        fn()
+        times.append((clock.now() - start) * 1e3)
+    return statistics.median(times)
+
+
+def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
+    """Time the mask row's two paths over one draft chunk, adapter on."""
+    peft = models.adapters[TRAIN_PEFTBD.name]
+    base, d = unwrap(peft), models.block_size
+    ids = draft_input_ids(0, models.mask_id, d, models.device)
+    hidden = torch.randn(1, d, base.config.hidden_size, dtype=base.dtype, device=models.device)
+    _activate(models, ArmSpec("peftbd", "", "peftbd", adapter=TRAIN_PEFTBD.name))
+    with adapter_on(peft):
+        wrappers = _median_ms(lambda: (base.get_input_embeddings()(ids),
+                                       base.get_output_embeddings()(hidden)), clock, repeats)
+        engine = _median_ms(lambda: (draft_embeddings(base, ids), draft_logits(base, hidden)),
+                            clock, repeats)
+    return MaskRowCost(round(wrappers, 3), round(engine, 3))
+
+
+class _Arm:
+    """One arm's engine, its drafter and the state its timed rounds start from."""
+
+    def __init__(self, models: ArmModels, spec: ArmSpec, start: DecodeState) -> None:
+        self.spec = spec
+        _activate(models, spec)
+        self.engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (),
+                                         _BUDGET)
+        self.state = copy.deepcopy(start)
+        self.engine.drafter.start(self.state)
+        self.engine.step(self.state)  # warm-up: lazy inits; FastMTP's head catches up with the prompt
+        self.rounds: list[tuple[float, float, int, int]] = []  # (draft ms, verify ms, calls, k)
+
+    def timed_round(self, models: ArmModels) -> None:
+        _activate(models, self.spec)
+        state = copy.deepcopy(self.state)
+        calls = state.forwards.calls.get("draft", 0)
+        record = self.engine.step(state)
+        self.rounds.append((record.draft_ms, record.verify_ms,
+                            state.forwards.calls.get("draft", 0) - calls, record.proposed))
+
+    def counted_round(self, models: ArmModels) -> RoundCount:
+        _activate(models, self.spec)
+        state = copy.deepcopy(self.state)
+        counter = ForwardCounter()
+        state.forwards.observer = counter.forward
+        self.engine.step(state)
+        return RoundCount.of(counter.forwards)
+
+    def cost(self) -> ArmCost:
+        draft, verify = [r[0] for r in self.rounds], [r[1] for r in self.rounds]
+        d, v = statistics.median(draft), statistics.median(verify)
+        return ArmCost(
+            label=self.spec.label, method=self.spec.method, proposed=self.rounds[-1][3],
+            kv_len=self.state.cache.get_seq_length(), draft_calls=self.rounds[-1][2],
+            draft_ms_round=round(d, 3), verify_ms_round=round(v, 3),
+            draft_over_verify_round=round(d / v, 4), draft_ms_round_min=round(min(draft), 3),
+            verify_ms_round_min=round(min(verify), 3),
+        )
+
+
+def _work(count: RoundCount, gpu_name: str) -> ArmWork:
+    gpu = GPUS[gpu_name]
+    draft_ms, verify_ms = phase_ms(count.draft, gpu), phase_ms(count.verify, gpu)
+    return ArmWork(
+        draft_forwards=len(count.draft),
+        draft_gflops=round(sum(f.flops for f in count.draft) / 1e9, 4),
+        draft_mb=round(sum(f.bytes_at(BF16_BYTES) for f in count.draft) / 1e6, 3),
+        verify_gflops=round(sum(f.flops for f in count.verify) / 1e9, 4),
+        verify_mb=round(sum(f.bytes_at(BF16_BYTES) for f in count.verify) / 1e6, 3),
+        roofline_draft_ms=round(draft_ms, 5), roofline_verify_ms=round(verify_ms, 5),
+        roofline_draft_over_verify=round(draft_ms / verify_ms, 4),
+        largest_draft_tensor=max((f.largest_output for f in count.draft), default=0),
+    )
+
+
+def _time_arms(arms: Sequence[_Arm], models: ArmModels, repeats: int) -> None:
+    """`repeats` timed rounds per arm, the arms taking turns (the order rotating per repeat)."""
+    for rep in range(repeats):
+        for i in range(len(arms)):
+            arms[(rep + i) % len(arms)].timed_round(models)
+
+
+@torch.inference_mode()
+def run_profile(cfg: Config) -> CostProfile:
+    """Profile every arm at `cfg.cost_profile`'s architecture, KV length and dtypes."""
+    cp, started = cfg.cost_profile, time.perf_counter()
+    if cp.threads > 0:
+        torch.set_num_threads(cp.threads)
+    device = resolve_device(cp.device)
+    arch = preflight(cfg)
+    dtypes = list(dict.fromkeys(cp.dtypes))
+    models = profile_models(cfg, arch, DTYPES[dtypes[0]], device)
+    specs = profiled_specs(cfg)
+    clock = Clock(device)
+    log.info("cost profile: %s (%s, weights %s) on %s, arms %s", arch.name, arch.origin,
+             arch.weights, device, ", ".join(s.id for s in specs))
+    generator = torch.Generator().manual_seed(cfg.training.seed)
+    prompt = torch.randint(0, models.verifier.config.vocab_size, (cp.kv_len,), generator=generator)
+    start = prefill(models.verifier, prompt.tolist(), _BUDGET)
+    arms = [_Arm(models, spec, start) for spec in specs]
+    adapters, total = count_parameters(models.verifier)  # the backbone carries the adapters
+    c = models.verifier.config
+    profile = CostProfile(
+        architecture={"name": arch.name, "origin": arch.origin, "weights": arch.weights,
+                      "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+                      "vocab_size": c.vocab_size, "parameters": total - adapters},
+        device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
+        kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
+        early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,
+        roofline={"gpu": dataclasses.asdict(GPUS[cp.roofline_gpu]),
+                  "arms": {a.spec.id: _work(a.counted_round(models), cp.roofline_gpu) for a in arms}},
+    )
+    for i, name in enumerate(dtypes):
+        if i:
+            models.verifier.to(DTYPES[name])
+            models.mtp_head.to(DTYPES[name])
+            for arm in arms:
+                _cast_state(arm.state, DTYPES[name])
+                arm.timed_round(models)  # untimed warm-up at this dtype (first-call allocations)
+                arm.rounds.clear()
+        _time_arms(arms, models, cp.repeats)
+        profile.profiles[name] = DtypeProfile(name, {a.spec.id: a.cost() for a in arms},
+                                              mask_row_cost(models, clock, min(cp.repeats, 2)))
+        log.info("cost profile %s: %s", name, ", ".join(
+            f"{k} {v.draft_over_verify_round:.2f}" for k, v in profile.profiles[name].arms.items()))
+    profile.seconds = round(time.perf_counter() - started, 1)
+    return profile

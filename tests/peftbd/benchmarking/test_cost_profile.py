@@ -1,0 +1,161 @@
+"""The cost profile: its structure, that every arm runs through the engine's own drafters, and
+that no draft forward copies a vocabulary-sized matrix (timings are not asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from peftbd.benchmarking import cost_profile as cp
+from peftbd.benchmarking.forward_counter import ForwardCounter
+from peftbd.config import load_config
+from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder
+from peftbd.decoding.drafter import NoDrafter
+from peftbd.decoding.verify import prefill
+from peftbd.models.architecture import QWEN3_0_6B, resolve_architecture
+from peftbd.models.loading import ModelUnavailableError
+from peftbd.models.peft_bd import adapter_on, draft_input_ids
+
+TINY_PROFILE = ["cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
+                "cost_profile.repeats=2", "cost_profile.kv_len=48",
+                "cost_profile.dtypes=[float32, bfloat16]"]
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tiny_world):
+    return cp.run_profile(load_config("tiny", overrides=TINY_PROFILE)).to_dict()
+
+
+def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
+    cfg = load_config("tiny", overrides=TINY_PROFILE)
+    ids = [s.id for s in cp.profiled_specs(cfg)]
+    assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
+                   "peftbd_offsets", "fastmtp"]
+    prof = json.loads(json.dumps(tiny_profile))  # JSON as written
+    assert list(prof["profiles"]) == ["float32", "bfloat16"]
+    assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == 1
+    assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
+    d, steps = cfg.drafter.block_size, cfg.mtp.num_steps
+    for run in prof["profiles"].values():
+        arms = run["arms"]
+        assert list(arms) == ids
+        for arm in arms.values():
+            assert arm["draft_ms_round"] >= 0 and arm["verify_ms_round"] > 0
+            assert arm["draft_over_verify_round"] == pytest.approx(
+                arm["draft_ms_round"] / arm["verify_ms_round"], rel=1e-2, abs=1e-3)
+            assert arm["kv_len"] > 48  # the prompt's KV plus the warm-up round's tokens
+        assert (arms["ar"]["proposed"], arms["ar"]["draft_calls"]) == (0, 0)
+        assert (arms["peftbd"]["proposed"], arms["peftbd"]["draft_calls"]) == (d, 1)
+        assert arms["peftbd_2step"]["draft_calls"] == 2
+        assert (arms["fastmtp"]["proposed"], arms["fastmtp"]["draft_calls"]) == (steps, steps)
+        assert run["mask_row"]["peft_wrappers_ms"] > 0 and run["mask_row"]["engine_ms"] > 0
+    work = prof["roofline"]["arms"]
+    assert list(work) == ids and prof["roofline"]["gpu"]["name"] == "H200"
+    assert work["peftbd_2step"]["draft_forwards"] == 2 and work["ar"]["draft_forwards"] == 0
+    # the same backbone: a 1-step draft reads what a verify reads; early exit reads about half
+    assert work["peftbd"]["draft_mb"] == pytest.approx(work["peftbd"]["verify_mb"], rel=0.1)
+    assert work["peftbd_early_exit"]["draft_gflops"] < 0.75 * work["peftbd"]["draft_gflops"]
+    assert work["ar"]["verify_gflops"] < work["peftbd"]["verify_gflops"]
+
+
+def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypatch):
+    """The profiler holds no drafting code: each arm's round is `SpeculativeDecoder.step` with
+    the benchmark's drafter class, every timed round included."""
+    seen: list[tuple[str, int]] = []
+    step = SpeculativeDecoder.step
+
+    def spy(self, state):
+        seen.append((type(self.drafter).__name__, self.drafter.depth
+                     if isinstance(self.drafter, PeftBDDrafter) else 0))
+        return step(self, state)
+
+    monkeypatch.setattr(SpeculativeDecoder, "step", spy)
+    cfg = load_config("tiny", overrides=[*TINY_PROFILE, "cost_profile.dtypes=[float32]",
+                                         "cost_profile.repeats=3"])
+    cp.run_profile(cfg)
+    kinds = {name for name, _ in seen}
+    assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__}
+    # per arm: warm-up + counted round + 3 timed rounds; the early-exit arm drafts from 1 layer
+    assert len(seen) == 7 * 5
+    assert sorted({depth for name, depth in seen if name == "PeftBDDrafter"}) == [1, 2]
+
+
+def test_bad_settings_fail_before_anything_is_built(tiny_world):
+    cfg = load_config("tiny", overrides=["cost_profile.architecture=model",
+                                         "cost_profile.early_exit_layers=2"])
+    with pytest.raises(ValueError, match=r"cost_profile.early_exit_layers=2: .* has 2 layers"):
+        cp.preflight(cfg)
+
+
+def test_the_paper_s_architecture_needs_no_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    arch = resolve_architecture(load_config("tiny"))
+    assert arch.name == QWEN3_0_6B and arch.origin == "embedded config" and arch.weights_dir is None
+    c = arch.config
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_key_value_heads) == (28, 1024, 151936, 8)
+    assert c.tie_word_embeddings
+
+    local = tmp_path / "shape-only"
+    local.mkdir()
+    c.save_pretrained(local)
+    arch = resolve_architecture(load_config("tiny", overrides=[f"cost_profile.architecture={local}"]))
+    assert arch.origin.startswith("local directory") and arch.weights_dir is None
+    with pytest.raises(ModelUnavailableError, match="cost_profile.architecture"):
+        resolve_architecture(load_config("tiny", overrides=["cost_profile.architecture=acme/none"]))
+    with pytest.raises(ModelUnavailableError, match="without config.json"):
+        resolve_architecture(load_config("tiny", overrides=[f"cost_profile.architecture={tmp_path}"]))
+
+
+@pytest.fixture(scope="module")
+def real_vocab_models():
+    """The profile's models on a stand-in with Qwen3-0.6B's vocabulary (151,936 rows), narrow."""
+    cfg = load_config("tiny", overrides=["cost_profile.early_exit_layers=1"])
+    config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         tie_word_embeddings=True)
+    arch = cp.Architecture("stand-in", config, "test", None)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(cp, "build_model", lambda arch, dtype, device, attn: Qwen3ForCausalLM(
+        arch.config).to(dtype).eval().requires_grad_(False))
+    models = cp.profile_models(cfg, arch, torch.float32, torch.device("cpu"))
+    monkey.undo()
+    return cfg, models
+
+
+def test_no_draft_forward_copies_a_vocabulary_sized_matrix(real_vocab_models):
+    cfg, models = real_vocab_models
+    table = 151936 * 64
+    start = prefill(models.verifier, list(range(40)), 1 << 10)
+    for spec in cp.profiled_specs(cfg):
+        if spec.method == "ar":
+            continue
+        cp._activate(models, spec)
+        engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (), 1 << 10)
+        state = cp.copy.deepcopy(start)
+        engine.drafter.start(state)
+        counter = ForwardCounter()
+        with torch.inference_mode():
+            engine.step(state)  # FastMTP's head first catches up with the whole prompt
+            state.forwards.observer = counter.forward
+            engine.step(state)
+        drafts = [f for f in counter.forwards if f.mode == "draft"]
+        assert drafts, spec.id
+        biggest = max(drafts, key=lambda f: f.largest_output)
+        assert biggest.largest_output < table // 2, (spec.id, biggest.largest_output_op)
+
+
+def test_the_counter_sees_a_copy_when_there_is_one(real_vocab_models):
+    """peft's trainable-token wrapper (the path the engine avoids) copies the whole table per call:
+    the check above would fail on it."""
+    _, models = real_vocab_models
+    peft = models.adapters["train_peftbd"]
+    base = models.verifier
+    counter = ForwardCounter()
+    ids = draft_input_ids(0, models.mask_id, 16)
+    with torch.inference_mode(), adapter_on(peft), counter.forward("draft"):
+        base.get_input_embeddings()(ids)
+    assert counter.forwards[0].largest_output >= 151936 * 64
