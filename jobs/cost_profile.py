@@ -28,7 +28,7 @@ import ray
 
 from jobs.ray_env import init_ray, shutdown
 from jobs.resources import ResourcesUnavailable, wait_for_resources
-from peftbd.benchmarking.cost_profile import PROFILE_FILE, preflight, run_profile
+from peftbd.benchmarking.cost_profile import PROFILE_FILE, preflight, run_profile, summary_lines
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.layout import COST_PROFILE
@@ -58,26 +58,11 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
         profile = profile_on_ray(cfg)
         (tmp / PROFILE_FILE).write_text(json.dumps(profile, indent=2))
-        return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"]}
+        return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"],
+                "worker_peak_rss_mib": profile["peak_rss_mib"],
+                "worker_peak_gpu_mib": profile["peak_gpu_mib"]}
 
     return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build)
-
-
-def summary_lines(profile: dict[str, Any]) -> list[str]:
-    """One line per dtype: each arm's draft/verify per round, plus the roofline's."""
-    arch = profile["architecture"]
-    lines = [f"cost profile at {arch['name']} ({arch['layers']} layers, weights "
-             f"{arch['weights']}), KV {profile['kv_len']}, {profile['hardware']}:"]
-    for dtype, run in profile["profiles"].items():
-        ratios = ", ".join(f"{arm} {cost['draft_over_verify_round']:.2f}"
-                           for arm, cost in run["arms"].items() if cost["method"] != "ar")
-        ar = run["arms"]["ar"]["verify_ms_round"]
-        lines.append(f"  {dtype}: AR step {ar:.1f} ms; draft/verify per round {ratios}")
-    roof = profile["roofline"]
-    ratios = ", ".join(f"{arm} {w['roofline_draft_over_verify']:.2f}"
-                       for arm, w in roof["arms"].items() if w["draft_forwards"])
-    lines.append(f"  roofline {roof['gpu']['name']}: draft/verify per round {ratios}")
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -50,6 +50,7 @@ from peftbd.decoding.clock import Clock
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import prefill, unwrap
 from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
+from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.models.architecture import Architecture, build_model, resolve_architecture
 from peftbd.models.loading import DTYPES, resolve_device
 from peftbd.models.mtp_head import MTPHead
@@ -134,6 +135,8 @@ class CostProfile:
     roofline: dict[str, Any]
     profiles: dict[str, DtypeProfile] = field(default_factory=dict)
     seconds: float = 0.0
+    peak_rss_mib: float = 0.0
+    peak_gpu_mib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -326,4 +329,22 @@ def run_profile(cfg: Config) -> CostProfile:
         log.info("cost profile %s: %s", name, ", ".join(
             f"{k} {v.draft_over_verify_round:.2f}" for k, v in profile.profiles[name].arms.items()))
     profile.seconds = round(time.perf_counter() - started, 1)
+    profile.peak_rss_mib, profile.peak_gpu_mib = round(peak_rss_mib(), 1), peak_gpu_mib()
     return profile
+
+
+def summary_lines(profile: dict[str, Any]) -> list[str]:
+    """One line per dtype: each arm's draft/verify per round, plus the roofline's."""
+    arch = profile["architecture"]
+    lines = [f"cost profile at {arch['name']} ({arch['layers']} layers, weights "
+             f"{arch['weights']}), KV {profile['kv_len']}, {profile['hardware']}:"]
+    for dtype, run in profile["profiles"].items():
+        ratios = ", ".join(f"{arm} {cost['draft_over_verify_round']:.2f}"
+                           for arm, cost in run["arms"].items() if cost["method"] != "ar")
+        ar = run["arms"]["ar"]["verify_ms_round"]
+        lines.append(f"  {dtype}: AR step {ar:.1f} ms; draft/verify per round {ratios}")
+    roof = profile["roofline"]
+    ratios = ", ".join(f"{arm} {w['roofline_draft_over_verify']:.2f}"
+                       for arm, w in roof["arms"].items() if w["draft_forwards"])
+    lines.append(f"  roofline {roof['gpu']['name']}: draft/verify per round {ratios}")
+    return lines

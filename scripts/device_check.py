@@ -1,0 +1,95 @@
+"""The GPU checks, as one short run on a borrowed device (no Ray, no install, no network):
+
+1. the cost profile (`peftbd.benchmarking.cost_profile`) at Qwen3-0.6B's architecture in bf16 on
+   CUDA, with the `qwen3-0.6b` preset's drafters (D=16, LoRA r16/alpha32, early exit at 14 of 28
+   layers, FastMTP 3 steps);
+2. the generate stage's batched-vs-single exactness in bf16: `greedy_continuations` over a batch
+   of tiny-world prompts against each prompt alone, with the verifier's top-2 margin at every
+   divergence (bf16 kernels depend on the batch shape, so a near-tie may flip).
+
+Prepare here (the device gets the working tree only; `.device/` is git-ignored):
+
+    mkdir -p .device && cp -r ~/.cache/peftbd/tiny-world-<fingerprint> .device/world
+
+then with the device tool: command `PYTHONUNBUFFERED=1 PYTHONPATH=. python3
+scripts/device_check.py --world .device/world --out $OUT`, carry `[".device"]`, timeout ~300 s.
+On CPU (a dry run of the script itself): add `--device cpu --dtype float32 --quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from peftbd.benchmarking.cost_profile import run_profile, summary_lines
+from peftbd.config import load_config
+from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.data.continuations import greedy_continuations
+from peftbd.decoding.audit import compare
+from peftbd.models.loading import DTYPES, eos_token_ids
+
+
+def profile(device: str, dtype: str, quick: bool) -> dict:
+    overrides = [f"cost_profile.device={device}", f"cost_profile.dtypes=[{dtype}]",
+                 f"cost_profile.repeats={2 if quick else 5}", "cost_profile.threads=0"]
+    if quick:
+        overrides += ["cost_profile.kv_len=64"]
+    result = run_profile(load_config("qwen3-0.6b", overrides=overrides)).to_dict()
+    print("\n".join(summary_lines(result)), flush=True)
+    return result
+
+
+def batched_exactness(world: Path, device: str, dtype: str, rows: int, max_new: int) -> dict:
+    tok = AutoTokenizer.from_pretrained(world / "tokenizer")
+    model = AutoModelForCausalLM.from_pretrained(world / "verifier", dtype=DTYPES[dtype])
+    model = model.to(device).eval()
+    lines = (world / "corpus.jsonl").read_text().splitlines()[:rows]
+    prompts = [encode_prompt(tok, prompt_messages(json.loads(line)["messages"])) for line in lines]
+    eos = eos_token_ids(model, tok)
+    start = time.perf_counter()
+    batched = greedy_continuations(model, prompts, max_new, eos, tok.pad_token_id)
+    batched_s = time.perf_counter() - start
+    single = [greedy_continuations(model, [p], max_new, eos, tok.pad_token_id)[0] for p in prompts]
+    mismatches = []
+    for i, (p, b, s) in enumerate(zip(prompts, batched, single)):
+        if (m := compare(model, str(i), p, s.ids, b.ids)) is not None:
+            mismatches.append(m.__dict__)
+    result = {"rows": len(prompts), "max_new_tokens": max_new, "dtype": dtype,
+              "tokens": sum(len(b.ids) for b in batched), "exact_rows": len(prompts) - len(mismatches),
+              "batched_s": round(batched_s, 3), "mismatches": mismatches}
+    print(f"batched vs single greedy, {dtype} on {device}: {result['exact_rows']}/{len(prompts)} rows "
+          f"exact over {result['tokens']} tokens; divergences (position, top-2 margin): "
+          f"{[(m['position'], round(m['top2_margin'], 4)) for m in mismatches] or 'none'}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--out", type=Path, required=True, help="where the JSON results go")
+    parser.add_argument("--world", type=Path, default=None,
+                        help="a built tiny world (skip the exactness check without one)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a CPU dry run)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"device: {name}; torch {torch.__version__}", flush=True)
+    result = {"device": name, "torch": torch.__version__,
+              "cost_profile": profile(args.device, args.dtype, args.quick)}
+    if args.world:
+        result["batched_exactness"] = batched_exactness(
+            args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
+    (args.out / "device_check.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {args.out / 'device_check.json'}")
+
+
+if __name__ == "__main__":
+    main()
