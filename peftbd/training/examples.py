@@ -59,6 +59,8 @@ def load_training_split(
             f"split {split!r} of {str(artifact_dir)!r} has no row with a non-empty continuation "
             f"({table.num_rows} rows in the file); regenerate the artifact with more rows "
             f"(e.g. `python -m jobs.generate --set data.{split}_size=...`)"
+            + (", or set training.allow_untrained=true to publish the drafter untrained on purpose"
+               if split == "train" else "")
         )
     keys = [split_key(i, seed) for i in usable["id"].to_pylist()]
     usable = usable.take(np.argsort(np.array(keys), kind="stable")).select(list(COLUMNS))
