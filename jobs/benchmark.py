@@ -51,7 +51,7 @@ from peftbd.benchmarking.runner import ShardResult, run_shard
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
-from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, resolve_source
+from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, source_identity
 from peftbd.layout import (
     BENCHMARK,
     COST_PROFILE,
@@ -128,7 +128,7 @@ def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
             f"decoding.max_new_tokens={cfg.decoding.max_new_tokens}: need >= 2, since prefill "
             "commits the first token and speculative rounds start with the second"
         )
-    signature = prompts if prompts == "test" else resolve_source(cfg, prompts).signature()
+    signature = prompts if prompts == "test" else source_identity(cfg, prompts)
     build = functools.partial(_build, cfg=cfg, upstream=dict(inputs), prompts=prompts, repeats=repeats)
     return StageCall(BENCHMARK, cfg.to_dict(), Path(out_dir), dict(inputs), build,
                      extra={"prompts": signature, "repeats": repeats})

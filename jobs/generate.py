@@ -30,7 +30,7 @@ from jobs.ray_env import init_ray, shutdown
 from jobs.resources import ResourcesUnavailable, wait_for_resources
 from peftbd import progress
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
-from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.config import Config
 from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
 from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
@@ -41,6 +41,7 @@ from peftbd.data.sources import (
     load_hub_dataset,
     prepare_records,
     resolve_source,
+    source_identity,
 )
 from peftbd.layout import GENERATE, WORLD
 from peftbd.manifest import peak_rss_mib, read_manifest
@@ -171,7 +172,7 @@ def generate_call(cfg: Config, out_dir: str | Path, source: str | None = None,
     `source` overrides `cfg.data.source`; `limit` reads only the first `limit` source rows;
     `world` is the tiny world's artifact when the model or source is embedded (default: the
     cached world, built if missing). What decides the rows: model, data, the world, the source's
-    location and its files' sizes and mtimes, `limit` (not actors or batch size).
+    content (each file's sha256, not its location), `limit` (not actors or batch size).
     """
     if source:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source))
@@ -179,11 +180,9 @@ def generate_call(cfg: Config, out_dir: str | Path, source: str | None = None,
     if uses_tiny_world(cfg):
         upstream[WORLD.name] = (Path(world) if world else
                                 ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir).root)
-    signature = (cfg.data.source if cfg.data.source == EMBEDDED_TINY
-                 else resolve_source(cfg).signature())
     return StageCall(GENERATE, cfg.to_dict(), Path(out_dir), upstream,
                      functools.partial(_build, cfg=cfg, limit=limit),
-                     extra={"source": signature, "limit": limit})
+                     extra={"source": source_identity(cfg), "limit": limit})
 
 
 def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.cli import LOGS, add_config_args, add_verbose_arg, config_from_args, output_root
-from peftbd.config import Config
+from peftbd.config import Config, ConfigError
 from peftbd.layout import (
     BENCHMARK,
     BY_NAME,
@@ -37,6 +37,7 @@ from peftbd.layout import (
     WORLD,
 )
 from peftbd.console import Console
+from peftbd.main_job_checks import check_main_job
 from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
 from peftbd.output_lock import OutputLockError, check_writable
 from peftbd.stage import Decision, StageCall, StageError
@@ -118,6 +119,7 @@ def run_pipeline(cfg: Config, out_dir: Path, force: set[str] = frozenset(), star
     output goes to `console`'s per-stage log files (none: a verbose console, the terminal)."""
     from jobs.ray_env import init_ray
 
+    check_main_job(cfg)  # split sizes its stages cannot use: refused before any stage runs
     console = console or Console(out_dir / LOGS, verbose=True)
     timer = StageTimer()
     calls = stage_calls(cfg, out_dir)
@@ -193,8 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     from peftbd.training.checkpoint import CheckpointMismatch
 
     # what the stages raise with a message that names the fix: one line, no traceback
-    errors = (StageError, OutputLockError, ResourcesUnavailable, SourceError, ArtifactError,
-              ModelUnavailableError, CheckpointMismatch)
+    errors = (ConfigError, StageError, OutputLockError, ResourcesUnavailable, SourceError,
+              ArtifactError, ModelUnavailableError, CheckpointMismatch)
     try:
         check_writable(out / LOGS)  # before the log dir and before Ray starts
     except OutputLockError as exc:

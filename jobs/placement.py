@@ -25,7 +25,7 @@ from jobs.ray_env import shutdown
 from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
-from peftbd.data.sources import first_prompts, resolve_source
+from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import PLACEMENT, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.serving.schemas import METHODS
 from peftbd.stage import StageCall, StageInputs
@@ -104,7 +104,8 @@ def placement_call(cfg: Config, out_dir: str | Path, adapter_dir: str | None = N
     config it reads, the drafters or the serving code changed."""
     upstream = {name: Path(d) for name, d in ((TRAIN_PEFTBD.name, adapter_dir), (TRAIN_MTP.name, mtp_dir)) if d}
     build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
-    return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build)
+    return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build,
+                     extra={"source": source_identity(cfg)})  # a local source: its content
 
 
 def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,

@@ -64,6 +64,7 @@ from peftbd.training.evaluate import evaluate, rank_rows
 from peftbd.training.examples import collate_sequences, load_training_split
 from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
+from peftbd.untrained import untrained_reasons
 
 log = logging.getLogger(__name__)
 STAGE_SPECS = {"peftbd": TRAIN_PEFTBD, "mtp": TRAIN_MTP}
@@ -91,9 +92,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         log.info("rank %d resumed at step %d", rank, state.step)
 
     plan = batch_plan(cfg.training, task.optim, world)
-    optim, pad_id = task.optim, config["pad_id"]
-    steps_per_epoch = plan.steps_per_epoch(config["train_rows"])
-    train_shard = ray.train.get_dataset_shard("train")
+    optim, pad_id, max_steps = task.optim, config["pad_id"], config["max_steps"]
+    # max_steps 0 (asked for with training.allow_untrained): evaluate and export, no train data read
+    steps_per_epoch = plan.steps_per_epoch(config["train_rows"]) if max_steps else 0
+    train_shard = ray.train.get_dataset_shard("train") if max_steps else None
     val_shard = ray.train.get_dataset_shard("val")
 
     val_rows = [  # this worker's val rows, read once (each eval reuses them)
@@ -114,7 +116,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     losses: list[float] = []
     train_seconds, steps_run, metrics, evaluated_at = 0.0, 0, {}, -1
-    while state.step < optim.max_steps:
+    while state.step < max_steps:
         epoch, done_in_epoch = divmod(state.step, steps_per_epoch)
         micro_batches = islice(
             train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy", drop_last=True),
@@ -134,12 +136,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             state = TrainState(step=state.step + 1)
             steps_run += 1
             if rank == 0 and config.get("progress") is not None:
-                config["progress"](state.step, optim.max_steps, loss=losses[-1])
-            if state.step % optim.eval_every == 0 or state.step == optim.max_steps:
+                config["progress"](state.step, max_steps, loss=losses[-1])
+            if state.step % optim.eval_every == 0 or state.step == max_steps:
                 metrics, evaluated_at = evaluate(task, engine.module, val_batches), state.step
             metrics.update(step=state.step, epoch=epoch, lr=engine.get_lr()[0],
                            train_loss=sum(losses) / len(losses))
-            if state.step == optim.max_steps:
+            if state.step == max_steps:
                 break
             if evaluated_at == state.step or state.step % optim.checkpoint_every == 0:
                 log.info("rank %d step %d: %s", rank, state.step, metrics)
@@ -199,10 +201,17 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     task = make_task(kind, cfg)
     block = cfg.drafter.block_size if kind == "peftbd" else None
     seed, world = cfg.training.seed, cfg.training.num_workers
-    train, train_counts = load_training_split(data_dir, "train", block, seed)
+    train, train_counts = load_training_split(data_dir, "train", block, seed,
+                                              allow_empty=cfg.training.allow_untrained)
+    untrained = untrained_reasons(cfg, kind, train.num_rows)  # refused unless allow_untrained
+    max_steps = task.optim.max_steps if train.num_rows else 0
     val, val_counts = load_training_split(data_dir, "val", block, seed)
     plan = batch_plan(cfg.training, task.optim, world)
-    plan.steps_per_epoch(train.num_rows)  # fails early when the split cannot fill one step
+    if max_steps:
+        plan.steps_per_epoch(train.num_rows)  # fails early when the split cannot fill one step
+    if untrained:
+        log.warning("publishing an untrained %s drafter (training.allow_untrained): %s",
+                    kind, "; ".join(untrained))
     n_eval = min(val.num_rows, task.optim.eval_batches * plan.global_batch)
     if n_eval < world:
         raise ArtifactError(
@@ -221,6 +230,7 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
             train_loop_per_worker,
             train_loop_config={
                 "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
+                "max_steps": max_steps,
                 "pad_id": load_tokenizer(cfg).pad_token_id, "fail_once_at_step": fail_once_at_step,
                 "failure_marker": str(Path(storage) / name / "injected_failure"),
                 "progress": sink,
@@ -234,9 +244,10 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
                 failure_config=FailureConfig(max_failures=cfg.training.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=2),
             ),
-            datasets={"train": _dataset(train), "val": _dataset(val.slice(0, n_eval))},
+            datasets={**({"train": _dataset(train)} if max_steps else {}),
+                      "val": _dataset(val.slice(0, n_eval))},
             dataset_config=DataConfig(
-                datasets_to_split=["train"],
+                datasets_to_split=["train"] if max_steps else [],
                 execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
             ),
         )
@@ -250,6 +261,7 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     log.info("trained %s drafter -> %s", kind, out_dir)
     return {
         **training_sections(kind, result.metrics, plan, train.num_rows),
+        "untrained": bool(untrained), "untrained_reasons": untrained,
         "outputs": {task.export_subdir: task.export_subdir},
         "checkpoint": result.checkpoint.path,
         "ray_run": {"storage_path": storage, "name": name},
@@ -292,6 +304,8 @@ def main(kind: str, argv: list[str] | None = None) -> None:
                   before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]
+    untrained = (f"; UNTRAINED: {'; '.join(m['untrained_reasons'])}"
+                 if m.get("untrained") else "")
     print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "
           f"eval loss {m['metrics']['eval_loss']:.4f}, target-token accuracy "
-          f"{m['metrics']['eval_target_token_accuracy']:.4f}, {m['wall_seconds']} s)")
+          f"{m['metrics']['eval_target_token_accuracy']:.4f}, {m['wall_seconds']} s{untrained})")

@@ -29,7 +29,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
         help="override one config value, e.g. --set drafter.block_size=16 "
-        "--set data.train_size=2000 (repeatable; values parse as YAML)",
+        "--set data.train_size=2000 (repeatable; values parse as YAML). Settings that would "
+        "publish an untrained drafter (*.optim.max_steps=0, *.optim.lr=0, mtp.loss_weights all 0, "
+        "no train rows) are refused unless --set training.allow_untrained=true (its manifest "
+        "then says untrained)",
     )
 
 

@@ -4,8 +4,9 @@ A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAM
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
 `--set a.b=value` overrides. Every layer is type-checked against the dataclass fields (`Literal`
 fields accept only their listed values); the finished config is checked against `_RANGES`,
-`_PATTERNS`, `_ORDERED` and `_LENGTHS`. An unknown key or a bad value raises `ConfigError` naming the key,
-the value and the allowed form.
+`_ITEM_RANGES`, `_PATTERNS`, `_ORDERED` and `_LENGTHS`, and settings that would publish an
+untrained drafter are refused unless `training.allow_untrained` (`peftbd.untrained`). An unknown
+key or a bad value raises `ConfigError` naming the key, the value and the allowed form.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 
 from peftbd.config_merge import ConfigError, merge
 from peftbd.presets import EMBEDDED_TINY, PRESETS  # noqa: F401  (EMBEDDED_TINY re-exported)
+from peftbd.untrained import check_config as _check_untrained
 
 
 # The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
@@ -156,6 +158,9 @@ class TrainingConfig:
     max_failures: int = 2
     micro_batch_size: int = 0  # sequences per worker per forward; 0 = global batch / workers
     storage_path: str = ""  # Ray Train checkpoints; "" = a ray_train/ dir beside --out
+    # publish a drafter that settings leave untrained (*.optim.max_steps=0, *.optim.lr=0,
+    # mtp.loss_weights all 0, no train rows): refused unless true; its manifest says untrained
+    allow_untrained: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,7 +273,8 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
     GenerateConfig: {"num_actors": _POSITIVE, "batch_size": _POSITIVE,
                      "num_cpus_per_actor": _NON_NEGATIVE, "num_gpus_per_actor": _NON_NEGATIVE},
     OptimConfig: {"lr": _NON_NEGATIVE, "warmup_ratio": _FRACTION, "weight_decay": _NON_NEGATIVE,
-                  "global_batch_size": _POSITIVE, "max_steps": _POSITIVE,
+                  "global_batch_size": _POSITIVE,
+                  "max_steps": _NON_NEGATIVE,  # 0 only with training.allow_untrained
                   "eval_every": _POSITIVE, "checkpoint_every": _POSITIVE,
                   "eval_batches": _POSITIVE},
     DrafterConfig: {"block_size": _POSITIVE, "denoise_steps": _POSITIVE,
@@ -301,6 +307,10 @@ _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
 }
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
+}
+# list fields whose every item must lie within bounds.
+_ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
+    MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
 }
 # (list field, count field): the list must hold exactly count items.
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
@@ -337,6 +347,7 @@ def load_config(
     for item in overrides:
         cfg = apply_override(cfg, item)
     _check_values(cfg)
+    _check_untrained(cfg)  # max_steps=0-like settings: refused unless training.allow_untrained
     return cfg
 
 
@@ -379,6 +390,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _check_values(obj: Any, prefix: str = "") -> None:
     """Check a finished config (section) against `_RANGES`, `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
     bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
+    for name, (low, high) in _ITEM_RANGES.get(type(obj), {}).items():
+        bad = [v for v in getattr(obj, name) if (low is not None and v < low) or (high is not None and v > high)]
+        if bad:
+            allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise ConfigError(f"config key '{prefix}{name}': value {list(getattr(obj, name))!r} holds "
+                              f"{bad[0]!r}; expected every entry {allowed}")
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value):

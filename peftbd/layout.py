@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from peftbd.stage import StageSpec
 
-_PLACEMENT_ONLY = ("training.storage_path", "training.max_failures")
-"""Training keys that say where checkpoints go and how often to retry, not what is trained."""
+_PLACEMENT_ONLY = ("training.storage_path", "training.max_failures", "training.allow_untrained")
+"""Training keys that say where checkpoints go, how often to retry and what may be published,
+not what is trained (allow_untrained only lets settings through that change the fingerprint)."""
 
 WORLD = StageSpec(
     "world", "tiny world", "world", reads=("tiny_world",),
@@ -18,6 +19,7 @@ WORLD = StageSpec(
 )
 GENERATE = StageSpec(
     "generate", "generate continuations", "continuations", reads=("model", "data"),
+    ignores=("data.source",),  # where the prompts lie: their content is in extra["source"]
     inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "jobs.generate"),
     command="python -m jobs.generate",
 )

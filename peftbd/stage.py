@@ -241,9 +241,14 @@ def _changes(what: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
     keys = sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
     if not keys:
         return []
-    shown = [f"{k} {_show(old.get(k, _MISSING))} -> {_show(new.get(k, _MISSING))}" for k in keys[:4]]
+    shown = [_change(k, _show(old.get(k, _MISSING)), _show(new.get(k, _MISSING))) for k in keys[:4]]
     more = f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""
     return [f"{what + ' ' if what else ''}{', '.join(shown)}{more}"]
+
+
+def _change(key: str, old: str, new: str) -> str:
+    """`key old -> new`, or `key changed` when the shortened values look the same (a content hash)."""
+    return f"{key} changed" if old == new else f"{key} {old} -> {new}"
 
 
 _MISSING = object()

@@ -37,8 +37,7 @@ from peftbd.serving.responses import (
     usage,
     usage_chunk,
 )
-from peftbd.serving.rounds import RequestStats
-from peftbd.serving.text_stream import TextStream
+from peftbd.serving.outcome import RequestOutcome
 from peftbd.serving.validation import (
     GenerationSpec,
     Kind,
@@ -56,15 +55,6 @@ log = logging.getLogger("ray.serve")
 CLIENT_GONE = (RequestCancelledError, TaskCancelledError)
 """What a downstream call raises once Serve cancelled the request (its client disconnected)."""
 api = FastAPI(title="peftbd: speculative decoding, OpenAI-compatible")
-
-
-class _Outcome:
-    """Filled in while a request streams: its stats, finish reason and completion tokens."""
-
-    def __init__(self, method: str) -> None:
-        self.stats = RequestStats(method)
-        self.finish_reason = "length"
-        self.completion_tokens = 0
 
 
 def _error(err: RequestError) -> JSONResponse:
@@ -155,7 +145,7 @@ class Ingress:
             return _error(err)
         if spec.stream:
             return StreamingResponse(self._sse(spec), media_type="text/event-stream")
-        outcome = _Outcome(spec.method)
+        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop)
         try:
             text = "".join([piece async for piece in self._text(spec, outcome)])
         except BackendUnavailable as exc:
@@ -169,32 +159,27 @@ class Ingress:
         use = usage(spec, outcome.completion_tokens, outcome.stats.summary())
         return JSONResponse(full_response(spec, text, outcome.finish_reason, use).model_dump())
 
-    async def _text(self, spec: GenerationSpec, outcome: _Outcome) -> AsyncIterator[str]:
+    async def _text(self, spec: GenerationSpec, outcome: RequestOutcome) -> AsyncIterator[str]:
         """Text deltas of one request as its steps arrive, up to a stop sequence; fills
-        `outcome`. Leaving early (stop sequence, client gone) closes the backend's rounds at
-        once, which releases the request's sessions."""
-        stream = TextStream(self.tokenizer, spec.stop)
+        `outcome` (usage and metrics count what the client received). Leaving early (stop
+        sequence, client gone) closes the backend's rounds at once, which releases the
+        request's sessions."""
         async with contextlib.aclosing(self.backend.rounds(spec)) as rounds:
             async for event in rounds:
-                outcome.stats.add(event)
-                self.metrics.observe(event, spec.method)
-                if event.finish_reason:
-                    outcome.finish_reason = event.finish_reason
-                delta = stream.push(event.tokens)
-                outcome.completion_tokens = len(stream.ids)
+                delta, received = outcome.push(event)
+                self.metrics.observe(received, spec.method)
                 if delta:
                     yield delta
-                if stream.stopped:
-                    outcome.finish_reason = "stop"
+                if outcome.stopped:
                     return
-        rest = stream.finish()
+        rest = outcome.finish()
         if rest:
             yield rest
 
     async def _sse(self, spec: GenerationSpec) -> AsyncIterator[str]:
         """The SSE events of one request; a failure after some text is an error event that
         says the text is incomplete; a client that left ends it quietly."""
-        outcome = _Outcome(spec.method)
+        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop)
         first = True
         try:
             async with contextlib.aclosing(self._text(spec, outcome)) as deltas:

@@ -51,6 +51,17 @@ def _short_runs_note(results: dict[str, Any]) -> str:
             f"(>= {MIN_TIMED_S:g} s per arm and run).")
 
 
+def untrained_note(results: dict[str, Any]) -> str | None:
+    """A warning naming the drafters published untrained on purpose (`training.allow_untrained`)
+    and why, or None when every drafter trained."""
+    untrained = [f"`{name}` ({'; '.join(info.get('untrained_reasons') or ['untrained'])})"
+                 for name, info in results.get("drafters", {}).items() if info.get("untrained")]
+    if not untrained:
+        return None
+    return ("**Untrained drafters** (published on purpose, training.allow_untrained): "
+            f"{', '.join(untrained)}; their acceptance is not a trained drafter's.")
+
+
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
     """Write `report.md` and Figures 1 and 2 into `out_dir` from `results` (the benchmark's
@@ -67,6 +78,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1, "
         f"at most {pr['max_new_tokens']} new tokens; {tm['repeats']} repeated runs per arm. "
         f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
+        *filter(None, [untrained_note(results)]),
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
         "## Findings: the paper's (a)-(f) on this run",
         "The paper states its findings in prose; these are the six its results rest on, in its "

@@ -25,7 +25,7 @@ import torch
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.cost_model import oracle_from_metrics
-from peftbd.data.sources import first_prompts, resolve_source
+from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.loop import SpeculativeDecoder
 from peftbd.decoding.metrics import summarize
@@ -122,7 +122,8 @@ def speed_call(cfg: Config, out_dir: Path) -> StageCall:
         (tmp / "speed.json").write_text(json.dumps(result, indent=2))
         return {"metrics": {k: result[k] for k in ("tokens_per_s", "engine_ar_vs_hf", "engine_ar_vs_hf_best")}}
 
-    return StageCall(ENGINE_SPEED, cfg.to_dict(), out_dir, {}, build)
+    return StageCall(ENGINE_SPEED, cfg.to_dict(), out_dir, {}, build,
+                     extra={"source": source_identity(cfg)})  # a local source: its content
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,8 +11,8 @@
   "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str,
              "worker_num_cpus": float, "worker_num_gpus": float,
              "per_worker_hardware": [str], "per_worker_peak_rss_mib": [float]},
-  "drafters": {"peftbd_adapter": {"path": str, "trained": bool, ...},
-               "mtp_head": {"path": str, "trained": bool, ...}},
+  "drafters": {"peftbd_adapter": {"path": str, "untrained": bool, "untrained_reasons": [str], ...},
+               "mtp_head": {...}},   # each: its training manifest (config, versions, contract left out)
   "arms": {arm_id: ARM, ...},         # ordered as ARMS
   "config": {...},                     # the whole config tree
   "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json

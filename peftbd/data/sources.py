@@ -12,6 +12,7 @@ than a failed read.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -24,8 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
-from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.config import EMBEDDED_TINY, Config, cache_root
 from peftbd.data.chat import BadRow, encode_prompt, prompt_messages
+from peftbd.data.content_hash import source_digests
 
 SPEC_BENCH_PREFIX = "spec-bench:"
 KINDS = ("jsonl", "parquet", "hub", "spec_bench")
@@ -52,19 +54,32 @@ class Source:
     location: str
     name: str
 
-    def signature(self) -> list[Any]:
-        """What identifies the source's content: the location, plus size and mtime of each local
-        file (so a resumed run notices an edited source)."""
+    def signature(self, cache_dir: Path | None = None) -> dict[str, Any]:
+        """What identifies the source's content, for stage fingerprints: a local source's kind
+        and each file's relative name, size and sha256 (`peftbd.data.content_hash`; hashes kept
+        in `cache_dir`), not where it lies, so an edited file reruns and a moved one does not; a
+        hub dataset by its id (its revision is not pinned)."""
         path = Path(self.location)
         if self.kind == "hub" or not path.exists():
-            return [self.location]
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        return [self.location] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+            return {"kind": self.kind, "location": self.location}
+        return {"kind": self.kind,
+                "files": [list(dataclasses.astuple(d)) for d in source_digests(path, cache_dir)]}
 
     @property
     def is_json_lines(self) -> bool:
         """Records are raw JSON lines (parsed by `parse_record`), not already-parsed rows."""
         return self.kind in ("jsonl", "spec_bench")
+
+
+def source_identity(cfg: Config, source: str | None = None) -> Any:
+    """What a stage fingerprint records of the prompt source `source` (default
+    `cfg.data.source`): `embedded:tiny` as named (the world is an upstream artifact, or its
+    config decides it), any other source by its `Source.signature` (local files: their
+    content hashes, kept under the cache dir)."""
+    name = source or cfg.data.source
+    if name == EMBEDDED_TINY:
+        return name
+    return resolve_source(cfg, name).signature(cache_root(cfg.paths.cache_dir))
 
 
 def resolve_source(cfg: Config, source: str | None = None) -> Source:

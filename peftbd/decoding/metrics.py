@@ -6,14 +6,18 @@ Definitions (per run, summed over its requests):
 - mean_accepted: the paper's "accepted tokens per speculative step" = mean tokens emitted per
   round = accepted draft tokens + the verifier's bonus token (1.0 for greedy AR).
 - mean_accepted_prefix: mean accepted draft tokens per round (bonus excluded).
+- Every accepted count stops at the committed output: draft tokens that match the verifier past
+  the EOS or the token budget that ended it are not accepted (`RoundMetrics.accepted`).
 - token_acceptance: accepted / proposed draft tokens.
 - block_acceptance: share of rounds with a draft whose every proposed token was accepted.
 - per_position: for draft position j = 1..D (D = the longest draft of a round; FastMTP: its
   steps), lists indexed j - 1 (vLLM's num_accepted_tokens_per_pos, with its own denominator):
   proposed = rounds whose draft has position j, reached = those whose positions 1..j-1 were all
-  accepted, accepted = those whose accepted prefix reaches j; rate = accepted / proposed,
-  conditional = accepted / reached = P(accept j | accepted j - 1). Sum of accepted = accepted
-  draft tokens. When every round proposes D, rate is non-increasing in j.
+  accepted (and the output did not end before j: positions after an EOS or the budget inside
+  the draft are proposed, never reached), accepted = those whose accepted prefix reaches j;
+  rate = accepted / proposed, conditional = accepted / reached = P(accept j | accepted j - 1).
+  Sum of accepted = accepted draft tokens. When every round proposes D, rate is non-increasing
+  in j.
 - forward: calls and mean latency per mode (prefill, draft, verify, sync).
 - round: t0_s = mean round time (the oracle's T0), mean draft / verify ms per round (every draft
   call of a round summed) and the draft / verify / other time shares.
@@ -57,7 +61,8 @@ def _per_position(rounds: Sequence[RoundMetrics]) -> dict[str, list]:
     """Acceptance per draft position over `rounds` (see the module docstring)."""
     positions = range(1, max((r.proposed for r in rounds), default=0) + 1)
     proposed = [sum(r.proposed >= j for r in rounds) for j in positions]
-    reached = [sum(r.proposed >= j and r.accepted >= j - 1 for r in rounds) for j in positions]
+    reached = [sum(r.proposed >= j and r.accepted >= j - 1
+                   and not (r.ended_in_draft and j > r.accepted) for r in rounds) for j in positions]
     accepted = [sum(r.accepted >= j for r in rounds) for j in positions]
     return {
         "proposed": proposed, "reached": reached, "accepted": accepted,

@@ -16,9 +16,11 @@ class RoundMetrics:
     """One speculative round (draft + verify).
 
     proposed: drafted tokens sent to verification (k). accepted: the longest prefix of the draft
-    that equals the verifier's greedy tokens (0..k); the verifier's bonus token is NOT counted.
-    emitted: tokens appended to the output this round = accepted + 1 (the bonus), except that a
-    round cut by EOS or `max_new_tokens` counts only what was kept. The paper's "accepted tokens
+    that equals the verifier's greedy tokens (0..k) and is in the output: a round whose output
+    ends at an EOS or `max_new_tokens` inside that prefix counts it up to there (EOS included,
+    nothing after it); the verifier's bonus token is NOT counted. emitted: tokens appended to the
+    output this round = accepted + 1 (the bonus), or = accepted when the output ended inside the
+    draft (`ended_in_draft`). The paper's "accepted tokens
     per speculative step" is the mean of `emitted`. draft_ms / verify_ms: the propose / verify
     calls; other_ms: from the end of the previous round (or prefill) to this round's propose.
     """
@@ -33,6 +35,12 @@ class RoundMetrics:
     @property
     def total_ms(self) -> float:
         return self.draft_ms + self.verify_ms + self.other_ms
+
+    @property
+    def ended_in_draft(self) -> bool:
+        """The output ended (EOS or budget) at an accepted draft token: no bonus, and the draft
+        positions after it were never judged."""
+        return self.emitted == self.accepted and self.proposed > 0
 
 
 @dataclass

@@ -22,7 +22,9 @@ from peftbd.models.early_exit import first_layers
 @dataclass(frozen=True)
 class VerifyResult:
     """What one verify step committed: `tokens` = accepted draft prefix + bonus (cut at EOS or
-    the token budget), `accepted` = matched draft tokens (bonus excluded), `proposed` = k."""
+    the token budget), `accepted` = the draft tokens among `tokens` (bonus excluded; a draft
+    that matches the verifier past the EOS or the budget that cut it counts only up to the cut,
+    EOS included), `proposed` = k."""
 
     proposed: int
     accepted: int
@@ -128,7 +130,8 @@ def verify(model: torch.nn.Module, state: DecodeState,
     state.cache.crop(-(k - accepted))
     state.hidden = hidden[:, : accepted + 1]
     kept = _commit(state, preds[: accepted + 1])
-    return VerifyResult(proposed=k, accepted=accepted, tokens=kept, done=state.done)
+    # count what the output holds: matches past an EOS or the budget that cut `kept` are not used
+    return VerifyResult(proposed=k, accepted=min(accepted, len(kept)), tokens=kept, done=state.done)
 
 
 @torch.inference_mode()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from peftbd.serving.schemas import SpecStats
@@ -12,7 +12,8 @@ from peftbd.serving.schemas import SpecStats
 class RoundEvent:
     """One step of a request as the ingress sees it (plain data: crosses Ray hops as a dict).
 
-    `tokens`: what the step committed (EOS included when it stopped there). The prefill step
+    `tokens`: what the step committed (EOS included when it stopped there); `accepted`: the draft
+    tokens among them (the engine's count: none past the EOS or budget that ended the output). The prefill step
     (`prefill=True`) commits the first token and is not a speculative round. Times are what the
     replicas measured: draft and verify calls, `sync_ms` (a split drafter catching its copy of
     the verifier state up, or any replica rebuilding a lost state), `other_ms` (the rest of the
@@ -44,13 +45,22 @@ class RoundEvent:
         prefix reached them), as the engine's `per_position` counts them."""
         return range(1, self.proposed + 1), range(1, self.accepted + 1)
 
+    def received(self, n: int) -> RoundEvent:
+        """This step as the client received its first `n` tokens (a stop sequence ended the text
+        inside it): the tokens after them, and draft tokens accepted among them, are not counted."""
+        if n >= len(self.tokens):
+            return self
+        return replace(self, tokens=self.tokens[:n], accepted=min(self.accepted, n))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass
 class RequestStats:
-    """Sums over one request's speculative rounds; the prefill step's time goes to `prefill`."""
+    """Sums over one request's speculative rounds; the prefill step's time goes to `prefill`.
+    Add steps as the client received them (`RoundEvent.received`), so tokens and accepted
+    tokens stop where its text stopped."""
 
     method: str
     rounds: int = 0

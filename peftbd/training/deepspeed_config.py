@@ -96,8 +96,8 @@ def deepspeed_config(
     ds["optimizer"]["params"].update(lr=optim.lr, weight_decay=optim.weight_decay)
     warmup = max(1, round(optim.warmup_ratio * optim.max_steps))
     if optim.scheduler == "cosine":
-        ds["scheduler"] = {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": optim.max_steps, "warmup_num_steps": warmup,
+        ds["scheduler"] = {"type": "WarmupCosineLR", "params": {  # max_steps 0: an untrained export
+            "total_num_steps": max(1, optim.max_steps), "warmup_num_steps": warmup,
             "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0, "warmup_type": "linear"}}
     else:
         ds["scheduler"] = {"type": "WarmupLR", "params": {

@@ -43,20 +43,24 @@ class SplitCounts:
 
 
 def load_training_split(
-    artifact_dir: str | Path, split: str, block_size: int | None, seed: int
+    artifact_dir: str | Path, split: str, block_size: int | None, seed: int,
+    allow_empty: bool = False,
 ) -> tuple[pa.Table, SplitCounts]:
     """The usable rows of one split (columns `COLUMNS`) in a seeded order, and their counts.
 
     Rows are ordered by `split_key(id, seed)`, a stable hash, so the order is the same on every
-    run and machine. Raises `ArtifactError` for a missing artifact/split/column or an empty split.
+    run and machine. Raises `ArtifactError` for a missing artifact/split/column or an empty split
+    (unless `allow_empty`: a drafter published untrained on purpose, `peftbd.untrained`).
     """
     table = read_split(artifact_dir, split)
     usable = table.filter(pc.greater(table["continuation_len"], 0))
-    if usable.num_rows == 0:
+    if usable.num_rows == 0 and not allow_empty:
         raise ArtifactError(
             f"split {split!r} of {str(artifact_dir)!r} has no row with a non-empty continuation "
             f"({table.num_rows} rows in the file); regenerate the artifact with more rows "
             f"(e.g. `python -m jobs.generate --set data.{split}_size=...`)"
+            + (", or set training.allow_untrained=true to publish the drafter untrained on purpose"
+               if split == "train" else "")
         )
     keys = [split_key(i, seed) for i in usable["id"].to_pylist()]
     usable = usable.take(np.argsort(np.array(keys), kind="stable")).select(list(COLUMNS))

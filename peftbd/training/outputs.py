@@ -24,7 +24,9 @@ def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_r
             "micro_batch": plan.micro_batch,
             "accumulation": plan.accumulation,
             "workers": plan.world_size,
-            "steps_per_epoch": plan.steps_per_epoch(train_rows),
+            # None: not one global batch of train rows (a run published untrained, max_steps 0)
+            "steps_per_epoch": (plan.steps_per_epoch(train_rows)
+                                if train_rows // plan.global_batch else None),
             "worker_peak_rss_mib": final["worker_peak_rss_mib"],
         },
     }

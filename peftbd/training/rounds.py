@@ -14,9 +14,8 @@ can so draft its EOS, as the engine does.
 
 All rows of a batch draft together, one forward per round against one clean KV computed once (a
 finished row's chunk is a dummy). What can still differ from the engine: float noise of batched
-vs incremental KV (an argmax near-tie may flip), and drafted tokens past an EOS, which the
-engine counts as accepted when they match the verifier's next predictions; the replay does not
-know those predictions and counts none.
+vs incremental KV (an argmax near-tie may flip). Drafted tokens past an EOS count as accepted in
+neither (the engine counts up to the committed output, EOS included).
 """
 
 from __future__ import annotations

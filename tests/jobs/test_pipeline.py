@@ -112,3 +112,35 @@ def test_an_empty_source_stops_the_main_job_in_one_line_before_any_stage(tiny_wo
     assert str(err.value) == (f"error: data.source={src!r}: {src!r} is empty (no JSON lines); give "
                               f"TULU-3-schema rows {{id, messages, source}}, one per line")
     assert not (tmp_path / "root" / "continuations").exists()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["data.train_size=0"], "error: config key 'data.train_size': value 0 leaves the main job's "
+     "drafters nothing to train on (they would be published untrained); set data.train_size >= 1, "
+     "or set training.allow_untrained=true to publish them untrained on purpose (for a "
+     "benchmark-only artifact run python -m jobs.generate alone)"),
+    (["data.train_size=7"], "error: config key 'data.train_size': value 7 is below one global batch "
+     "of drafter.optim.global_batch_size=8; raise data.train_size or lower "
+     "drafter.optim.global_batch_size"),
+    (["data.val_size=1"], "error: config key 'data.val_size': value 1 is below "
+     "training.num_workers=2 (each training worker evaluates val rows); set data.val_size >= 2"),
+    (["data.test_size=0"], "error: config key 'data.test_size': value 0 leaves the main job's "
+     "benchmark no prompt; set data.test_size >= 1 (for a benchmark-only artifact run python -m "
+     "jobs.generate alone)"),
+])
+def test_split_sizes_the_stages_cannot_use_stop_the_main_job_before_any_stage(
+        overrides, message, tmp_path):
+    from jobs.pipeline import main
+
+    with pytest.raises(SystemExit) as err:
+        main([*(a for o in overrides for a in ("--set", o)), "--out", str(tmp_path / "root"),
+              "--dry-run"])
+    assert str(err.value) == message
+    assert not (tmp_path / "root" / "continuations").exists()
+
+
+def test_no_train_rows_passes_the_main_job_checks_when_asked_for_explicitly():
+    from peftbd.main_job_checks import check_main_job
+
+    check_main_job(load_config("tiny", overrides=["data.train_size=0", "training.allow_untrained=true"]))
+    check_main_job(load_config("tiny"))

@@ -216,3 +216,30 @@ def test_cli_names_a_missing_artifact(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main("peftbd", ["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     assert "nowhere" in str(exc.value) and "jobs.generate" in str(exc.value)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_no_train_rows_publishes_an_untrained_drafter_only_when_asked_for(local_ray, cfg, artifact,
+                                                                          tmp_path, make_artifact):
+    """An artifact without train rows (data.train_size=0): refused by default; with
+    training.allow_untrained the job evaluates and exports the initial head (no step, no train
+    data read) and its manifest says untrained and why."""
+    val = read_split(artifact, "val")
+    no_train = make_artifact(tmp_path / "no_train", lambda tmp: (
+        write_split(tmp, "train", pa.Table.from_pylist([], schema=ARTIFACT_SCHEMA)),
+        write_split(tmp, "val", val)))
+    with pytest.raises(ArtifactError, match="no row with a non-empty continuation .* or set "
+                       "training.allow_untrained=true to publish the drafter untrained on purpose"):
+        run_train("mtp", cfg, no_train, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    allowed = load_config("tiny", overrides=[*OVERRIDES, "training.allow_untrained=true"])
+    out = run_train("mtp", allowed, no_train, tmp_path / "out")
+    manifest = read_manifest(out)
+    assert manifest["untrained"] is True
+    assert manifest["untrained_reasons"] == [
+        f"the train split has no usable rows (data.train_size={allowed.data.train_size})"]
+    assert manifest["training"]["steps"] == 0 and manifest["training"]["steps_per_epoch"] is None
+    before = _untrained_eval("mtp", allowed, artifact)
+    assert manifest["metrics"]["eval_loss"] == pytest.approx(before["eval_loss"], rel=1e-5)
+    assert (out / "mtp_head").is_dir()

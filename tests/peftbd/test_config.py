@@ -197,9 +197,22 @@ def test_device_pattern_rejects(device):
     ("generate.num_actors=0", "config key 'generate.num_actors': value 0 is out of range; expected >= 1"),
     ("generate.batch_size=0", "config key 'generate.batch_size': value 0 is out of range; expected >= 1"),
     ("data.max_new_tokens=0", "config key 'data.max_new_tokens': value 0 is out of range; expected >= 1"),
-    ("drafter.optim.max_steps=0", "config key 'drafter.optim.max_steps': value 0 is out of range; "
-     "expected >= 1"),
-    ("mtp.optim.max_steps=0", "config key 'mtp.optim.max_steps': value 0 is out of range"),
+    ("drafter.optim.max_steps=0", "config key 'drafter.optim.max_steps': value 0 would publish "
+     "an untrained PEFT-BD adapter (no optimizer step); set a value that trains, or set "
+     "training.allow_untrained=true to publish it untrained on purpose (its manifest then says "
+     "untrained)"),
+    ("mtp.optim.max_steps=0", "config key 'mtp.optim.max_steps': value 0 would publish an untrained "
+     "FastMTP head"),
+    ("drafter.optim.max_steps=-1", "config key 'drafter.optim.max_steps': value -1 is out of range; "
+     "expected >= 0"),
+    # their neighbours: settings under which the steps change nothing
+    ("drafter.optim.lr=0", "config key 'drafter.optim.lr': value 0.0 would publish an untrained "
+     "PEFT-BD adapter (every step leaves the weights as they are)"),
+    ("mtp.optim.lr=0.0", "config key 'mtp.optim.lr': value 0.0 would publish an untrained FastMTP head"),
+    ("mtp.loss_weights=[0, 0, 0]", "config key 'mtp.loss_weights': value [0.0, 0.0, 0.0] would publish "
+     "an untrained FastMTP head (no step has a loss)"),
+    ("mtp.loss_weights=[0.5, -0.1, 0.2]", "config key 'mtp.loss_weights': value [0.5, -0.1, 0.2] "
+     "holds -0.1; expected every entry >= 0"),
     ("training.zero_stage=7", "config key 'training.zero_stage': value 7 is not valid; "
      "expected one of: 0, 1, 2, 3"),
     ("training.precision=fp8", "config key 'training.precision': value 'fp8' is not valid; "
@@ -258,3 +271,37 @@ def test_embedded_tiny_is_importable_from_both_modules():
     from peftbd.presets import EMBEDDED_TINY as from_presets
 
     assert from_config == from_presets == load_config("tiny").model.name_or_path == "embedded:tiny"
+
+
+@pytest.mark.parametrize(("override", "kind", "reason"), [
+    ("drafter.optim.max_steps=0", "peftbd", "drafter.optim.max_steps=0 (no optimizer step)"),
+    ("mtp.optim.max_steps=0", "mtp", "mtp.optim.max_steps=0 (no optimizer step)"),
+    ("drafter.optim.lr=0", "peftbd", "drafter.optim.lr=0.0 (every step leaves the weights as they are)"),
+    ("mtp.optim.lr=0.0", "mtp", "mtp.optim.lr=0.0 (every step leaves the weights as they are)"),
+    ("mtp.loss_weights=[0, 0, 0]", "mtp", "mtp.loss_weights=[0.0, 0.0, 0.0] (no step has a loss)"),
+])
+def test_untrained_settings_pass_when_asked_for_explicitly(override, kind, reason):
+    from peftbd.untrained import untrained_reasons
+
+    cfg = load_config("tiny", overrides=[override, "training.allow_untrained=true"])
+    assert untrained_reasons(cfg, kind, train_rows=100) == [reason]
+    assert untrained_reasons(cfg, "mtp" if kind == "peftbd" else "peftbd", train_rows=100) == []
+    assert not load_config("tiny").training.allow_untrained  # off by default
+
+
+def test_no_train_rows_is_an_untrained_reason_refused_unless_asked_for():
+    from peftbd.untrained import untrained_reasons
+
+    cfg = load_config("tiny", overrides=["data.train_size=0"])  # a benchmark-only artifact: fine
+    with pytest.raises(ConfigError) as err:
+        untrained_reasons(cfg, "mtp", train_rows=0)
+    assert str(err.value) == (
+        "the FastMTP head would be published untrained: the train split has no usable rows "
+        "(data.train_size=0); fix the setting, or set training.allow_untrained=true to publish it "
+        "untrained on purpose (its manifest then says untrained)")
+    allowed = load_config("tiny", overrides=["data.train_size=0", "training.allow_untrained=true",
+                                             "drafter.optim.max_steps=0"])
+    assert untrained_reasons(allowed, "peftbd", train_rows=0) == [
+        "drafter.optim.max_steps=0 (no optimizer step)",
+        "the train split has no usable rows (data.train_size=0)"]
+    assert untrained_reasons(load_config("tiny"), "peftbd", train_rows=5) == []

@@ -150,6 +150,15 @@ def _stop_in(text: str) -> tuple[str, str]:
     raise AssertionError(f"no stop sequence to cut {text!r} at")
 
 
+def _assert_usage_counts_what_was_returned(use) -> None:
+    """usage.speculative's rounds emitted exactly the returned tokens after prefill's first, and
+    accepted no more of them (nothing past the stop sequence counts)."""
+    spec = use.model_extra["speculative"]
+    emitted = use.completion_tokens - 1
+    assert spec["tokens_per_round"] * spec["rounds"] == pytest.approx(emitted, abs=1e-3 * spec["rounds"])
+    assert spec["accepted_tokens"] <= emitted
+
+
 @pytest.mark.parametrize("app", ["colocated", "split"])
 def test_stop_sequences_cut_the_text_in_both_endpoints_streamed_or_not(served, engine, app):
     tok, greedy = engine
@@ -162,6 +171,7 @@ def test_stop_sequences_cut_the_text_in_both_endpoints_streamed_or_not(served, e
                                               max_tokens=MAX_TOKENS, stop=[stop, "\x07never"])
         assert (resp.choices[0].message.content, resp.choices[0].finish_reason) == (before, "stop")
         assert resp.usage.completion_tokens < MAX_TOKENS
+        _assert_usage_counts_what_was_returned(resp.usage)
         chunks = list(client.chat.completions.create(
             model=f"{MODEL}:{method}", messages=messages, max_tokens=MAX_TOKENS, stop=stop,
             stream=True))
@@ -173,6 +183,7 @@ def test_stop_sequences_cut_the_text_in_both_endpoints_streamed_or_not(served, e
     ids = encode_prompt(tok, messages)
     comp = client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, stop=stop)
     assert (comp.choices[0].text, comp.choices[0].finish_reason) == (before, "stop")
+    _assert_usage_counts_what_was_returned(comp.usage)
     streamed = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS,
                                               stop=[stop], stream=True))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == before

@@ -123,3 +123,16 @@ def test_offline_estimate_sits_beside_the_engine_and_short_runs_are_flagged(tmp_
     results["arms"]["ar"]["repeats"][0]["decode_s"] = 0.5
     text = build_report(results, {}, tmp_path / "short").read_text()
     assert "**Too short to time reliably:**" in text and "AR (0.50 s)" in text
+
+
+def test_drafters_published_untrained_on_purpose_are_named(tmp_path, sample_results) -> None:
+    results = copy.deepcopy(sample_results)
+    assert "Untrained drafters" not in build_report(results, {}, tmp_path).read_text()
+    results["drafters"] = {
+        "peftbd_adapter": {"untrained": False, "untrained_reasons": []},
+        "mtp_head": {"untrained": True, "untrained_reasons": ["mtp.optim.max_steps=0 (no optimizer step)"]}}
+    text = build_report(results, {}, tmp_path / "untrained").read_text()
+    assert ("**Untrained drafters** (published on purpose, training.allow_untrained): `mtp_head` "
+            "(mtp.optim.max_steps=0 (no optimizer step)); their acceptance is not a trained "
+            "drafter's.") in text
+    assert "`peftbd_adapter`" not in text

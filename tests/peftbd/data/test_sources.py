@@ -186,4 +186,4 @@ def test_signature_changes_when_a_local_source_is_edited(tiny_cfg, tmp_path):
     before = resolve_source(tiny_cfg, str(path)).signature()
     path.write_text("{}\n{}\n")
     assert resolve_source(tiny_cfg, str(path)).signature() != before
-    assert Source("hub", "owner/name", "owner/name").signature() == ["owner/name"]
+    assert Source("hub", "owner/name", "owner/name").signature() == {"kind": "hub", "location": "owner/name"}

@@ -119,3 +119,57 @@ def test_max_new_tokens_is_exact(scripted, verifier, peft_verifier, tokenizer, p
 def test_decoder_reuses_across_requests(verifier, prompts, eos, ar_outputs):
     decoder = SpeculativeDecoder(verifier, None, eos, 32)
     assert [decoder.decode(ids).tokens for _, ids in prompts] == [ar_outputs[p] for p, _ in prompts]
+
+
+def _stop_token_inside(truth: list[int], at: int) -> int:
+    """A token of `truth` first seen at index `at` or later (taken as the request's EOS)."""
+    for i in range(at, len(truth)):
+        if truth[i] not in truth[:i]:
+            return i
+    raise AssertionError("no token first seen late enough")
+
+
+def test_draft_tokens_past_eos_are_not_accepted(scripted, verifier, prompts):
+    """A draft that matches the verifier past the EOS that ends the output: the output stops at
+    the EOS (as AR's does) and so do the counts (accepted, per position, tokens per round)."""
+    ids = prompts[0][1]
+    truth = decode(verifier, ids, None, N).tokens  # no EOS: the verifier's greedy run goes on
+    stop = _stop_token_inside(truth, 4)
+    ar = decode(verifier, ids, None, N, eos_ids=[truth[stop]])
+    assert ar.tokens == truth[: stop + 1]
+    result = decode(verifier, ids, scripted(truth, block=N - 2), N, eos_ids=[truth[stop]])
+    assert result.tokens == ar.tokens  # unchanged output
+    (only,) = result.rounds  # prefill commits truth[0]; one round drafts truth[1:N-1], all match
+    assert (only.proposed, only.accepted, only.emitted) == (N - 2, stop, stop)
+    assert only.ended_in_draft
+    m = result.metrics
+    assert m["mean_accepted"] == m["mean_accepted_prefix"] == stop
+    assert m["token_acceptance"] == stop / (N - 2) and m["block_acceptance"] == 0.0
+    pos = m["per_position"]
+    assert pos["accepted"] == [1] * stop + [0] * (N - 2 - stop)
+    assert pos["reached"] == [1] * stop + [0] * (N - 2 - stop)  # never judged past the EOS
+    assert pos["conditional"] == [1.0] * stop + [None] * (N - 2 - stop)
+    assert sum(pos["accepted"]) == only.accepted == len(result.tokens) - 1  # all but prefill's
+
+
+def test_draft_tokens_past_the_budget_are_not_accepted(scripted, verifier, prompts):
+    """A draft longer than the budget allows (a split server may send one): only the tokens the
+    budget keeps count as accepted."""
+    ids = prompts[1][1]
+    truth = decode(verifier, ids, None, N).tokens
+    decoder = SpeculativeDecoder(verifier, None, (), max_new_tokens=4)
+    state = decoder.start(ids)
+    result = decoder.verify(state, truth[1:9])  # 8 correct tokens, 3 left in the budget
+    assert result.tokens == truth[1:4] and state.new_tokens == truth[:4] and result.done
+    assert (result.proposed, result.accepted) == (8, 3)
+
+
+def test_eos_as_the_bonus_still_counts_the_whole_draft(scripted, verifier, prompts):
+    ids = prompts[2][1]
+    truth = decode(verifier, ids, None, N).tokens
+    stop = _stop_token_inside(truth, 5)
+    result = decode(verifier, ids, scripted(truth, block=stop - 1), N, eos_ids=[truth[stop]])
+    assert result.tokens == truth[: stop + 1]
+    (only,) = result.rounds  # drafts truth[1:stop], the verifier's bonus is the EOS
+    assert (only.proposed, only.accepted, only.emitted) == (stop - 1, stop - 1, stop)
+    assert not only.ended_in_draft

@@ -45,3 +45,15 @@ def test_ar_run_has_no_acceptance_rates():
     assert m["token_acceptance"] is None and m["block_acceptance"] is None and m["mean_accepted"] is None
     assert m["per_position"] == dict.fromkeys(("proposed", "reached", "accepted", "rate", "conditional"), [])
     assert m["tokens_per_s"] == pytest.approx(100)
+
+
+def test_a_round_whose_output_ended_inside_its_draft():
+    """(4, 2, 2): EOS (or the budget) at draft position 2; positions 3-4 were proposed, never
+    judged: not reached, not accepted."""
+    ended = RoundMetrics(proposed=4, accepted=2, emitted=2)
+    rejected = RoundMetrics(proposed=4, accepted=2, emitted=3)  # position 3 judged and rejected
+    assert ended.ended_in_draft and not rejected.ended_in_draft
+    pos = summarize([DecodeResult(tokens=list(range(6)), rounds=[ended, rejected])])["per_position"]
+    assert pos["proposed"] == [2, 2, 2, 2] and pos["accepted"] == [2, 2, 0, 0]
+    assert pos["reached"] == [2, 2, 1, 0]
+    assert pos["conditional"] == [1.0, 1.0, 0.0, None] and pos["rate"] == [1.0, 1.0, 0.0, 0.0]
