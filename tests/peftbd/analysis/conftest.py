@@ -94,3 +94,25 @@ def sample() -> dict[str, Any]:
 def sample_results() -> dict[str, Any]:
     """`sample()`."""
     return sample()
+
+
+def make_cost_profile(draft_over_verify: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """A cost profile holding {arm: (draft ms, verify ms)} per round at float32."""
+    arms = {a: {"label": a, "method": a, "draft_ms_round": d, "verify_ms_round": v,
+                "draft_over_verify_round": d / v} for a, (d, v) in draft_over_verify.items()}
+    work = {a: {"roofline_draft_ms": d / 100, "roofline_verify_ms": v / 100,
+                "roofline_draft_over_verify": d / v, "draft_forwards": int(d > 0)}
+            for a, (d, v) in draft_over_verify.items()}
+    return {"architecture": {"name": "Qwen/Qwen3-0.6B", "layers": 28, "hidden_size": 1024,
+                             "vocab_size": 151936, "parameters": 596e6, "origin": "embedded config",
+                             "weights": "random"},
+            "kv_len": 512, "hardware": "CPU", "repeats": 3,
+            "profiles": {"float32": {"arms": arms, "mask_row": {"peft_wrappers_ms": 9.0,
+                                                                "engine_ms": 1.0}}},
+            "roofline": {"gpu": {"name": "H200", "hbm_bytes_per_s": 4.8e12,
+                                 "bf16_flops_per_s": 989e12}, "arms": work}}
+
+
+@pytest.fixture
+def cost_profile_of() -> Callable[[dict[str, tuple[float, float]]], dict[str, Any]]:
+    return make_cost_profile

@@ -84,27 +84,10 @@ def test_markdown_line_states_claim_verdict_and_measurements(paper_like) -> None
     assert "[2.881 vs 1.511]" in line and "Why: PEFT-BD accepts 1.91x FastMTP's" in line
 
 
-def _cost_profile(draft_over_verify: dict[str, tuple[float, float]]) -> dict:
-    """A cost profile holding {arm: (draft ms, verify ms)} per round at float32."""
-    arms = {a: {"label": a, "method": a, "draft_ms_round": d, "verify_ms_round": v,
-                "draft_over_verify_round": d / v} for a, (d, v) in draft_over_verify.items()}
-    work = {a: {"roofline_draft_ms": d / 100, "roofline_verify_ms": v / 100,
-                "roofline_draft_over_verify": d / v, "draft_forwards": int(d > 0)}
-            for a, (d, v) in draft_over_verify.items()}
-    return {"architecture": {"name": "Qwen/Qwen3-0.6B", "layers": 28, "hidden_size": 1024,
-                             "vocab_size": 151936, "parameters": 596e6, "origin": "embedded config",
-                             "weights": "random"},
-            "kv_len": 512, "hardware": "CPU", "repeats": 3,
-            "profiles": {"float32": {"arms": arms, "mask_row": {"peft_wrappers_ms": 9.0,
-                                                                "engine_ms": 1.0}}},
-            "roofline": {"gpu": {"name": "H200", "hbm_bytes_per_s": 4.8e12,
-                                 "bf16_flops_per_s": 989e12}, "arms": work}}
-
-
-def test_cost_facts_are_judged_at_the_paper_s_architecture_when_profiled(contrary) -> None:
+def test_cost_facts_are_judged_at_the_paper_s_architecture_when_profiled(contrary, cost_profile_of) -> None:
     """The tiny run says the draft costs 1.52x a verify and PEFT-BD outruns FastMTP; at scale
     the draft costs 1.03x and, with the same acceptance, PEFT-BD is the slower one."""
-    contrary["cost_at_scale"] = _cost_profile({"ar": (0.0, 119.0), "peftbd": (413.0, 400.0),
+    contrary["cost_at_scale"] = cost_profile_of({"ar": (0.0, 119.0), "peftbd": (413.0, 400.0),
                                                "fastmtp": (40.0, 150.0)})
     result = {f.key: f for f in findings(contrary)}
     b = result["b"]

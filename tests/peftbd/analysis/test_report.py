@@ -136,3 +136,20 @@ def test_drafters_published_untrained_on_purpose_are_named(tmp_path, sample_resu
             "(mtp.optim.max_steps=0 (no optimizer step)); their acceptance is not a trained "
             "drafter's.") in text
     assert "`peftbd_adapter`" not in text
+
+
+def test_cost_at_scale_table_projects_with_this_run_s_acceptance(tmp_path, sample_results,
+                                                                 cost_profile_of) -> None:
+    text = build_report(sample_results, {}, tmp_path / "none").read_text()
+    assert "## Table 7: cost at the paper's architecture" in text and "Not profiled" in text
+
+    results = copy.deepcopy(sample_results)
+    arms = {a: (0.0, 100.0) if a == "ar" else (100.0, 100.0) for a in results["arms"]}
+    results["cost_at_scale"] = cost_profile_of(arms)
+    text = build_report(results, {}, tmp_path / "profiled").read_text()
+    table = text.split("## Table 7", 1)[1].split("\n## ", 1)[0]
+    assert "cost at scale x acceptance from tiny" in table and "Qwen/Qwen3-0.6B" in table
+    accepted = results["arms"]["peftbd"]["mean_accepted"]["mean"]
+    # draft = verify = AR step: PEFT-BD's projected speedup is its accepted tokens over 2 steps
+    row = next(line for line in table.splitlines() if line.startswith(f"| {results['arms']['peftbd']['label']} |"))
+    assert f"| {accepted / 2:.2f} |" in row and "100.0 / 100.0 (1.00)" in row
