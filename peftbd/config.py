@@ -62,7 +62,7 @@ class TinyWorldConfig:
     num_kv_heads: int = 2
     head_dim: int = 48
     intermediate_size: int = 768
-    max_position_embeddings: int = 1024
+    max_position_embeddings: int = 2048
     train_steps: int = 400
     train_batch_size: int = 8
     train_seq_len: int = 512

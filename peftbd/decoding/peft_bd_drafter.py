@@ -11,7 +11,8 @@ step, which sees the fixed tokens in place; the last step fills every remaining 
 S = 2 that is "keep the most confident half, re-predict the rest". The mask token is never
 proposed (its logit is excluded from the argmax), so the draft reads its logits from the base
 output projection and gathers its input embeddings itself (`draft_logits`, `draft_embeddings`):
-the same values without peft's per-forward copy of both vocab x hidden matrices.
+the same values without peft's per-forward copy of both vocab x hidden matrices. The adapted
+Linears run as plain matmuls (`lean_lora`): the same values without peft's per-call bookkeeping.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from peft import PeftModel
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import unwrap
 from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
+from peftbd.models.lean_lora import lean_lora
 from peftbd.models.peft_bd import (
     adapter_on,
     draft_attention_mask,
@@ -72,7 +74,7 @@ class PeftBDDrafter:
         mask = draft_attention_mask(n, d, self.anchored, base.dtype, state.device)
         block = chunk[:, 1:].clone()
         fixed = torch.zeros_like(block, dtype=torch.bool)
-        with adapter_on(self.model), first_layers(base.config, self.depth):
+        with adapter_on(self.model), lean_lora(self.model), first_layers(base.config, self.depth):
             for step in range(1, steps + 1):
                 with state.forwards.timed("draft"):
                     out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=state.cache,

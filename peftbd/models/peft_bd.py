@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from peftbd.config import DrafterConfig
 from peftbd.models.early_exit import early_exit_layers
+from peftbd.models.lean_lora import forget
 
 _TOGGLES = "_peftbd_adapter_toggles"
 ADAPTER_SUBDIR = "adapter"
@@ -153,6 +154,7 @@ def load_drafter_adapter(model: PreTrainedModel, adapter_dir: str | Path, is_tra
 
 
 def _register_toggles(model: nn.Module) -> list[nn.Module]:
+    forget(model)  # adapters were attached or loaded: lean forwards are rebuilt on next use
     toggles = [
         m for m in model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))
     ]
