@@ -46,7 +46,7 @@ class MTPDrafter:
         new = torch.tensor([state.tokens[-n:]], device=state.device)
         positions = torch.arange(length - n, length, device=state.device).unsqueeze(0)
         with state.forwards.timed("draft"):
-            out = self.head(state.hidden, new, positions, cache=cache)
+            out = self.head(state.hidden, new, positions, cache=cache, logits_to_keep=1)
         steps = min(self.num_steps, max_tokens)
         if steps <= 0:
             return torch.empty(1, 0, dtype=torch.long, device=state.device)

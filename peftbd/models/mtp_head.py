@@ -77,13 +77,16 @@ class MTPHead(nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        logits_to_keep: int = 0,
     ) -> MTPOutput:
         """One MTP step over a sequence.
 
         hidden_states (B, L, d): verifier hidden states (step 1) or the previous step's `hidden`;
         next_token_ids (B, L): the token after each hidden state's position; position_ids (B, L):
         positions of those next tokens; attention_mask: a 2D padding mask (B, past + L) or a
-        prepared 4D mask, None = causal; cache: the head's own cache (one layer), updated in place.
+        prepared 4D mask, None = causal; cache: the head's own cache (one layer), updated in place;
+        logits_to_keep: logits of the last this many positions only (0: all; `hidden` is always
+        every position's).
         """
         embed, final_norm, lm_head = self._shared
         x = torch.cat(
@@ -102,7 +105,8 @@ class MTPHead(nn.Module):
             use_cache=cache is not None,
             position_embeddings=self.rotary_emb(x, position_ids),
         )
-        return MTPOutput(hidden=g, logits=lm_head(final_norm(g)))
+        kept = g[:, -logits_to_keep:] if logits_to_keep else g
+        return MTPOutput(hidden=g, logits=lm_head(final_norm(kept)))
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the head's own weights (safetensors) and the verifier shape it needs (json)."""
