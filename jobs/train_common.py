@@ -82,7 +82,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     trainable = [p for p in module.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
         model=module, model_parameters=trainable,
-        config=deepspeed_config(cfg.training, task.optim, world, device.type),
+        config=deepspeed_config(cfg.training, task.optim, world),
     )
     state = TrainState()
     if (ckpt := ray.train.get_checkpoint()) is not None:
