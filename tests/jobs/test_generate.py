@@ -48,6 +48,10 @@ def test_tiny_end_to_end_artifact(reference):
     assert sum(a["rows"] for a in actors.values()) == 32
     assert manifest["throughput"]["generated_tokens"] == c["continuation_tokens"]
     assert manifest["wall_seconds"] > 0 and manifest["peak_rss_mib"] > 0
+    workers = manifest["workers"]  # the actors' peaks, not the driver's
+    assert workers["workers"] == len(actors) and workers["dtype"] == "float32"
+    assert workers["peak_rss_mib"] == max(a["peak_rss_mib"] for a in actors.values()) > 0
+    assert workers["peak_gpu_mib"] is None  # no GPU here
     # A rerun of a complete artifact is a no-op.
     assert run_generate(cfg, out, limit=limit) == out
     assert read_manifest(out) == manifest

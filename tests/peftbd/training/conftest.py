@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from peftbd.config import Config
+from peftbd.config import Config, OptimConfig
 from peftbd.training.deepspeed_config import deepspeed_config, torch_extensions_dir
 
 QWEN3_VOCAB = 151_936
@@ -33,8 +33,9 @@ def qwen3_stand_in(hidden: int = 64, layers: int = 2, intermediate: int = 128, h
 
 @pytest.fixture(scope="session")
 def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
-    """`make(module, cfg)`: a DeepSpeed engine over `module`'s trainable parameters with the
-    config `cfg.training` / `cfg.drafter.optim` give, as a training worker builds it (one rank)."""
+    """`make(module, cfg, optim=None)`: a DeepSpeed engine over `module`'s trainable parameters
+    with the config `cfg.training` and `optim` (default `cfg.drafter.optim`) give, as a training
+    worker builds it (one rank)."""
     import deepspeed
 
     if not torch.distributed.is_initialized():
@@ -45,11 +46,11 @@ def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
                           LOCAL_RANK="0", WORLD_SIZE="1")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(tiny_cfg.paths.cache_dir)))
 
-    def make(module: nn.Module, cfg: Config):
+    def make(module: nn.Module, cfg: Config, optim: OptimConfig | None = None):
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, *_ = deepspeed.initialize(
             model=module, model_parameters=trainable,
-            config=deepspeed_config(cfg.training, cfg.drafter.optim, world_size=1))
+            config=deepspeed_config(cfg.training, optim or cfg.drafter.optim, world_size=1))
         return engine
 
     yield make
