@@ -122,5 +122,8 @@ def test_a_chunk_holds_only_its_own_logits():
     scores.weighted_ce.backward()
     assert max(seen) == 10 and sum(seen) == 2 * 23  # forward + recomputed backward, chunk by chunk
     assert scores.hits.shape == (23,)
+    seen.clear()  # a single chunk is checkpointed too: its logits do not wait for the backward
+    chunked_scores(hidden, targets, head, chunk_rows=64).weighted_ce.backward()
+    assert seen == [23, 23]
     with pytest.raises(ValueError, match="chunk_rows=-1"):
         chunked_scores(hidden, targets, head, chunk_rows=-1)
