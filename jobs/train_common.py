@@ -28,6 +28,7 @@ import pyarrow as pa
 import ray
 import ray.train
 import ray.train.torch
+import torch
 from ray.data import ExecutionOptions
 from ray.train import (
     Checkpoint,
@@ -92,6 +93,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         log.info("estimated peak per training step on each worker: %.0f MiB (%s)",
                  estimate.total_mib, estimate)
+        if device.type == "cuda":
+            card_mib = torch.cuda.get_device_properties(device).total_memory / 2**20
+            if estimate.total_mib > 0.9 * card_mib:
+                log.warning("the estimated step peak (%.0f MiB) is above 90%% of this GPU's %.0f MiB: "
+                            "lower training.micro_batch_size or training.logits_chunk_rows",
+                            estimate.total_mib, card_mib)
     state = TrainState()
     if (ckpt := ray.train.get_checkpoint()) is not None:
         with ckpt.as_directory() as ckpt_dir:
