@@ -32,6 +32,7 @@ from peftbd.benchmarking.cost_profile import PROFILE_FILE, preflight, run_profil
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.layout import COST_PROFILE
+from peftbd.manifest import WorkerPeaks
 from peftbd.models.loading import ModelUnavailableError
 from peftbd.stage import StageCall, StageInputs
 
@@ -58,9 +59,10 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
         profile = profile_on_ray(cfg)
         (tmp / PROFILE_FILE).write_text(json.dumps(profile, indent=2))
+        workers = WorkerPeaks(1, profile["peak_rss_mib"], profile["peak_gpu_mib"],
+                              "+".join(profile["profiles"]))
         return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"],
-                "worker_peak_rss_mib": profile["peak_rss_mib"],
-                "worker_peak_gpu_mib": profile["peak_gpu_mib"]}
+                "workers": workers.to_dict()}
 
     return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build)
 

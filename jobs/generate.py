@@ -33,7 +33,7 @@ from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_st
 from peftbd.config import Config
 from peftbd.data.artifact import SPLITS, SplitPlan, plan_splits, write_split
 from peftbd.data.continuations import greedy_continuations
-from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
+from peftbd.data.parts import WORK_SCHEMA, PartStore, actor_peaks, throughput
 from peftbd.data.reply_stats import reply_stats
 from peftbd.data.sources import (
     Source,
@@ -44,7 +44,7 @@ from peftbd.data.sources import (
     source_identity,
 )
 from peftbd.layout import GENERATE, WORLD
-from peftbd.manifest import peak_rss_mib, read_manifest
+from peftbd.manifest import peak_gpu_mib, peak_rss_mib, read_manifest
 from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
 from peftbd.tiny_world.build import ensure_tiny_world, uses_tiny_world
 from peftbd.stage import StageCall, StageInputs
@@ -132,6 +132,7 @@ class VerifierActor:
         self.pad_id = tokenizer.pad_token_id
         self.max_new_tokens = cfg.data.max_new_tokens
         self.name = f"{os.uname().nodename}:{os.getpid()}"
+        self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
@@ -142,7 +143,8 @@ class VerifierActor:
         )
         bookkeeping = {"actor": self.name, "batch_start": start, "batch_end": time.time(),
                        "batch_cpu_seconds": time.process_time() - cpu_start,
-                       "actor_rss_mib": peak_rss_mib()}
+                       "actor_rss_mib": peak_rss_mib(), "actor_gpu_mib": peak_gpu_mib(),
+                       "actor_dtype": self.dtype}
         return pa.Table.from_pylist([
             {**row, "continuation_ids": out.ids, "prompt_len": len(row["prompt_ids"]),
              "continuation_len": len(out.ids), "finish_reason": out.finish_reason, **bookkeeping}
@@ -235,6 +237,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
         "replies": reply_stats(table["continuation_ids"].to_pylist()),
         "throughput": throughput(store.read(new_parts), gen_seconds),
     }
+    sections["workers"] = actor_peaks(sections["throughput"].get("per_actor", {})).to_dict()
     store.remove()  # the splits are in `tmp`, which only the manifest and a rename separate from done
     return sections
 

@@ -149,7 +149,7 @@ def run_pipeline(cfg: Config, out_dir: Path, force: set[str] = frozenset(), star
     for row, call in zip(_plan_rows(calls, decisions), calls):
         m = read_manifest(call.out)
         rows.append({**row, "wall_seconds": m.get("wall_seconds"), "peak_rss_mib": m.get("peak_rss_mib"),
-                     "peak_gpu_mib": m.get("peak_gpu_mib")})
+                     "peak_gpu_mib": m.get("peak_gpu_mib"), "workers": m.get("workers")})
     manifest = {"preset": cfg.preset, "config": cfg.to_dict(), "versions": versions(),
                 "stages": rows, **timer.stats()}
     write_manifest(out_dir, manifest)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import ray
 import ray.train
 import ray.train.torch
+import torch
 from ray.data import ExecutionOptions
 from ray.train import (
     Checkpoint,
@@ -47,7 +48,7 @@ from peftbd.cli import add_config_args, add_stage_args, config_from_args, output
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
 from peftbd.layout import GENERATE, TRAIN_MTP, TRAIN_PEFTBD
-from peftbd.manifest import peak_rss_mib, read_manifest
+from peftbd.manifest import WorkerPeaks, read_manifest
 from peftbd.models.loading import ModelUnavailableError, load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
@@ -62,6 +63,7 @@ from peftbd.training.checkpoint import (
 from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, torch_extensions_dir
 from peftbd.training.evaluate import evaluate, rank_rows
 from peftbd.training.examples import collate_sequences, load_training_split
+from peftbd.training.memory import peaks_over_ranks, step_memory
 from peftbd.training.outputs import training_sections
 from peftbd.training.tasks import make_task, parameter_summary
 from peftbd.untrained import untrained_reasons
@@ -83,15 +85,27 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     trainable = [p for p in module.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
         model=module, model_parameters=trainable,
-        config=deepspeed_config(cfg.training, task.optim, world, device.type),
+        config=deepspeed_config(cfg.training, task.optim, world),
     )
+    plan = batch_plan(cfg.training, task.optim, world)
+    dtype = str(next(engine.module.parameters()).dtype).removeprefix("torch.")  # what runs
+    estimate = step_memory(config["kind"], cfg, engine.module.config,
+                           *task.parameter_counts(engine.module), plan, dtype)
+    if rank == 0:
+        log.info("estimated peak per training step on each worker: %.0f MiB (%s)",
+                 estimate.total_mib, estimate)
+        if device.type == "cuda":
+            card_mib = torch.cuda.get_device_properties(device).total_memory / 2**20
+            if estimate.total_mib > 0.9 * card_mib:
+                log.warning("the estimated step peak (%.0f MiB) is above 90%% of this GPU's %.0f MiB: "
+                            "lower training.micro_batch_size or training.logits_chunk_rows",
+                            estimate.total_mib, card_mib)
     state = TrainState()
     if (ckpt := ray.train.get_checkpoint()) is not None:
         with ckpt.as_directory() as ckpt_dir:
             state = load_checkpoint(engine, ckpt_dir, config["fingerprint"])
         log.info("rank %d resumed at step %d", rank, state.step)
 
-    plan = batch_plan(cfg.training, task.optim, world)
     optim, pad_id, max_steps = task.optim, config["pad_id"], config["max_steps"]
     # max_steps 0 (asked for with training.allow_untrained): evaluate and export, no train data read
     steps_per_epoch = plan.steps_per_epoch(config["train_rows"]) if max_steps else 0
@@ -150,9 +164,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 _maybe_inject_failure(config, state.step, rank)
     if evaluated_at != state.step:  # resumed from the last step's checkpoint: nothing trained
         metrics = {**evaluate(task, engine.module, val_batches), "step": state.step}
+    peaks = peaks_over_ranks(WorkerPeaks.here(dtype), device)  # every rank's, so all ranks call it
     metrics.update(
         parameters=parameter_summary(*task.parameter_counts(engine.module)), steps_run=steps_run,
-        train_seconds=round(train_seconds, 2), worker_peak_rss_mib=round(peak_rss_mib(), 1),
+        train_seconds=round(train_seconds, 2), workers=peaks.to_dict(),
+        memory_estimate=estimate.to_dict(),
         steps_per_second=round(steps_run / train_seconds, 3) if steps_run else None,
     )
     log.info("rank %d finished at step %d: %s", rank, state.step, metrics)

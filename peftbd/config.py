@@ -44,9 +44,9 @@ class ModelConfig:
     """The verifier: hub id, local directory, or `embedded:tiny`."""
 
     name_or_path: str = EMBEDDED_TINY
-    dtype: Dtype = "float32"  # bfloat16 / float16 fall back to float32 on CPU
+    dtype: Dtype = "float32"  # what every stage that loads the verifier runs, CPU included
     attn_implementation: AttnImplementation = "sdpa"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; cpu: no GPU request anywhere (`cpu_only`)
 
 
 @dataclass(frozen=True)
@@ -153,10 +153,13 @@ class TrainingConfig:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     zero_stage: ZeroStage = 0
-    precision: Precision = "fp32"  # bf16 falls back to fp32 on CPU
+    precision: Precision = "fp32"  # the dtype training runs in (verifier included), CPU too
     seed: int = 0
     max_failures: int = 2
     micro_batch_size: int = 0  # sequences per worker per forward; 0 = global batch / workers
+    # positions whose logits one LM-head call computes in the loss (peftbd.training.chunked_loss);
+    # a step never holds more than one chunk of vocabulary-wide logits. 0 = all at once
+    logits_chunk_rows: int = 512
     storage_path: str = ""  # Ray Train checkpoints; "" = a ray_train/ dir beside --out
     # publish a drafter that settings leave untrained (*.optim.max_steps=0, *.optim.lr=0,
     # mtp.loss_weights all 0, no train rows): refused unless true; its manifest says untrained
@@ -285,7 +288,7 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
     MTPConfig: {"num_steps": _POSITIVE},
     TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
                      "max_failures": (-1, None),  # Ray Train's FailureConfig: -1 = retry forever
-                     "micro_batch_size": _NON_NEGATIVE},
+                     "micro_batch_size": _NON_NEGATIVE, "logits_chunk_rows": _NON_NEGATIVE},
     DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
                      "repeats": _POSITIVE, "workers": _POSITIVE,
                      "worker_num_cpus": _NON_NEGATIVE, "worker_num_gpus": _NON_NEGATIVE,
@@ -348,7 +351,25 @@ def load_config(
         cfg = apply_override(cfg, item)
     _check_values(cfg)
     _check_untrained(cfg)  # max_steps=0-like settings: refused unless training.allow_untrained
-    return cfg
+    return cpu_only(cfg)
+
+
+def cpu_only(cfg: Config) -> Config:
+    """`model.device=cpu` implies that nothing asks for a GPU: generate's actors
+    (`generate.num_gpus_per_actor`), Ray Train (`training.use_gpu`), the benchmark's workers
+    (`decoding.worker_num_gpus`) and the serving replicas (`serving.*_num_gpus`) all get 0, so a
+    GPU preset runs on a CPU machine with that one flag (instead of waiting for GPUs that never
+    come). Any other device leaves the config as it is."""
+    if cfg.model.device != "cpu":
+        return cfg
+    r = dataclasses.replace
+    return r(
+        cfg,
+        generate=r(cfg.generate, num_gpus_per_actor=0.0),
+        training=r(cfg.training, use_gpu=False),
+        decoding=r(cfg.decoding, worker_num_gpus=0.0),
+        serving=r(cfg.serving, drafter_num_gpus=0.0, verifier_num_gpus=0.0),
+    )
 
 
 def apply_override(cfg: Config, item: str) -> Config:

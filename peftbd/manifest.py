@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import platform
 import resource
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,39 @@ def peak_gpu_mib() -> float | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.max_memory_allocated() / 2**20
+
+
+@dataclass(frozen=True)
+class WorkerPeaks:
+    """Peak memory of the processes that hold a stage's models (generate's actors, the training
+    workers, the benchmark's timing workers) and the dtype they ran: the stage manifest's
+    `workers` section, beside the driver's own `peak_rss_mib`. None: not measured (no GPU, or
+    no worker ran in this run)."""
+
+    workers: int
+    peak_rss_mib: float | None
+    peak_gpu_mib: float | None
+    dtype: str | None = None
+
+    @classmethod
+    def here(cls, dtype: str | None = None) -> WorkerPeaks:
+        """This process's peaks (called inside a worker)."""
+        gpu = peak_gpu_mib()
+        return cls(1, round(peak_rss_mib(), 1), None if gpu is None else round(gpu, 1), dtype)
+
+    @classmethod
+    def combine(cls, peaks: Sequence[WorkerPeaks]) -> WorkerPeaks:
+        """The peaks over several workers (the largest of each), their count and dtypes."""
+        def top(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return max(known) if known else None
+
+        dtypes = sorted({p.dtype for p in peaks if p.dtype})
+        return cls(sum(p.workers for p in peaks), top([p.peak_rss_mib for p in peaks]),
+                   top([p.peak_gpu_mib for p in peaks]), ", ".join(dtypes) or None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 class StageTimer:

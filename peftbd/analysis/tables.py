@@ -211,9 +211,14 @@ def paper_table(results: dict[str, Any]) -> str:
 
 
 def stage_table(manifests: dict[str, dict[str, Any]]) -> str:
-    """Each pipeline stage's wall time and peak memory, read from its manifest."""
+    """Each pipeline stage's wall time and peak memory, read from its manifest: the driver's
+    RSS, and the peaks and dtype of the workers that held the models (`workers`: generate's
+    actors, training workers, benchmark workers; n/a for a stage without workers)."""
     rows = []
     for name, m in manifests.items():
         wall = m.get("wall_seconds", m.get("build_seconds"))
-        rows.append([name, fmt(wall, 1), fmt(m.get("peak_rss_mib"), 0), fmt(m.get("peak_gpu_mib"), 0)])
-    return markdown_table(["stage", "wall s", "peak RSS MiB", "peak GPU MiB"], rows)
+        w = m.get("workers") or {}
+        rows.append([name, fmt(wall, 1), fmt(m.get("driver_peak_rss_mib", m.get("peak_rss_mib")), 0),
+                     fmt(w.get("peak_rss_mib"), 0), fmt(w.get("peak_gpu_mib"), 0), w.get("dtype")])
+    return markdown_table(["stage", "wall s", "driver peak RSS MiB", "worker peak RSS MiB",
+                           "worker peak GPU MiB", "dtype"], rows)

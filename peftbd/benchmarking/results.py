@@ -13,6 +13,7 @@ from peftbd.benchmarking.prompts import PromptSet
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.schema import SCHEMA
 from peftbd.config import Config
+from peftbd.manifest import WorkerPeaks
 
 
 def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResult], repeats: int,
@@ -45,9 +46,12 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
 
 def stage_stats(driver: dict[str, Any], shards: Sequence[ShardResult]) -> dict[str, Any]:
     """The driver's `StageTimer.stats()` with peak memory taken as the max over the driver and the
-    timing workers (where the models live); the driver's own peak RSS is kept beside it."""
+    timing workers (where the models live); the driver's own peak RSS is kept beside it, and the
+    workers' peaks and dtype are the `workers` section (as every stage with workers has)."""
     gpu = [s.peak_gpu_mib for s in shards if s.peak_gpu_mib is not None]
+    workers = WorkerPeaks.combine([WorkerPeaks(1, s.peak_rss_mib, s.peak_gpu_mib, s.dtype or None)
+                                   for s in shards])
     return {**driver,
             "peak_rss_mib": max([driver["peak_rss_mib"], *(s.peak_rss_mib for s in shards)]),
             "peak_gpu_mib": max(gpu) if gpu else driver["peak_gpu_mib"],
-            "driver_peak_rss_mib": driver["peak_rss_mib"]}
+            "driver_peak_rss_mib": driver["peak_rss_mib"], "workers": workers.to_dict()}

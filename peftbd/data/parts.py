@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from peftbd.data.artifact import ARTIFACT_SCHEMA
+from peftbd.manifest import WorkerPeaks
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ WORK_SCHEMA = pa.schema(list(ARTIFACT_SCHEMA) + [
     pa.field("batch_end", pa.float64()),
     pa.field("batch_cpu_seconds", pa.float64()),  # CPU time the actor process spent on the batch
     pa.field("actor_rss_mib", pa.float64()),  # the actor's peak RSS after the batch
+    pa.field("actor_gpu_mib", pa.float64()),  # the actor's peak GPU memory (null without a GPU)
+    pa.field("actor_dtype", pa.string()),  # the dtype its verifier ran in
 ])
 """Rows of the resumable work parts: the artifact columns plus throughput bookkeeping."""
 
@@ -119,6 +122,12 @@ class PartStore:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def actor_peaks(per_actor: dict[str, dict[str, Any]]) -> WorkerPeaks:
+    """The actors' peaks (`throughput(...)["per_actor"]`) as the stage's `workers` section."""
+    return WorkerPeaks.combine([WorkerPeaks(1, a["peak_rss_mib"], a["peak_gpu_mib"], a["dtype"])
+                                for a in per_actor.values()])
+
+
 def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
     """Tokens/s of the WORK_SCHEMA rows generated in one run: over the span from the first batch
     start to the last batch end (`tokens_per_s`), over the whole generation phase with actor
@@ -126,20 +135,23 @@ def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
     efficiency, insensitive to other load on a shared machine), and per actor."""
     if table.num_rows == 0:
         return {"generated_rows": 0, "generated_tokens": 0}
-    batches = table.group_by(["actor", "batch_start", "batch_end", "batch_cpu_seconds"]).aggregate([
-        ("continuation_len", "sum"), ("id", "count"), ("actor_rss_mib", "max"),
+    batches = table.group_by(["actor", "batch_start", "batch_end", "batch_cpu_seconds", "actor_dtype"]).aggregate([
+        ("continuation_len", "sum"), ("id", "count"), ("actor_rss_mib", "max"), ("actor_gpu_mib", "max"),
     ]).to_pylist()
     per_actor: dict[str, dict[str, Any]] = {}
     for b in batches:
         a = per_actor.setdefault(b["actor"], {"rows": 0, "tokens": 0, "busy_seconds": 0.0,
                                               "cpu_seconds": 0.0, "batches": 0,
-                                              "peak_rss_mib": 0.0})
+                                              "peak_rss_mib": 0.0, "peak_gpu_mib": None,
+                                              "dtype": b["actor_dtype"]})
         a["rows"] += b["id_count"]
         a["tokens"] += b["continuation_len_sum"]
         a["busy_seconds"] += b["batch_end"] - b["batch_start"]
         a["cpu_seconds"] += b["batch_cpu_seconds"]
         a["batches"] += 1
         a["peak_rss_mib"] = max(a["peak_rss_mib"], round(b["actor_rss_mib_max"], 1))
+        if b["actor_gpu_mib_max"] is not None:
+            a["peak_gpu_mib"] = max(a["peak_gpu_mib"] or 0.0, round(b["actor_gpu_mib_max"], 1))
     for a in per_actor.values():
         a["tokens_per_s"] = round(a["tokens"] / max(a["busy_seconds"], 1e-9), 1)
         a["tokens_per_cpu_s"] = round(a["tokens"] / max(a["cpu_seconds"], 1e-9), 1)

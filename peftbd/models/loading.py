@@ -27,11 +27,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The configured dtype; bf16/fp16 fall back to fp32 on CPU (bf16 is ~5x slower there)."""
+def resolve_dtype(name: str) -> torch.dtype:
+    """The configured dtype, on every device: bf16 runs on CPU when asked (slower there than
+    fp32, but what the config says; the manifests and the report record the dtype that ran)."""
     if name not in DTYPES:
         raise ValueError(f"model.dtype={name!r} is not one of {sorted(DTYPES)}")
-    return DTYPES[name] if device.type != "cpu" else torch.float32
+    return DTYPES[name]
 
 
 def model_dirs(cfg: Config) -> tuple[str, str]:
@@ -74,14 +75,16 @@ def load_tokenizer(cfg: Config) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_verifier(cfg: Config, device: torch.device | None = None) -> PreTrainedModel:
-    """The frozen verifier in eval mode on `device` (default: `cfg.model.device`)."""
+def load_verifier(cfg: Config, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """The frozen verifier in eval mode on `device` (default: `cfg.model.device`) in `dtype`
+    (default: `cfg.model.dtype`; training passes its `training.precision`)."""
     _, source = model_dirs(cfg)
     device = device or resolve_device(cfg.model.device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
-            dtype=resolve_dtype(cfg.model.dtype, device),
+            dtype=dtype or resolve_dtype(cfg.model.dtype),
             attn_implementation=cfg.model.attn_implementation,
         )
     except (OSError, ValueError) as exc:

@@ -88,7 +88,20 @@ class MTPHead(nn.Module):
         logits_to_keep: logits of the last this many positions only (0: all; `hidden` is always
         every position's).
         """
-        embed, final_norm, lm_head = self._shared
+        g = self.step(hidden_states, next_token_ids, position_ids, attention_mask, cache)
+        return MTPOutput(hidden=g, logits=self.logits(g[:, -logits_to_keep:] if logits_to_keep else g))
+
+    def step(
+        self,
+        hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        """`forward`'s hidden output alone (no logits): training scores it in chunks of positions
+        (`peftbd.training.chunked_loss`) instead of over the whole vocabulary at once."""
+        embed, _, _ = self._shared
         x = torch.cat(
             [self.hidden_norm(hidden_states), self.embed_norm(embed(next_token_ids))], dim=-1
         )
@@ -97,7 +110,7 @@ class MTPHead(nn.Module):
             config=self.config, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
             position_ids=position_ids,
         )
-        g = self.layer(
+        return self.layer(
             x,
             attention_mask=mask,
             position_ids=position_ids,
@@ -105,8 +118,11 @@ class MTPHead(nn.Module):
             use_cache=cache is not None,
             position_embeddings=self.rotary_emb(x, position_ids),
         )
-        kept = g[:, -logits_to_keep:] if logits_to_keep else g
-        return MTPOutput(hidden=g, logits=lm_head(final_norm(kept)))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The verifier's final norm and LM head over step outputs `hidden` (..., d)."""
+        _, final_norm, lm_head = self._shared
+        return lm_head(final_norm(hidden))
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the head's own weights (safetensors) and the verifier shape it needs (json)."""

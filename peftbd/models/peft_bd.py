@@ -215,6 +215,28 @@ def draft_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return (head if layer is None else layer.base_layer)(hidden)
 
 
+def adapted_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """Adapter-on logits of `hidden`: the base output rows, with the adapter's trained token rows
+    (the tied mask row) in place, whatever the adapter switch says (so a recomputation in
+    backward, after `adapter_on` has ended, computes the same). The same values as the wrapped
+    `lm_head` with the adapter on, and the same gradient of those rows, without peft's
+    per-forward copy of the whole vocab x hidden matrix, so training can call it once per chunk
+    of positions. Unlike `draft_logits`, the mask token's own logit is the adapted one
+    (training's loss covers it)."""
+    head = model.get_output_embeddings()
+    layer = getattr(head, "token_adapter", None)
+    if layer is None:
+        return head(hidden)
+    base = layer.base_layer
+    out = base(hidden)
+    for name in layer.active_adapters:
+        index = torch.tensor(layer.token_indices[name], device=out.device)
+        bias = None if base.bias is None else base.bias[index]
+        rows = nn.functional.linear(hidden, layer.trainable_tokens_delta[name].to(hidden.dtype), bias)
+        out = out.index_copy(-1, index, rows.to(out.dtype))
+    return out
+
+
 def count_parameters(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts; shared (tied) tensors count once."""
     seen: set[int] = set()

@@ -50,19 +50,20 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from peft import PeftModel
 from transformers import DynamicCache
 
 from peftbd.config import BlockOffsets
 from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
 from peftbd.models.peft_bd import (
+    adapted_logits,
     adapter_on,
     draft_input_ids,
     draft_position_ids,
     draft_visibility,
     set_adapter_enabled,
 )
+from peftbd.training.chunked_loss import chunked_scores
 from peftbd.training.examples import SequenceBatch
 
 IGNORE = -100
@@ -248,21 +249,25 @@ class BlockStats:
         return self.weighted_loss / self.weight.clamp_min(1e-12)
 
 
-def block_diffusion_stats(model: PeftModel, draft: DraftBatch) -> BlockStats:
-    """Loss and accuracy sums of `draft` (the loss keeps its graph; the rest is detached)."""
-    logits = labelled_logits(model, draft)
+def block_diffusion_stats(model: PeftModel, draft: DraftBatch, chunk_rows: int = 0) -> BlockStats:
+    """Loss and accuracy sums of `draft` (the loss keeps its graph; the rest is detached).
+
+    The logits of the labelled positions are computed `chunk_rows` positions at a time
+    (`peftbd.training.chunked_loss`; 0 = all at once), through the adapted tied head
+    (`adapted_logits`: the mask row's output side trains too)."""
+    hidden = chunk_hidden_states(model, draft)
     sel = draft.labels != IGNORE
     targets = draft.labels[sel]
     weights = draft.weights[sel]
-    ce = F.cross_entropy(logits, targets, reduction="none")
+    base = model.get_base_model()  # adapted_logits: the output side of the tied mask-token row
+    scores = chunked_scores(hidden[sel], targets, lambda h: adapted_logits(base, h),
+                            chunk_rows=chunk_rows, weights=weights, exclude_id=draft.mask_id)
     hit = torch.zeros_like(sel)
-    drafted = logits.detach().clone()
-    drafted[:, draft.mask_id] = -torch.inf  # as the engine: the mask token is never proposed
-    hit[sel] = drafted.argmax(-1) == targets
+    hit[sel] = scores.hits  # as the engine: the mask token is never proposed
     labelled = draft.block_view(sel)
     leading = torch.cumprod((draft.block_view(hit) | ~labelled).long(), dim=-1).bool()
     return BlockStats(
-        weighted_loss=(weights * ce).sum(),
+        weighted_loss=scores.weighted_ce,
         weight=weights.sum(),
         correct=hit.sum(),
         labelled=sel.sum(),

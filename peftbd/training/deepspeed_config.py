@@ -9,7 +9,6 @@ job's `OptimConfig`.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,8 +17,6 @@ from typing import Any, get_args
 from peftbd.config import (
     ConfigError, OptimConfig, Precision, Scheduler, TrainingConfig, ZeroStage, cache_root,
 )
-
-log = logging.getLogger(__name__)
 
 TEMPLATE = "ds_zero.json"
 
@@ -71,18 +68,18 @@ def _check_choice(key: str, value: object, choices: object) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
 
 
-def use_bf16(training: TrainingConfig, device_type: str) -> bool:
-    """bf16 when configured and on a GPU; on CPU fp32 (bf16 is ~5x slower there)."""
+PRECISION_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16"}
+"""`training.precision` -> the torch dtype name training runs in (module and verifier alike)."""
+
+
+def training_dtype(training: TrainingConfig) -> str:
+    """The dtype `training.precision` trains in, on every device: DeepSpeed's bf16 (ZeRO
+    included) runs on CPU too, so a CPU run trains in what the config says."""
     _check_choice("training.precision", training.precision, Precision)
-    if training.precision == "bf16" and device_type == "cpu":
-        log.warning("training.precision=bf16 on CPU: training in fp32 instead")
-        return False
-    return training.precision == "bf16"
+    return PRECISION_DTYPES[training.precision]
 
 
-def deepspeed_config(
-    training: TrainingConfig, optim: OptimConfig, world_size: int, device_type: str
-) -> dict[str, Any]:
+def deepspeed_config(training: TrainingConfig, optim: OptimConfig, world_size: int) -> dict[str, Any]:
     """The `deepspeed.initialize(config=...)` dict for one job."""
     _check_choice("training.zero_stage", training.zero_stage, ZeroStage)
     _check_choice("optim.scheduler", optim.scheduler, Scheduler)
@@ -92,7 +89,7 @@ def deepspeed_config(
     ds["train_micro_batch_size_per_gpu"] = plan.micro_batch
     ds["gradient_accumulation_steps"] = plan.accumulation
     ds["zero_optimization"]["stage"] = training.zero_stage
-    ds["bf16"]["enabled"] = use_bf16(training, device_type)
+    ds["bf16"]["enabled"] = training_dtype(training) == "bfloat16"
     ds["optimizer"]["params"].update(lr=optim.lr, weight_decay=optim.weight_decay)
     warmup = max(1, round(optim.warmup_ratio * optim.max_steps))
     if optim.scheduler == "cosine":

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from peftbd.models.mtp_head import MTPHead
+from peftbd.training.chunked_loss import chunked_scores
 from peftbd.training.examples import SequenceBatch
 
 
@@ -37,10 +38,13 @@ def verifier_hidden_states(verifier: PreTrainedModel, ids: torch.Tensor) -> torc
 
 
 def mtp_stats(
-    head: MTPHead, verifier: PreTrainedModel, batch: SequenceBatch, loss_weights: Sequence[float]
+    head: MTPHead, verifier: PreTrainedModel, batch: SequenceBatch, loss_weights: Sequence[float],
+    chunk_rows: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Sums over the batch: per step `ce_sum`, `targets`, `correct` (K,), plus `prefix_correct`
-    and `round_targets` of the draft rounds, and `loss` (keeps its graph; see module doc)."""
+    and `round_targets` of the draft rounds, and `loss` (keeps its graph; see module doc). Each
+    step's logits are computed over its target positions only, `chunk_rows` at a time
+    (`peftbd.training.chunked_loss`; 0 = all at once)."""
     ids = batch.ids
     width = ids.shape[1]
     index = torch.arange(width, device=ids.device)
@@ -48,19 +52,20 @@ def mtp_stats(
     ce_sums, counts, hits, valids = [], [], [], []
     loss = ids.new_zeros((), dtype=torch.float32)
     for k, weight in enumerate(loss_weights, start=1):
-        out = head(
+        hidden = head.step(
             hidden[:, : width - k], ids[:, k:],
             position_ids=index[k:].unsqueeze(0).expand(ids.shape[0], -1),
         )
-        hidden = out.hidden
-        logits = out.logits[:, : width - k - 1].float()
         target_pos = index[: width - k - 1] + k + 1
         valid = (target_pos >= batch.prompt_lens[:, None]) & (target_pos < batch.lengths[:, None])
         targets = ids[:, k + 1 :]
-        ce = F.cross_entropy(logits[valid], targets[valid], reduction="sum")
+        scores = chunked_scores(hidden[:, : width - k - 1][valid], targets[valid], head.logits,
+                                chunk_rows=chunk_rows)
+        ce = scores.weighted_ce
         count = valid.sum()
         loss = loss + weight * ce / count.clamp_min(1)
-        hit = (logits.argmax(-1) == targets) & valid
+        hit = torch.zeros_like(valid)
+        hit[valid] = scores.hits
         ce_sums.append(ce.detach())
         counts.append(count)
         pad = (0, width - hit.shape[1])  # align every step on index i (width columns)

@@ -8,11 +8,14 @@ from peftbd.training.deepspeed_config import BatchPlan
 
 
 def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_rows: int) -> dict[str, Any]:
-    """`stage`, `parameters`, `metrics` (the eval_* values) and `training` (steps, throughput,
-    batch layout, worker memory) of a run whose last report was `final`."""
+    """`stage`, `parameters`, `metrics` (the eval_* values), `workers` (the workers' measured
+    peaks, the largest over the ranks, and the dtype that trained) and `training` (steps,
+    throughput, batch layout, the estimated peak of one step) of a run whose last report was
+    `final`."""
     return {
         "stage": f"train_{kind}",
         "parameters": final["parameters"],
+        "workers": final["workers"],
         "metrics": {k: v for k, v in final.items() if k.startswith("eval_")},
         "training": {
             "steps": final["step"],
@@ -27,6 +30,6 @@ def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_r
             # None: not one global batch of train rows (a run published untrained, max_steps 0)
             "steps_per_epoch": (plan.steps_per_epoch(train_rows)
                                 if train_rows // plan.global_batch else None),
-            "worker_peak_rss_mib": final["worker_peak_rss_mib"],
+            "memory_estimate": final["memory_estimate"],
         },
     }

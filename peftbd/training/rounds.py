@@ -27,7 +27,7 @@ import torch
 from peft import PeftModel
 from transformers import DynamicCache
 
-from peftbd.models.peft_bd import adapter_on
+from peftbd.models.peft_bd import adapted_logits
 from peftbd.training.block_diffusion import build_draft_batch, chunk_hidden_states, clean_cache
 from peftbd.training.examples import SequenceBatch
 
@@ -50,8 +50,8 @@ def _drafts(
         gamma=1.0, t_range=(1.0, 1.0), seed=0, epoch=0, dtype=next(model.parameters()).dtype,
     ).to(batch.ids.device)
     hidden = draft.block_view(chunk_hidden_states(model, draft, cache))[:, 0]
-    with adapter_on(model):  # the output side of the tied mask-token row
-        logits = model.get_base_model().lm_head(hidden).float()
+    # the adapter-on head without peft's per-call copy of the whole table (one per round)
+    logits = adapted_logits(model.get_base_model(), hidden).float()
     logits[..., mask_id] = -math.inf  # as the engine: the mask token is never proposed
     return logits.argmax(-1).cpu()
 

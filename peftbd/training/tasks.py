@@ -31,7 +31,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from peftbd.config import Config, OptimConfig
-from peftbd.models.loading import load_tokenizer, load_verifier
+from peftbd.models.loading import DTYPES, load_tokenizer, load_verifier
 from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
 from peftbd.models.peft_bd import (
     ADAPTER_SUBDIR,
@@ -45,6 +45,7 @@ from peftbd.training.block_diffusion import (
     block_starts,
     build_draft_batch,
 )
+from peftbd.training.deepspeed_config import training_dtype
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
 from peftbd.training.rounds import replay_rounds, round_sums
@@ -104,7 +105,8 @@ class PeftBDTask:
 
     def build(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.training.seed)  # LoRA A init draws from the global RNG
-        model = attach_drafter_adapter(load_verifier(self.cfg, device), self.cfg.drafter, self.mask_id)
+        verifier = load_verifier(self.cfg, device, DTYPES[training_dtype(self.cfg.training)])
+        model = attach_drafter_adapter(verifier, self.cfg.drafter, self.mask_id)
         set_adapter_enabled(model, False)
         return model
 
@@ -118,7 +120,8 @@ class PeftBDTask:
             anchored=d.anchored, gamma=d.prefix_gamma, t_range=t_range,
             seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
         )
-        return block_diffusion_stats(module, draft.to(batch.ids.device))
+        return block_diffusion_stats(module, draft.to(batch.ids.device),
+                                     self.cfg.training.logits_chunk_rows)
 
     def _t_range(self) -> tuple[float, float]:
         return self.cfg.drafter.mask_ratio_min, self.cfg.drafter.mask_ratio_max
@@ -177,15 +180,19 @@ class MTPTask:
         self.verifier: PreTrainedModel | None = None
 
     def build(self, device: torch.device) -> nn.Module:
-        self.verifier = load_verifier(self.cfg, device)
+        self.verifier = load_verifier(self.cfg, device, DTYPES[training_dtype(self.cfg.training)])
         torch.manual_seed(self.cfg.training.seed)
         return MTPHead(self.verifier)
 
     def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor:
-        return mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights)["loss"]
+        return self._stats(module, batch)["loss"]
+
+    def _stats(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        return mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights,
+                         self.cfg.training.logits_chunk_rows)
 
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
-        sums = mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights)
+        sums = self._stats(module, batch)
         del sums["loss"]
         return sums
 

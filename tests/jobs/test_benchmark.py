@@ -139,6 +139,8 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
     manifest = read_manifest(out)
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
+    assert manifest["workers"]["workers"] == 1 and manifest["workers"]["peak_rss_mib"] > 0
+    assert manifest["workers"]["dtype"] == "float32"
     assert len(manifest["summary"]) == len(ARMS)
 
 

@@ -48,6 +48,10 @@ def test_tiny_end_to_end_artifact(reference):
     assert sum(a["rows"] for a in actors.values()) == 32
     assert manifest["throughput"]["generated_tokens"] == c["continuation_tokens"]
     assert manifest["wall_seconds"] > 0 and manifest["peak_rss_mib"] > 0
+    workers = manifest["workers"]  # the actors' peaks, not the driver's
+    assert workers["workers"] == len(actors) and workers["dtype"] == "float32"
+    assert workers["peak_rss_mib"] == max(a["peak_rss_mib"] for a in actors.values()) > 0
+    assert workers["peak_gpu_mib"] is None  # no GPU here
     # A rerun of a complete artifact is a no-op.
     assert run_generate(cfg, out, limit=limit) == out
     assert read_manifest(out) == manifest
@@ -88,7 +92,7 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
         "no_user_turn": [{"id": "b3", "messages": [{"role": "system", "content": "s"}]}],
         "non_string_content": [{"id": "b4", "messages": [{"role": "user", "content": ["x"]}]}],
         "empty_text": [{"id": "b5", "messages": [{"role": "user", "content": " "}]}],
-        "prompt_too_long": [{"id": "b6", "messages": [{"role": "user", "content": "w " * 700}]}],
+        "prompt_too_long": [{"id": "b6", "messages": [{"role": "user", "content": "w " * 2400}]}],
         "duplicate_id": [{"id": "dup", "messages": [{"role": "user", "content": "a"}]}] * 2,
     }
     lines = [json.dumps(r) for r in good] + [

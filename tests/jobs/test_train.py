@@ -40,7 +40,8 @@ from peftbd.training.tasks import make_task
 TRAIN_ROWS, VAL_ROWS = 64, 8
 OPTIM = ["global_batch_size=8", "max_steps=12", "eval_every=3", "checkpoint_every=3", "eval_batches=1"]
 OVERRIDES = [f"{section}.optim.{o}" for section in ("drafter", "mtp") for o in OPTIM] + [
-    "training.max_failures=1", "data.max_new_tokens=24"]
+    "training.max_failures=1", "data.max_new_tokens=24",
+    "training.logits_chunk_rows=16"]  # several checkpointed logits chunks per micro-batch
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,9 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
     assert manifest["training"]["steps"] == 12 and manifest["training"]["workers"] == 2
     assert manifest["data"]["train"]["rows"] == TRAIN_ROWS
     assert manifest["parameters"]["trainable"] < manifest["parameters"]["total"]
+    workers, estimate = manifest["workers"], manifest["training"]["memory_estimate"]
+    assert workers["workers"] == 2 and workers["peak_rss_mib"] > 0 and workers["dtype"] == "float32"
+    assert estimate["micro_batch"] == 4 and estimate["logits_rows"] == 16 and estimate["total_mib"] > 0
     adapter = peftbd_run / "adapter"
     weights = load_file(str(adapter / "adapter_model.safetensors"))
     assert any("trainable_tokens_delta" in k for k in weights)  # the mask row is in the adapter

@@ -37,8 +37,8 @@ def test_presets_load_with_the_papers_values():
 def test_overrides_apply_and_parse_yaml_values():
     cfg = load_config("tiny", overrides=[
         "drafter.block_size=4", "mtp.loss_weights=[0.5, 0.5]", "mtp.num_steps=2", "drafter.optim.lr=1e-3",
-        "training.use_gpu=true", "model.name_or_path=/models/qwen",
-    ])
+        "training.use_gpu=true", "model.name_or_path=/models/qwen", "model.device=cuda",
+    ])  # (tiny's model.device=cpu would imply training.use_gpu=false: cpu_only)
     assert cfg.drafter.block_size == 4
     assert cfg.mtp.loss_weights == (0.5, 0.5)
     assert cfg.drafter.optim.lr == 1e-3
@@ -305,3 +305,24 @@ def test_no_train_rows_is_an_untrained_reason_refused_unless_asked_for():
         "drafter.optim.max_steps=0 (no optimizer step)",
         "the train split has no usable rows (data.train_size=0)"]
     assert untrained_reasons(load_config("tiny"), "peftbd", train_rows=5) == []
+
+
+def test_device_cpu_implies_no_gpu_request_anywhere():
+    gpu = load_config("qwen3-0.6b")
+    assert gpu.training.use_gpu and gpu.generate.num_gpus_per_actor == 1.0
+    assert gpu.decoding.worker_num_gpus == 1.0 and gpu.serving.verifier_num_gpus == 1.0
+    cpu = load_config("qwen3-0.6b", overrides=["model.device=cpu"])
+    assert cpu.training.use_gpu is False
+    assert cpu.generate.num_gpus_per_actor == cpu.decoding.worker_num_gpus == 0.0
+    assert cpu.serving.drafter_num_gpus == cpu.serving.verifier_num_gpus == 0.0
+    # what runs is still what the preset says: bf16, its sizes and batch layout
+    assert (cpu.model.dtype, cpu.training.precision) == ("bfloat16", "bf16")
+    assert cpu.training.micro_batch_size == gpu.training.micro_batch_size
+    assert load_config("qwen3-0.6b", overrides=["model.device=cuda:1"]).training.use_gpu
+
+
+def test_preset_training_step_is_micro_batched_and_its_logits_chunked():
+    q = load_config("qwen3-0.6b")
+    assert q.training.micro_batch_size == 8 and q.training.logits_chunk_rows == 512
+    with pytest.raises(ConfigError, match="'training.logits_chunk_rows': value -1 is out of range"):
+        load_config("tiny", overrides=["training.logits_chunk_rows=-1"])

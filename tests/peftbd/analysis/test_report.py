@@ -153,3 +153,21 @@ def test_cost_at_scale_table_projects_with_this_run_s_acceptance(tmp_path, sampl
     # draft = verify = AR step: PEFT-BD's projected speedup is its accepted tokens over 2 steps
     row = next(line for line in table.splitlines() if line.startswith(f"| {results['arms']['peftbd']['label']} |"))
     assert f"| {accepted / 2:.2f} |" in row and "100.0 / 100.0 (1.00)" in row
+
+
+def test_stage_table_shows_the_workers_peaks_and_dtype_beside_the_drivers():
+    from peftbd.analysis.tables import stage_table
+
+    table = stage_table({
+        "generate continuations": {"wall_seconds": 10.0, "peak_rss_mib": 550.0, "workers": {
+            "workers": 2, "peak_rss_mib": 4100.0, "peak_gpu_mib": 9000.0, "dtype": "bfloat16"}},
+        "benchmark": {"wall_seconds": 5.0, "peak_rss_mib": 5000.0, "driver_peak_rss_mib": 530.0,
+                      "workers": {"workers": 1, "peak_rss_mib": 5000.0, "peak_gpu_mib": None,
+                                  "dtype": "float32"}},
+        "tiny world": {"wall_seconds": 400.0, "peak_rss_mib": 900.0},
+    })
+    lines = table.splitlines()
+    assert "driver peak RSS MiB | worker peak RSS MiB | worker peak GPU MiB | dtype" in lines[0]
+    assert lines[2] == "| generate continuations | 10.0 | 550 | 4100 | 9000 | bfloat16 |"
+    assert lines[3] == "| benchmark | 5.0 | 530 | 5000 | n/a | float32 |"
+    assert lines[4] == "| tiny world | 400.0 | 900 | n/a | n/a | n/a |"

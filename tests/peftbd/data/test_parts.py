@@ -5,18 +5,18 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from peftbd.data.parts import WORK_SCHEMA, PartStore, throughput
+from peftbd.data.parts import WORK_SCHEMA, PartStore, actor_peaks, throughput
 
 
 def _work_rows(ids: list[str], actor: str = "a", start: float = 1.0, end: float = 2.0,
-               cpu: float = 0.5) -> pa.Table:
+               cpu: float = 0.5, gpu: float | None = None) -> pa.Table:
     return pa.Table.from_pylist([
         {"id": i, "source": "s", "split": "train", "prompt_ids": [1, 2], "continuation_ids": [3, 4],
          "prompt_len": 2, "continuation_len": 2, "finish_reason": "eos", "category": None,
          "actor": actor, "batch_start": start, "batch_end": end, "batch_cpu_seconds": cpu,
-         "actor_rss_mib": 3.0}
+         "actor_rss_mib": 3.0, "actor_gpu_mib": gpu, "actor_dtype": "bfloat16"}
         for i in ids
-    ])
+    ], schema=WORK_SCHEMA)
 
 
 def test_part_store_resumes_from_whole_parts_and_ignores_temporaries(tmp_path):
@@ -67,7 +67,7 @@ def test_throughput_per_actor_and_over_the_span():
     table = pa.concat_tables([
         _work_rows(["a", "b"], actor="x", start=10.0, end=11.0, cpu=0.5),
         _work_rows(["c"], actor="x", start=11.0, end=12.0, cpu=0.5),
-        _work_rows(["d", "e"], actor="y", start=10.5, end=12.5, cpu=1.5),
+        _work_rows(["d", "e"], actor="y", start=10.5, end=12.5, cpu=1.5, gpu=700.0),
     ])
     tp = throughput(table, stage_seconds=5.0)
     assert (tp["generated_rows"], tp["generated_tokens"]) == (5, 10)
@@ -75,5 +75,9 @@ def test_throughput_per_actor_and_over_the_span():
     assert tp["tokens_per_cpu_s"] == 4.0  # 10 tokens / 2.5 CPU-seconds
     assert tp["per_actor"]["x"] == {
         "rows": 3, "tokens": 6, "busy_seconds": 2.0, "cpu_seconds": 1.0, "batches": 2,
-        "peak_rss_mib": 3.0, "tokens_per_s": 3.0, "tokens_per_cpu_s": 6.0}
+        "peak_rss_mib": 3.0, "peak_gpu_mib": None, "dtype": "bfloat16", "tokens_per_s": 3.0,
+        "tokens_per_cpu_s": 6.0}
     assert tp["per_actor"]["y"]["tokens_per_s"] == 2.0
+    peaks = actor_peaks(tp["per_actor"])  # the stage manifest's `workers` section
+    assert peaks.to_dict() == {"workers": 2, "peak_rss_mib": 3.0, "peak_gpu_mib": 700.0,
+                               "dtype": "bfloat16"}

@@ -131,7 +131,7 @@ def test_good_rows_keep_system_turn_and_stop_before_first_assistant(tok):
                                     {"role": "user", "content": "late"}]}), "no_user_turn"),
     (_line({"id": "a", "messages": [{"role": "user", "content": 3}]}), "non_string_content"),
     (_line({"id": "a", "messages": [{"role": "user", "content": "  \n"}]}), "empty_text"),
-    (_line({"id": "a", "messages": [{"role": "user", "content": "word " * 600}]}), "prompt_too_long"),
+    (_line({"id": "a", "messages": [{"role": "user", "content": "word " * 2400}]}), "prompt_too_long"),
 ])
 def test_bad_rows_are_dropped_with_their_reason(tok, record, reason):
     row = prepare_record(tok, JSONL, record, max_prompt_len=96)
@@ -169,7 +169,7 @@ def test_first_prompts_skip_blank_and_dropped_lines(tok, tmp_path):
         return json.dumps({"id": str(i), "messages": [{"role": "user", "content": text}]})
 
     path = tmp_path / "rows.jsonl"
-    path.write_text("\n".join([row(0, "hi"), "", "{not json", row(1, "word " * 600), row(2, "yo"),
+    path.write_text("\n".join([row(0, "hi"), "", "{not json", row(1, "word " * 2400), row(2, "yo"),
                                row(3, "more")]) + "\n")
     src = Source("jsonl", str(path), str(path))
     hi, yo = (encode_prompt(tok, [{"role": "user", "content": t}]) for t in ("hi", "yo"))

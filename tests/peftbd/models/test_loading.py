@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,3 +37,14 @@ def test_missing_local_directory_is_named(tmp_path):
     cfg = load_config("tiny", overrides=[f"model.name_or_path={tmp_path / 'nope'}"])
     with pytest.raises(ModelUnavailableError, match="local directory"):
         load_verifier(cfg)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_configured_dtype_runs_on_cpu_too(tiny_cfg, dtype):
+    """No silent fall-back to float32: what the config says is what runs (and what the manifests
+    and the report then state)."""
+    cfg = dataclasses.replace(tiny_cfg, model=dataclasses.replace(tiny_cfg.model, dtype=dtype))
+    model = load_verifier(cfg)
+    assert next(model.parameters()).dtype == getattr(torch, dtype)
+    logits = model(torch.tensor([[5, 6, 7, 8]])).logits
+    assert logits.dtype == getattr(torch, dtype) and torch.isfinite(logits).all()

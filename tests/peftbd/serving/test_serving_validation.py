@@ -91,7 +91,7 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": "x", "top_p": 0.9}, "top_p", "greedily only"),
         ({"model": MODEL, "prompt": "x", "n": 2}, "n", "one answer"),
         ({"model": MODEL, "prompt": "x", "max_tokens": 10_000}, "max_tokens", "serving.max_tokens_cap"),
-        ({"model": MODEL, "prompt": "word " * 800}, "prompt", "serving.max_prompt_tokens"),
+        ({"model": MODEL, "prompt": "word " * 2400}, "prompt", "serving.max_prompt_tokens"),
         ({"model": f"{MODEL}:ar", "prompt": "x", "method": "fastmtp"}, "method", "contradicts"),
     ],
 )

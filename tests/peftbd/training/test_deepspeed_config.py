@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from peftbd.config import ConfigError, load_config
-from peftbd.training.deepspeed_config import batch_plan, deepspeed_config
+from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, training_dtype
 
 
 def test_tiny_config_is_zero0_fp32_torch_adamw_with_warmup_cosine():
     cfg = load_config("tiny")
-    ds = deepspeed_config(cfg.training, cfg.drafter.optim, world_size=2, device_type="cpu")
+    ds = deepspeed_config(cfg.training, cfg.drafter.optim, world_size=2)
     optim = cfg.drafter.optim
     assert ds["zero_optimization"]["stage"] == 0
     assert ds["bf16"]["enabled"] is False
@@ -25,12 +25,15 @@ def test_tiny_config_is_zero0_fp32_torch_adamw_with_warmup_cosine():
     assert ds["scheduler"]["params"]["total_num_steps"] == optim.max_steps
 
 
-def test_paper_config_is_bf16_zero2_on_gpu_and_fp32_on_cpu():
+def test_paper_config_is_bf16_zero2_on_every_device():
     cfg = load_config("qwen3-0.6b")
-    gpu = deepspeed_config(cfg.training, cfg.mtp.optim, world_size=1, device_type="cuda")
-    assert gpu["bf16"]["enabled"] is True and gpu["zero_optimization"]["stage"] == 2
-    assert gpu["optimizer"]["params"]["weight_decay"] == 0.1
-    assert deepspeed_config(cfg.training, cfg.mtp.optim, 1, "cpu")["bf16"]["enabled"] is False
+    ds = deepspeed_config(cfg.training, cfg.mtp.optim, world_size=1)
+    assert ds["bf16"]["enabled"] is True and ds["zero_optimization"]["stage"] == 2
+    assert ds["optimizer"]["params"]["weight_decay"] == 0.1
+    cpu = load_config("qwen3-0.6b", overrides=["model.device=cpu"])  # bf16 is what runs on CPU too
+    assert deepspeed_config(cpu.training, cpu.mtp.optim, 1)["bf16"]["enabled"] is True
+    assert training_dtype(cpu.training) == "bfloat16"
+    assert training_dtype(load_config("tiny").training) == "float32"
 
 
 def test_micro_batches_and_accumulation():
@@ -49,6 +52,6 @@ def test_micro_batches_and_accumulation():
 def test_bad_values_are_named(change, match):
     cfg = load_config("tiny")
     with pytest.raises(ConfigError, match=match):
-        deepspeed_config(cfg.training, dataclasses.replace(cfg.drafter.optim, **change), 2, "cpu")
+        deepspeed_config(cfg.training, dataclasses.replace(cfg.drafter.optim, **change), 2)
     with pytest.raises(ConfigError, match="micro_batch_size=3"):
         batch_plan(dataclasses.replace(cfg.training, micro_batch_size=3), cfg.drafter.optim, 2)

@@ -67,12 +67,18 @@ def test_step_one_is_the_engine_first_draft(head, verifier):
     try:
         drafter.propose(state, 3)
         engine = captured[0][0, -1]  # step 1 at the last committed position
-        captured.clear()
-        seq = {"id": ["x"], "prompt_ids": [state.tokens], "continuation_ids": [[1, 1, 1]],
-               "prompt_len": [len(state.tokens)]}
-        mtp_stats(head, verifier, collate_sequences(seq, 0), WEIGHTS)
     finally:
         hook.remove()
+    steps = []  # training computes each step's hidden output (head.step), then its logits in chunks
+    step = head.step
+    head.step = lambda *a, **k: steps.append(step(*a, **k)) or steps[-1]
+    try:
+        seq = {"id": ["x"], "prompt_ids": [state.tokens], "continuation_ids": [[1, 1, 1]],
+               "prompt_len": [len(state.tokens)]}
+        mtp_stats(head, verifier, collate_sequences(seq, 0), WEIGHTS, chunk_rows=2)
+    finally:
+        del head.step
     # teacher-forced step 1 at index i uses (h_i, y_{i+1}); the engine's first draft after
     # committing y_t uses (h_{t-1}, y_t): index t - 1 = len(prompt) - 1 + 1 - 1
-    torch.testing.assert_close(captured[0][0, len(state.tokens) - 2], engine, atol=1e-4, rtol=1e-4)
+    trained = head.logits(steps[0])[0, len(state.tokens) - 2]
+    torch.testing.assert_close(trained, engine, atol=1e-4, rtol=1e-4)
