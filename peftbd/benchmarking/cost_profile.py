@@ -180,6 +180,15 @@ def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
                                TRAIN_EARLY_EXIT.name: peft})
 
 
+def backbone_parameters(model: torch.nn.Module) -> int:
+    """Parameters of the backbone alone: the adapters' (every named adapter) and the MTP head's
+    are left out; the tied embedding counts once."""
+    _, total = count_parameters(model)
+    adapters = sum(p.numel() for name, p in model.named_parameters()
+                   if "lora_" in name or "trainable_tokens_delta" in name)
+    return total - adapters
+
+
 def _activate(models: ArmModels, spec: ArmSpec) -> None:
     """Make `spec`'s adapter the peft model's active one (PEFT-BD arms)."""
     if spec.method == "peftbd":
@@ -303,12 +312,11 @@ def run_profile(cfg: Config) -> CostProfile:
     prompt = torch.randint(0, models.verifier.config.vocab_size, (cp.kv_len,), generator=generator)
     start = prefill(models.verifier, prompt.tolist(), _BUDGET)
     arms = [_Arm(models, spec, start) for spec in specs]
-    adapters, total = count_parameters(models.verifier)  # the backbone carries the adapters
     c = models.verifier.config
     profile = CostProfile(
         architecture={"name": arch.name, "origin": arch.origin, "weights": arch.weights,
                       "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-                      "vocab_size": c.vocab_size, "parameters": total - adapters},
+                      "vocab_size": c.vocab_size, "parameters": backbone_parameters(models.verifier)},
         device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
         kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
         early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,

@@ -16,7 +16,7 @@ from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.drafter import NoDrafter
 from peftbd.decoding.verify import prefill
 from peftbd.models.architecture import QWEN3_0_6B, resolve_architecture
-from peftbd.models.loading import ModelUnavailableError
+from peftbd.models.loading import ModelUnavailableError, load_verifier
 from peftbd.models.peft_bd import adapter_on, draft_input_ids
 
 TINY_PROFILE = ["cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
@@ -38,6 +38,8 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
     assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == 1
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
+    tiny_params = sum(p.numel() for p in load_verifier(cfg).parameters())
+    assert prof["architecture"]["parameters"] == tiny_params  # the backbone, no adapter counted
     d, steps = cfg.drafter.block_size, cfg.mtp.num_steps
     for run in prof["profiles"].values():
         arms = run["arms"]
