@@ -42,12 +42,14 @@ def _task(cfg: Config) -> dict[str, Any]:
 
 
 def profile_on_ray(cfg: Config) -> dict[str, Any]:
-    """Run the profile as one Ray task with the CPUs its threads use and `num_gpus` GPUs."""
+    """Run the profile as one Ray task with the CPUs its threads use and `num_gpus` GPUs, in a
+    worker process of its own (`max_calls=1`): its model's memory goes with it, and no later
+    task (the benchmark's timing workers) inherits its peak RSS."""
     init_ray()
     cp = cfg.cost_profile
     resources = {"CPU": float(max(1, cp.threads)), "GPU": cp.num_gpus}
     wait_for_resources("cost profile (1 task)", [resources])
-    task = ray.remote(_task).options(num_cpus=resources["CPU"], num_gpus=cp.num_gpus)
+    task = ray.remote(_task).options(num_cpus=resources["CPU"], num_gpus=cp.num_gpus, max_calls=1)
     return ray.get(task.remote(cfg))
 
 
