@@ -49,7 +49,7 @@ def profile_on_ray(cfg: Config) -> dict[str, Any]:
     cp = cfg.cost_profile
     resources = {"CPU": float(max(1, cp.threads)), "GPU": cp.num_gpus}
     wait_for_resources("cost profile (1 task)", [resources])
-    task = ray.remote(_task).options(num_cpus=resources["CPU"], num_gpus=cp.num_gpus, max_calls=1)
+    task = ray.remote(num_cpus=resources["CPU"], num_gpus=cp.num_gpus, max_calls=1)(_task)
     return ray.get(task.remote(cfg))
 
 

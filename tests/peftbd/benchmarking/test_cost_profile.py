@@ -54,6 +54,9 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
         assert arms["peftbd_2step"]["draft_calls"] == 2
         assert (arms["fastmtp"]["proposed"], arms["fastmtp"]["draft_calls"]) == (steps, steps)
         assert run["mask_row"]["peft_wrappers_ms"] > 0 and run["mask_row"]["engine_ms"] > 0
+        assert arms["peftbd_offsets"]["same_as"] == "peftbd" and arms["peftbd"]["same_as"] is None
+        assert arms["peftbd_offsets"]["draft_ms_round"] == arms["peftbd"]["draft_ms_round"]
+        assert "offsets" in arms["peftbd_offsets"]["label"]
     work = prof["roofline"]["arms"]
     assert list(work) == ids and prof["roofline"]["gpu"]["name"] == "H200"
     assert work["peftbd_2step"]["draft_forwards"] == 2 and work["ar"]["draft_forwards"] == 0
@@ -80,8 +83,9 @@ def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypat
     cp.run_profile(cfg)
     kinds = {name for name, _ in seen}
     assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__}
-    # per arm: warm-up + counted round + 3 timed rounds; the early-exit arm drafts from 1 layer
-    assert len(seen) == 7 * 5
+    # per timed arm: warm-up + counted round + 3 timed rounds (the offsets ablation drafts as
+    # peftbd does, so it is timed once); the early-exit arm drafts from 1 layer
+    assert len(seen) == 6 * 5
     assert sorted({depth for name, depth in seen if name == "PeftBDDrafter"}) == [1, 2]
 
 
