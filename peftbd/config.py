@@ -357,7 +357,8 @@ def load_config(
 def cpu_only(cfg: Config) -> Config:
     """`model.device=cpu` implies that nothing asks for a GPU: generate's actors
     (`generate.num_gpus_per_actor`), Ray Train (`training.use_gpu`), the benchmark's workers
-    (`decoding.worker_num_gpus`) and the serving replicas (`serving.*_num_gpus`) all get 0, so a
+    (`decoding.worker_num_gpus`), the serving replicas (`serving.*_num_gpus`) and the cost
+    profile's task (`cost_profile.num_gpus`) all get 0, so a
     GPU preset runs on a CPU machine with that one flag (instead of waiting for GPUs that never
     come). Any other device leaves the config as it is."""
     if cfg.model.device != "cpu":
@@ -369,6 +370,7 @@ def cpu_only(cfg: Config) -> Config:
         training=r(cfg.training, use_gpu=False),
         decoding=r(cfg.decoding, worker_num_gpus=0.0),
         serving=r(cfg.serving, drafter_num_gpus=0.0, verifier_num_gpus=0.0),
+        cost_profile=r(cfg.cost_profile, num_gpus=0.0),
     )
 
 

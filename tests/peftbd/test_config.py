@@ -315,6 +315,7 @@ def test_device_cpu_implies_no_gpu_request_anywhere():
     assert cpu.training.use_gpu is False
     assert cpu.generate.num_gpus_per_actor == cpu.decoding.worker_num_gpus == 0.0
     assert cpu.serving.drafter_num_gpus == cpu.serving.verifier_num_gpus == 0.0
+    assert gpu.cost_profile.num_gpus == 1.0 and cpu.cost_profile.num_gpus == 0.0
     # what runs is still what the preset says: bf16, its sizes and batch layout
     assert (cpu.model.dtype, cpu.training.precision) == ("bfloat16", "bf16")
     assert cpu.training.micro_batch_size == gpu.training.micro_batch_size
