@@ -31,6 +31,7 @@ from peftbd.layout import (
     OTHER_OFFSETS,
     STAGES,
     TRAIN_EARLY_EXIT,
+    TRAIN_HEAD,
     TRAIN_MTP,
     TRAIN_OFFSETS,
     TRAIN_PEFTBD,
@@ -73,6 +74,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
             "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
             root / TRAIN_OFFSETS.subdir, spec=TRAIN_OFFSETS)
     calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
+    calls[TRAIN_HEAD.name] = train_call("head", cfg, data, root / TRAIN_HEAD.subdir)
     calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
     calls[BENCHMARK.name] = benchmark_call(
         cfg, {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names},

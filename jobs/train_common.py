@@ -1,4 +1,5 @@
-"""Ray Train + DeepSpeed orchestration shared by `jobs.train_peftbd` and `jobs.train_mtp`.
+"""Ray Train + DeepSpeed orchestration shared by `jobs.train_peftbd`, `jobs.train_mtp` and
+`jobs.train_head`.
 
 A `TorchTrainer` whose workers each call `deepspeed.initialize`, read their shard of the
 artifact's train split (`ray.train.get_dataset_shard`), evaluate on the val split, and report
@@ -47,7 +48,7 @@ from jobs.train_failures import Trainer, raise_unhealable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import ArtifactError
-from peftbd.layout import GENERATE, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.layout import GENERATE, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.manifest import WorkerPeaks, read_manifest
 from peftbd.models.loading import ModelUnavailableError, load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
@@ -69,7 +70,8 @@ from peftbd.training.tasks import make_task, parameter_summary
 from peftbd.untrained import untrained_reasons
 
 log = logging.getLogger(__name__)
-STAGE_SPECS = {"peftbd": TRAIN_PEFTBD, "mtp": TRAIN_MTP}
+STAGE_SPECS = {"peftbd": TRAIN_PEFTBD, "mtp": TRAIN_MTP, "head": TRAIN_HEAD}
+WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head", "head": "block-diffusion head"}
 """The stage each kind's job runs (its default --out is the stage's dir in the main job's layout)."""
 
 
@@ -186,8 +188,8 @@ def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
 def train_call(kind: str, cfg: Config, data_dir: str | Path, out_dir: str | Path,
                resume: bool = True, fail_once_at_step: int | None = None,
                spec: StageSpec | None = None) -> StageCall:
-    """The stage that trains the `kind` drafter ("peftbd" or "mtp") on the artifact in
-    `data_dir` into `out_dir` (spec: `peftbd.layout.TRAIN_PEFTBD` / `TRAIN_MTP`, or
+    """The stage that trains the `kind` drafter ("peftbd", "mtp" or "head") on the artifact in
+    `data_dir` into `out_dir` (spec: `peftbd.layout.TRAIN_PEFTBD` / `TRAIN_MTP` / `TRAIN_HEAD`, or
     `TRAIN_EARLY_EXIT` for the main job's early-exit step).
 
     `resume=True` continues the latest checkpoint of the run with these inputs; `resume=False`
@@ -215,7 +217,7 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     """Run the TorchTrainer and copy the exported weights into `tmp`; the manifest sections."""
     fingerprint = inputs.fingerprint
     task = make_task(kind, cfg)
-    block = cfg.drafter.block_size if kind == "peftbd" else None
+    block = cfg.drafter.block_size if kind in ("peftbd", "head") else None
     seed, world = cfg.training.seed, cfg.training.num_workers
     train, train_counts = load_training_split(data_dir, "train", block, seed,
                                               allow_empty=cfg.training.allow_untrained)
@@ -297,7 +299,7 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     spec = STAGE_SPECS[kind]
     parser = argparse.ArgumentParser(
         prog=f"python -m jobs.train_{kind}",
-        description=f"Distil the {'PEFT-BD adapter' if kind == 'peftbd' else 'FastMTP head'} from "
+        description=f"Distil the {WHAT[kind]} from "
         "the continuation artifact with Ray Train + DeepSpeed. Skipped when --out already holds "
         "the result of the same artifact, config and code.",
     )

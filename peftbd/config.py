@@ -33,7 +33,7 @@ Scheduler = Literal["cosine", "constant"]
 Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
 ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
-Method = Literal["ar", "peft-bd", "fastmtp"]  # peftbd.serving.schemas.METHODS
+Method = Literal["ar", "peft-bd", "fastmtp", "peft-bd-head"]  # peftbd.serving.schemas.METHODS
 Placement = Literal[  # jobs.placement.placement_options
     "colocated", "split", "split-cross-node", "split-same-node", "split-fractional-gpu",
 ]
@@ -146,6 +146,19 @@ class MTPConfig:
 
 
 @dataclass(frozen=True)
+class HeadConfig:
+    """The block-diffusion head (DFlash-style, `peftbd.models.bd_head`): its own decoder layers
+    draft a `drafter.block_size` block in one forward from the verifier's hidden states."""
+
+    layers: int = 1  # the head's own Qwen3 decoder layers
+    intermediate_size: int = 0  # their MLP width; 0 = the verifier's
+    feature_layers: tuple[int, ...] = ()  # verifier hidden states (0 = embeddings, L = final); () = 3 spread
+    draft_vocab: int = 0  # > 0: a second arm drafts over the artifact's N most frequent tokens
+    prefix_gamma: float = 0.9  # the linear-prefix loss's discount per block position
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """Ray Train + DeepSpeed settings shared by both training jobs."""
 
@@ -249,6 +262,7 @@ class Config:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     mtp: MTPConfig = field(default_factory=MTPConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
@@ -286,6 +300,8 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                     "mask_ratio_min": _FRACTION, "mask_ratio_max": _FRACTION,
                     "prefix_gamma": _FRACTION},
     MTPConfig: {"num_steps": _POSITIVE},
+    HeadConfig: {"layers": _POSITIVE, "intermediate_size": _NON_NEGATIVE,
+                 "draft_vocab": _NON_NEGATIVE, "prefix_gamma": _FRACTION},
     TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
                      "max_failures": (-1, None),  # Ray Train's FailureConfig: -1 = retry forever
                      "micro_batch_size": _NON_NEGATIVE, "logits_chunk_rows": _NON_NEGATIVE},

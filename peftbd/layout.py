@@ -48,10 +48,18 @@ TRAIN_MTP = StageSpec(
     "train_mtp", "train FastMTP head", "mtp_head", reads=("model", "mtp", "training"),
     ignores=_PLACEMENT_ONLY, inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_mtp",
 )
+TRAIN_HEAD = StageSpec(
+    "train_head", "train block-diffusion head", "bd_head",
+    reads=("model", "head", "drafter.block_size", "training", "data.max_new_tokens"),
+    ignores=("head.draft_vocab", *_PLACEMENT_ONLY),  # the benchmark picks the draft vocabulary
+    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_head",
+)
+"""The block-diffusion head (DFlash-style, `peftbd.models.bd_head`) on the frozen verifier."""
 COST_PROFILE = StageSpec(
     "cost_profile", "cost profile at the paper's architecture", "cost_profile",
     reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
-           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "training.seed"),
+           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head",
+           "training.seed"),
     code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.forward_counter",
           "peftbd.benchmarking.roofline", "peftbd.benchmarking.arms", "peftbd.decoding",
           "peftbd.models", "jobs.cost_profile"),
@@ -63,15 +71,16 @@ BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
            "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
-           "mtp.num_steps"),
-    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, COST_PROFILE),
+           "mtp.num_steps", "head.draft_vocab"),
+    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
+            COST_PROFILE),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
           "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
 STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
-                                 TRAIN_MTP, COST_PROFILE, BENCHMARK)
+                                 TRAIN_MTP, TRAIN_HEAD, COST_PROFILE, BENCHMARK)
 """The main job's stages in run order."""
 BY_NAME = {s.name: s for s in STAGES}
 PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)
@@ -89,8 +98,9 @@ ENGINE_SPEED = StageSpec(
 )
 PLACEMENT = StageSpec(
     "placement", "placement experiment", "placement",
-    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "serving", "decoding"),
-    inputs=(TRAIN_PEFTBD, TRAIN_MTP),
+    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "head", "serving",
+           "decoding"),
+    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
     code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
           "serve_apps", "jobs.placement"),
     command="python -m jobs.placement",

@@ -17,17 +17,17 @@ from peftbd.config_merge import ConfigError
 if TYPE_CHECKING:  # config.py imports this module: no runtime import back
     from peftbd.config import Config
 
-Kind = Literal["peftbd", "mtp"]
-KINDS: tuple[Kind, ...] = ("peftbd", "mtp")
+Kind = Literal["peftbd", "mtp", "head"]
+KINDS: tuple[Kind, ...] = ("peftbd", "mtp", "head")
 OPT_IN = "training.allow_untrained"
-_WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head"}
-_SECTION = {"peftbd": "drafter", "mtp": "mtp"}
+_WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head", "head": "block-diffusion head"}
+_SECTION = {"peftbd": "drafter", "mtp": "mtp", "head": "head"}
 
 
 def config_reasons(cfg: Config, kind: Kind) -> list[tuple[str, object, str]]:
     """(key, value, why) of each setting of `cfg` that leaves the `kind` drafter untrained."""
     section = _SECTION[kind]
-    optim = cfg.drafter.optim if kind == "peftbd" else cfg.mtp.optim
+    optim = getattr(cfg, section).optim
     found: list[tuple[str, object, str]] = []
     if optim.max_steps == 0:
         found.append((f"{section}.optim.max_steps", 0, "no optimizer step"))

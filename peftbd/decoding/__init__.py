@@ -1,11 +1,12 @@
 """The decoding engine: one Drafter interface, one verify-and-accept step, one loop.
 
-    from peftbd.decoding import decode, PeftBDDrafter, MTPDrafter
+    from peftbd.decoding import decode, PeftBDDrafter, MTPDrafter, BDHeadDrafter
     result = decode(model, prompt_ids, drafter, max_new_tokens=256, eos_ids=eos)
     result.tokens, result.rounds, result.metrics
 """
 
 from peftbd.decoding.audit import Mismatch, audit_summary, compare, greedy_audit
+from peftbd.decoding.bd_head_drafter import BDHeadDrafter
 from peftbd.decoding.drafter import Drafter, NoDrafter
 from peftbd.decoding.loop import SpeculativeDecoder, decode, result_of
 from peftbd.decoding.metrics import DecodeResult, summarize
@@ -15,7 +16,7 @@ from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.verify import VerifyResult, advance, prefill, verify
 
 __all__ = [
-    "DecodeResult", "DecodeState", "Drafter", "MTPDrafter", "Mismatch", "NoDrafter",
+    "BDHeadDrafter", "DecodeResult", "DecodeState", "Drafter", "MTPDrafter", "Mismatch", "NoDrafter",
     "PeftBDDrafter", "RoundMetrics", "SpeculativeDecoder", "VerifyResult", "advance",
     "audit_summary", "compare", "decode", "greedy_audit", "prefill", "result_of", "summarize",
     "verify",

@@ -23,7 +23,10 @@ class Drafter(Protocol):
     name: str
     kv_layers: int | None
     """Leading layers of the verifier KV that `propose` reads (a split drafter replica keeps only
-    those in sync); None: every layer, and `state.hidden`."""
+    those in sync); None: every layer, and `state.hidden`; 0: none (it reads `state.features`)."""
+    feature_layers: tuple[int, ...]
+    """Verifier hidden states (indices into transformers' `hidden_states`) that `propose` reads
+    from `state.features`; () for none."""
 
     def start(self, state: DecodeState) -> None:
         """Set up `state.drafter_state` for a new request (called once, right after prefill)."""
@@ -37,6 +40,7 @@ class NoDrafter:
 
     name = "ar"
     kv_layers = None
+    feature_layers = ()
 
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None

@@ -31,7 +31,7 @@ class SpeculativeDecoder:
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeState:
         """Prefill a new request (commits its first token) and set up the drafter's state."""
         budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        state = prefill(self.model, prompt_ids, budget, self.eos_ids)
+        state = prefill(self.model, prompt_ids, budget, self.eos_ids, self.drafter.feature_layers)
         self.drafter.start(state)
         return state
 

@@ -23,6 +23,7 @@ class MTPDrafter:
 
     name = "fastmtp"
     kv_layers = None  # reads `state.hidden`: the verifier's final hidden states
+    feature_layers = ()
 
     def __init__(self, head: MTPHead, verifier: PreTrainedModel, num_steps: int = 3) -> None:
         if num_steps < 1:

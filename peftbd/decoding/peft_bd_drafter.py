@@ -41,6 +41,7 @@ class PeftBDDrafter:
     same object verifies with the adapter off)."""
 
     name = "peftbd"
+    feature_layers = ()
 
     def __init__(self, peft_model: PeftModel, mask_id: int, block_size: int,
                  denoise_steps: int = 1, anchored: bool = False) -> None:

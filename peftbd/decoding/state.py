@@ -50,7 +50,10 @@ class DecodeState:
 
     `hidden` holds the verifier's final hidden states (1, n, d) of the positions that predicted
     the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
-    it). `drafter_state` is the drafter's own per-request slot (e.g. the MTP head's cache).
+    it). `features` (1, n, m*d), when `feature_layers` names m verifier hidden states (indices
+    into transformers' `hidden_states`), holds them concatenated for the same n positions (the
+    block-diffusion head reads them). `drafter_state` is the drafter's own per-request slot (e.g.
+    the MTP head's cache).
     """
 
     tokens: list[int]
@@ -61,6 +64,8 @@ class DecodeState:
     forwards: ForwardLog
     device: torch.device
     hidden: torch.Tensor | None = None
+    feature_layers: tuple[int, ...] = ()
+    features: torch.Tensor | None = None
     done: bool = False
     rounds: list[RoundMetrics] = field(default_factory=list)
     prefill_s: float = 0.0

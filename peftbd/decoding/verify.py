@@ -43,17 +43,21 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _forward(model: torch.nn.Module, state: DecodeState, input_ids: torch.Tensor, keep: int,
-             mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+             mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Verifier forward over `input_ids` at the next positions; (logits of the last `keep`
-    positions, final hidden states of all positions). Extends `state.cache`."""
+    positions, final hidden states of all positions, their `state.feature_layers` features or
+    None). Extends `state.cache`."""
     base = unwrap(model)
     start = state.cache.get_seq_length()
     positions = torch.arange(start, start + input_ids.shape[1], device=state.device).unsqueeze(0)
+    layers = state.feature_layers
     with state.forwards.timed(mode):
-        out = base.model(input_ids=input_ids, cache=state.cache, position_ids=positions, use_cache=True)
+        out = base.model(input_ids=input_ids, cache=state.cache, position_ids=positions,
+                         use_cache=True, output_hidden_states=bool(layers))
         hidden = out.last_hidden_state
         logits = base.lm_head(hidden[:, -keep:]) if keep else hidden[:, :0]
-    return logits, hidden
+        features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
+    return logits, hidden, features
 
 
 def _commit(state: DecodeState, tokens: Sequence[int]) -> list[int]:
@@ -78,8 +82,9 @@ def _as_ids(tokens: Sequence[int] | torch.Tensor, device: torch.device) -> torch
 
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
-            eos_ids: Sequence[int] = ()) -> DecodeState:
-    """A new request's state: one verifier forward over the prompt commits the first token."""
+            eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
+    """A new request's state: one verifier forward over the prompt commits the first token;
+    `feature_layers`: the verifier hidden states every forward keeps in `state.features`."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; pass at least one token id (e.g. the chat-template prompt)")
     if max_new_tokens < 0:
@@ -91,11 +96,13 @@ def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
         eos_ids=frozenset(eos_ids), cache=DynamicCache(config=base.config),
         forwards=ForwardLog(clock), device=device, done=max_new_tokens == 0,
+        feature_layers=tuple(feature_layers),
     )
     if state.done:
         return state
     start = clock.now()
-    logits, state.hidden = _forward(model, state, _as_ids(prompt_ids, device), keep=1, mode="prefill")
+    logits, state.hidden, state.features = _forward(model, state, _as_ids(prompt_ids, device),
+                                                    keep=1, mode="prefill")
     _commit(state, [int(logits[0, -1].argmax())])
     state.mark = clock.now()
     state.prefill_s = state.mark - start
@@ -123,12 +130,13 @@ def verify(model: torch.nn.Module, state: DecodeState,
     draft_ids = _as_ids(draft, state.device)
     k = draft_ids.shape[1]
     inputs = torch.cat([_as_ids(state.tokens[-1:], state.device), draft_ids], dim=1)
-    logits, hidden = _forward(model, state, inputs, keep=k + 1, mode="verify")
+    logits, hidden, features = _forward(model, state, inputs, keep=k + 1, mode="verify")
     both = torch.cat([logits.argmax(-1), draft_ids], dim=1)[0].tolist()  # one device sync
     preds, drafted = both[: k + 1], both[k + 1 :]
     accepted = accepted_prefix(drafted, preds)
     state.cache.crop(-(k - accepted))
     state.hidden = hidden[:, : accepted + 1]
+    state.features = None if features is None else features[:, : accepted + 1]
     kept = _commit(state, preds[: accepted + 1])
     # count what the output holds: matches past an EOS or the budget that cut `kept` are not used
     return VerifyResult(proposed=k, accepted=min(accepted, len(kept)), tokens=kept, done=state.done)
@@ -151,6 +159,7 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
     kept = _commit(state, new_tokens)
     uncached = uncached + kept[:-1]
     with first_layers(unwrap(model).config, layers):
-        _, hidden = _forward(model, state, _as_ids(uncached, state.device), keep=0, mode="sync")
+        _, hidden, state.features = _forward(model, state, _as_ids(uncached, state.device),
+                                             keep=0, mode="sync")
     state.hidden = None if layers else hidden
     return kept

@@ -63,7 +63,7 @@ from peftbd.models.peft_bd import (
     draft_visibility,
     set_adapter_enabled,
 )
-from peftbd.training.chunked_loss import chunked_scores
+from peftbd.training.chunked_loss import LogitsFn, chunked_scores
 from peftbd.training.examples import SequenceBatch
 
 IGNORE = -100
@@ -255,12 +255,19 @@ def block_diffusion_stats(model: PeftModel, draft: DraftBatch, chunk_rows: int =
     The logits of the labelled positions are computed `chunk_rows` positions at a time
     (`peftbd.training.chunked_loss`; 0 = all at once), through the adapted tied head
     (`adapted_logits`: the mask row's output side trains too)."""
-    hidden = chunk_hidden_states(model, draft)
+    base = model.get_base_model()  # adapted_logits: the output side of the tied mask-token row
+    return block_stats(chunk_hidden_states(model, draft), draft,
+                       lambda h: adapted_logits(base, h), chunk_rows)
+
+
+def block_stats(hidden: torch.Tensor, draft: DraftBatch, logits_fn: LogitsFn,
+                chunk_rows: int = 0) -> BlockStats:
+    """`BlockStats` of a block drafter's chunk hidden states `hidden` (B, K*(D+1), d), scored
+    with `logits_fn` at the labelled positions, `chunk_rows` at a time (0 = all at once)."""
     sel = draft.labels != IGNORE
     targets = draft.labels[sel]
     weights = draft.weights[sel]
-    base = model.get_base_model()  # adapted_logits: the output side of the tied mask-token row
-    scores = chunked_scores(hidden[sel], targets, lambda h: adapted_logits(base, h),
+    scores = chunked_scores(hidden[sel], targets, logits_fn,
                             chunk_rows=chunk_rows, weights=weights, exclude_id=draft.mask_id)
     hit = torch.zeros_like(sel)
     hit[sel] = scores.hits  # as the engine: the mask token is never proposed

@@ -95,9 +95,9 @@ def estimate_step_memory(
     kind: str, shape: ModelShape, *, trainable: int, total: int, dtype: str, micro_batch: int,
     sequence_tokens: int, continuation_tokens: int, chunk_rows: int, world_size: int,
     zero_stage: int, block_size: int = 0, draft_layers: int = 0, lora_r: int = 0,
-    mtp_steps: int = 0,
+    mtp_steps: int = 0, head_layers: int = 0, head_features: int = 0,
 ) -> StepMemory:
-    """The estimate for a `kind` ("peftbd" or "mtp") step of `micro_batch` sequences of
+    """The estimate for a `kind` ("peftbd", "mtp" or "head") step of `micro_batch` sequences of
     `sequence_tokens` (of which `continuation_tokens` continuation), `total` parameters at
     `dtype` of which `trainable` train, logits `chunk_rows` positions at a time (0: all)."""
     b = 2 if dtype in ("bfloat16", "float16") else FP32
@@ -106,16 +106,18 @@ def estimate_step_memory(
     optimizer = trainable * (2 * FP32 + (FP32 if bf16 else 0)) / partitions
     gradients = trainable * (b + (FP32 if bf16 else 0)) / (world_size if zero_stage >= 2 else 1)
     per_token = shape.activation_bytes_per_token(b, lora_r)
-    if kind == "peftbd":
+    if kind in ("peftbd", "head"):
         blocks = math.ceil(continuation_tokens / block_size)
         chunk_tokens = blocks * (block_size + 1)  # every block's [x_{s-1}, D positions]
-        layers = draft_layers or shape.layers
+        layers = head_layers if kind == "head" else draft_layers or shape.layers
         activations = micro_batch * chunk_tokens * per_token * layers
-        activations += micro_batch * sequence_tokens * 2 * shape.kv_dim * b * layers  # clean KV
+        activations += micro_batch * sequence_tokens * 2 * shape.kv_dim * b * layers  # context KV
         activations += micro_batch * chunk_tokens * (sequence_tokens + chunk_tokens) * b  # 4D mask
-        copies = 2 * shape.vocab * shape.hidden * b
+        # the head: the verifier's features and their projection, per position
+        activations += micro_batch * sequence_tokens * (head_features + 2) * shape.hidden * b
+        copies = 2 * shape.vocab * shape.hidden * b if kind == "peftbd" else 0
         scored = micro_batch * continuation_tokens  # at t = 1 every block position is scored
-        extra = b  # adapted_logits' copy with the mask column in place
+        extra = b if kind == "peftbd" else 0  # adapted_logits' copy with the mask column in place
     else:
         # each step: the head's one decoder layer plus its two input norms and the 2h projection
         step = per_token + (FP32 + b) * 2 * shape.hidden + b * 2 * shape.hidden
@@ -149,7 +151,8 @@ def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total
         continuation_tokens=cfg.data.max_new_tokens, chunk_rows=cfg.training.logits_chunk_rows,
         world_size=plan.world_size, zero_stage=cfg.training.zero_stage, block_size=d.block_size,
         draft_layers=d.draft_layers, lora_r=d.lora_r if kind == "peftbd" else 0,
-        mtp_steps=cfg.mtp.num_steps,
+        mtp_steps=cfg.mtp.num_steps, head_layers=cfg.head.layers,
+        head_features=len(cfg.head.feature_layers) or 3,
     )
 
 

@@ -1,4 +1,4 @@
-"""The two distillation tasks behind one interface: what trains, its loss, its eval, its export.
+"""The distillation tasks behind one interface (the block-diffusion head's: `head_task`): what trains, its loss, its eval, its export.
 
 The training job (`jobs/train_common.py`) is the same for both; a task decides which module
 DeepSpeed trains (the PEFT-BD `PeftModel`, whose only trainable tensors are LoRA and the
@@ -48,7 +48,7 @@ from peftbd.training.block_diffusion import (
 from peftbd.training.deepspeed_config import training_dtype
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_stats
-from peftbd.training.rounds import replay_rounds, round_sums
+from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
 
 EVAL_EPOCH = -1
 """The noise epoch of evaluation: the same eval noise at every eval of every run."""
@@ -80,14 +80,15 @@ def parameter_summary(trainable: int, total: int) -> dict[str, float | int]:
             "trainable_percent": round(100.0 * trainable / total, 4)}
 
 
-def mtp_parameter_counts(head: nn.Module, verifier: nn.Module) -> tuple[int, int]:
-    """(trainable, total) of the verifier enhanced with the MTP head: the head's own weights train;
-    the total adds the verifier's (the head shares its embeddings, final norm and LM head)."""
+def head_parameter_counts(head: nn.Module, verifier: nn.Module) -> tuple[int, int]:
+    """(trainable, total) of the verifier enhanced with a head (FastMTP's, the block-diffusion
+    head): the head's own weights train; the total adds the verifier's (the head shares its
+    embeddings and LM head)."""
     trainable, head_total = count_parameters(head)
     return trainable, head_total + count_parameters(verifier)[1]
 
 
-def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
+def ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return float(num) / max(float(den), 1e-12)
 
 
@@ -132,10 +133,12 @@ class PeftBDTask:
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         noised = self._stats(module, batch, EVAL_EPOCH, self._t_range())
         full = self._stats(module, batch, EVAL_EPOCH, (1.0, 1.0))
-        rounds = replay_rounds(  # the continuations' budget is the engine's (data.max_new_tokens)
-            module, batch, budget=self.cfg.data.max_new_tokens, block_size=self.cfg.drafter.block_size,
-            mask_id=self.mask_id, pad_id=self.pad_id, anchored=self.cfg.drafter.anchored,
-        )
+        d = self.cfg.drafter
+        drafts = peftbd_drafts(module, batch, block_size=d.block_size, mask_id=self.mask_id,
+                               pad_id=self.pad_id, anchored=d.anchored)
+        # the continuations' budget is the engine's (data.max_new_tokens)
+        rounds = replay_rounds(drafts, batch, budget=self.cfg.data.max_new_tokens,
+                               block_size=d.block_size)
         return {
             **round_sums(rounds),
             "weighted_loss": noised.weighted_loss, "weight": noised.weight,
@@ -147,16 +150,16 @@ class PeftBDTask:
 
     def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
         return {
-            "eval_loss": _ratio(sums["weighted_loss"], sums["weight"]),
-            "eval_loss_t1": _ratio(sums["weighted_loss_t1"], sums["weight_t1"]),
-            "eval_masked_token_accuracy": _ratio(sums["correct"], sums["labelled"]),
-            "eval_masked_token_accuracy_t1": _ratio(sums["correct_t1"], sums["labelled_t1"]),
-            "eval_target_token_accuracy": _ratio(sums["round_accepted"], sums["round_proposed"]),
-            "eval_accepted_prefix_mean": _ratio(sums["round_accepted"], sums["rounds"]),
+            "eval_loss": ratio(sums["weighted_loss"], sums["weight"]),
+            "eval_loss_t1": ratio(sums["weighted_loss_t1"], sums["weight_t1"]),
+            "eval_masked_token_accuracy": ratio(sums["correct"], sums["labelled"]),
+            "eval_masked_token_accuracy_t1": ratio(sums["correct_t1"], sums["labelled_t1"]),
+            "eval_target_token_accuracy": ratio(sums["round_accepted"], sums["round_proposed"]),
+            "eval_accepted_prefix_mean": ratio(sums["round_accepted"], sums["rounds"]),
             "eval_target_tokens": int(sums["round_proposed"]),
             "eval_rounds": int(sums["rounds"]),
-            "eval_block_target_token_accuracy": _ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
-            "eval_block_accepted_prefix_mean": _ratio(sums["prefix_correct_t1"], sums["blocks_t1"]),
+            "eval_block_target_token_accuracy": ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
+            "eval_block_accepted_prefix_mean": ratio(sums["prefix_correct_t1"], sums["blocks_t1"]),
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
@@ -202,22 +205,24 @@ class MTPTask:
         return {
             "eval_loss": float((weights * per_step).sum()),
             "eval_step_accuracy": [
-                _ratio(c, n) for c, n in zip(sums["correct"], sums["targets"], strict=True)],
-            "eval_target_token_accuracy": _ratio(sums["prefix_correct"], sums["round_targets"]),
-            "eval_accepted_prefix_mean": _ratio(sums["prefix_correct"], sums["rounds"]),
+                ratio(c, n) for c, n in zip(sums["correct"], sums["targets"], strict=True)],
+            "eval_target_token_accuracy": ratio(sums["prefix_correct"], sums["round_targets"]),
+            "eval_accepted_prefix_mean": ratio(sums["prefix_correct"], sums["rounds"]),
             "eval_target_tokens": int(sums["round_targets"]),
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
-        return mtp_parameter_counts(module, self.verifier)
+        return head_parameter_counts(module, self.verifier)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)
 
 
 def make_task(kind: str, cfg: Config) -> DistillTask:
-    """The task named `kind` ("peftbd" or "mtp")."""
-    tasks = {"peftbd": PeftBDTask, "mtp": MTPTask}
+    """The task named `kind` ("peftbd", "mtp" or "head")."""
+    from peftbd.training.head_task import HeadTask  # it builds on this module's helpers
+
+    tasks = {"peftbd": PeftBDTask, "mtp": MTPTask, "head": HeadTask}
     if kind not in tasks:
         raise ValueError(f"training task {kind!r} is not one of {', '.join(tasks)}")
     return tasks[kind](cfg)

@@ -43,6 +43,7 @@ class ScriptedDrafter:
 
     name = "scripted"
     kv_layers = None
+    feature_layers = ()
 
     def __init__(self, continuation: list[int], block: int, wrong_from: int | None = None,
                  vocab: int = 2112) -> None:

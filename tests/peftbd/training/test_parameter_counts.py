@@ -10,7 +10,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from peftbd.config import load_config
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters
-from peftbd.training.tasks import mtp_parameter_counts, parameter_summary
+from peftbd.training.tasks import head_parameter_counts, parameter_summary
 
 QWEN3_MASK_ID = 151669  # <|mask|>, added by load_tokenizer below the 151936 embedding rows
 
@@ -44,7 +44,7 @@ def test_peftbd_counts_match_the_paper(qwen3_06b_meta):
 
 def test_fastmtp_counts_match_the_paper(qwen3_06b_meta):
     head = MTPHead(qwen3_06b_meta)
-    summary = parameter_summary(*mtp_parameter_counts(head, qwen3_06b_meta))
+    summary = parameter_summary(*head_parameter_counts(head, qwen3_06b_meta))
     assert _within(summary["trainable"], 17.8e6)
     assert _within(summary["total"], 613.9e6)
     assert _within(summary["trainable_percent"], 2.905)

@@ -17,7 +17,7 @@ from peftbd.decoding import PeftBDDrafter, SpeculativeDecoder, summarize
 from peftbd.models.loading import eos_token_ids, load_tokenizer
 from peftbd.training.evaluate import evaluate
 from peftbd.training.examples import collate_sequences
-from peftbd.training.rounds import replay_rounds
+from peftbd.training.rounds import peftbd_drafts, replay_rounds
 from peftbd.training.tasks import PeftBDTask
 
 BUDGET = 20  # short: some rows end on EOS, some on the budget
@@ -57,8 +57,9 @@ def trained(request, cfg, tiny_world):
 def test_replayed_rounds_are_the_engines_rounds(trained):
     task, model, rows, eos = trained
     batch = collate_sequences(rows, task.pad_id)
-    replayed = replay_rounds(model, batch, budget=BUDGET, block_size=task.cfg.drafter.block_size,
-                             mask_id=task.mask_id, pad_id=task.pad_id, anchored=False)
+    drafts = peftbd_drafts(model, batch, block_size=task.cfg.drafter.block_size,
+                           mask_id=task.mask_id, pad_id=task.pad_id, anchored=False)
+    replayed = replay_rounds(drafts, batch, budget=BUDGET, block_size=task.cfg.drafter.block_size)
     engine = SpeculativeDecoder(model, PeftBDDrafter(model, task.mask_id, task.cfg.drafter.block_size),
                                 eos, BUDGET)
     results = [engine.decode(p) for p in rows["prompt_ids"]]

@@ -1,0 +1,222 @@
+"""The block-diffusion head (DFlash-style): a few decoder layers of its own draft a whole block
+in one forward, conditioned on the verifier's hidden states, instead of the adapter-on backbone.
+
+Context. For every committed position i the verifier's hidden states at `feature_layers`
+(indices into transformers' `hidden_states`: 0 = the embeddings, k = the output of decoder
+layer k, L = the final, post-norm one) are concatenated and projected,
+c_i = RMSNorm(W_c [h^{l_1}_i; ...; h^{l_m}_i]). Each head layer turns c_i into a key and a value
+with its own k_proj / k_norm / v_proj at position i (rotary included): the context KV, injected
+into that layer's cache once per committed position (DFlash's KV injection; no attention or MLP
+runs over the context).
+
+Block. The chunk `[b, m_1..m_D]` (b = the last committed token, embedded by the verifier's
+table; m = the head's learned mask embedding) runs through the head's layers at positions
+t..t+D over [context KV | chunk] with PEFT-BD's draft pattern (`peftbd.models.peft_bd`:
+unanchored); the head's final norm and the verifier's LM head give the logits, chunk position
+j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so training cuts blocks with the same
+code. The chunk's KV is cropped off afterwards.
+
+Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
+`parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, two norms and
+the mask embedding. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
+(`draft_vocabulary`): their (N, d) rows are gathered once, and the argmax maps back to token ids.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import Cache, PreTrainedModel
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3DecoderLayer,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    rotate_half,
+)
+
+from peftbd.config import HeadConfig
+
+WEIGHTS_FILE = "bd_head.safetensors"
+CONFIG_FILE = "bd_head.json"
+FORMAT = "peftbd-bd-head-v1"
+HEAD_SUBDIR = "bd_head"
+"""Where a head training run (jobs.train_head) puts the head under its output dir."""
+SHAPE_KEYS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "num_hidden_layers")
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """What a saved head needs of its verifier and how it is built (written beside its weights)."""
+
+    layers: int
+    intermediate_size: int
+    feature_layers: tuple[int, ...]
+    mask_id: int
+
+    @classmethod
+    def of(cls, cfg: HeadConfig, verifier_config, mask_id: int) -> HeadShape:
+        """The shape `cfg` asks for on this verifier (0 = the verifier's MLP width)."""
+        width = cfg.intermediate_size or int(verifier_config.intermediate_size)
+        return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id)
+
+
+def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
+    """`cfg.feature_layers`, checked against the verifier's depth; [] = DFlash's spread: three
+    layers evenly spaced from the first to the last (for a 2-layer verifier: [1, 2])."""
+    depth = int(verifier_config.num_hidden_layers)
+    layers = list(cfg.feature_layers) or sorted({round(1 + i * (depth - 1) / 2) for i in range(3)})
+    bad = [k for k in layers if not 0 <= k <= depth]
+    if bad:
+        raise ValueError(f"head.feature_layers={layers}: {bad} outside 0..{depth} (the verifier has "
+                         f"{depth} layers; 0 = embeddings, {depth} = the final hidden state)")
+    return layers
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The base table under peft's trainable-token wrapper (a PEFT-BD adapter on the same
+    verifier): the verifier's own rows, with no per-forward copy of the table."""
+    layer = getattr(module, "token_adapter", None)
+    return module if layer is None else layer.base_layer
+
+
+def _verifier_shape(config) -> dict[str, int]:
+    return {k: int(getattr(config, k)) for k in SHAPE_KEYS}
+
+
+class BDHead(nn.Module):
+    """The block-diffusion head bound to a verifier (a `*ForCausalLM` with `.model.embed_tokens`
+    and `.lm_head`); created on the verifier's device and dtype, untrained."""
+
+    def __init__(self, verifier: PreTrainedModel, shape: HeadShape) -> None:
+        super().__init__()
+        vcfg = verifier.config
+        d = int(vcfg.hidden_size)
+        config = copy.deepcopy(vcfg)
+        config.num_hidden_layers = shape.layers
+        config.intermediate_size = shape.intermediate_size
+        config.layer_types = ["full_attention"] * shape.layers
+        self.config = config
+        self.shape = shape
+        self.verifier_shape = _verifier_shape(vcfg)
+        self.project = nn.Linear(len(shape.feature_layers) * d, d, bias=False)
+        self.context_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i) for i in range(shape.layers))
+        self.norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        self.bind(verifier)
+        embed = verifier.get_input_embeddings().weight
+        self.mask_embedding = nn.Parameter(embed[shape.mask_id].detach().clone())
+        self.to(device=embed.device, dtype=embed.dtype)
+
+    def bind(self, verifier: PreTrainedModel, vocab_ids: torch.Tensor | None = None) -> None:
+        """Use `verifier`'s embeddings and LM head (kept out of this module's parameters);
+        `vocab_ids` (N,) restricts drafting to those tokens (None: the whole vocabulary)."""
+        base = verifier.get_base_model() if hasattr(verifier, "get_base_model") else verifier
+        head = _unwrapped(base.get_output_embeddings())
+        rows = None
+        if vocab_ids is not None:
+            ids = vocab_ids.to(head.weight.device)
+            rows = (ids, head.weight[ids].detach())
+        object.__setattr__(self, "_shared", (_unwrapped(base.get_input_embeddings()), head, rows))
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Tokens the draft LM head scores (the whole vocabulary unless restricted by `bind`)."""
+        rows = self._shared[2]
+        return self.verifier_shape["vocab_size"] if rows is None else int(rows[0].numel())
+
+    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: Cache) -> None:
+        """Append the context KV of `features` (B, n, m*d) at `positions` (B, n) to every head
+        layer's entry of `cache` (see module doc)."""
+        c = self.context_norm(self.project(features))
+        cos, sin = self.rotary_emb(c, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        for layer in self.layers:
+            attn = layer.self_attn
+            shape = (*c.shape[:-1], -1, attn.head_dim)
+            k = attn.k_norm(attn.k_proj(c).view(shape)).transpose(1, 2)
+            v = attn.v_proj(c).view(shape).transpose(1, 2)
+            cache.update(k * cos + rotate_half(k) * sin, v, attn.layer_idx)
+
+    def embed(self, chunk_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of chunk tokens: the verifier's rows, the mask embedding at masks."""
+        embed, _, _ = self._shared
+        x = embed(chunk_ids)
+        return torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
+                           self.mask_embedding.to(x.dtype), x)
+
+    def block_hidden(self, chunk_ids: torch.Tensor, positions: torch.Tensor,
+                     attention_mask: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Final-normed hidden states (B, Q, d) of chunks `chunk_ids` (B, Q) at `positions`
+        over [cache | chunks] with the additive 4D `attention_mask`; appends the chunks' KV to
+        `cache` (the caller crops it)."""
+        x = self.embed(chunk_ids)
+        rotary = self.rotary_emb(x, positions)
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                      use_cache=True, position_embeddings=rotary)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of `hidden` (..., d) through the verifier's LM head (training)."""
+        return self._shared[1](hidden)
+
+    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Long (...,): the greedy draft tokens of `hidden` over the draft vocabulary; the mask
+        token is never proposed."""
+        _, head, rows = self._shared
+        if rows is None:
+            logits = head(hidden).float()
+            logits[..., self.shape.mask_id] = -torch.inf
+            return logits.argmax(-1)
+        ids, weight = rows
+        logits = nn.functional.linear(hidden, weight).float()
+        logits[..., ids == self.shape.mask_id] = -torch.inf
+        return ids[logits.argmax(-1)]
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the head's own weights (safetensors) and its shape and the verifier's (json)."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(out_dir / WEIGHTS_FILE))
+        meta = {"format": FORMAT, "layers": self.shape.layers,
+                "intermediate_size": self.shape.intermediate_size,
+                "feature_layers": list(self.shape.feature_layers), "mask_id": self.shape.mask_id,
+                "verifier": self.verifier_shape}
+        (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        return out_dir
+
+    @classmethod
+    def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> BDHead:
+        """Load a head saved by `save_pretrained` (or the output dir of a head training run, which
+        holds it in `bd_head/`) onto `verifier` (its shape must match)."""
+        head_dir = Path(head_dir)
+        if not (head_dir / CONFIG_FILE).is_file():
+            head_dir = head_dir / HEAD_SUBDIR
+        if not (head_dir / CONFIG_FILE).is_file():
+            raise FileNotFoundError(
+                f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
+                f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_head or a directory written "
+                "by BDHead.save_pretrained"
+            )
+        meta = json.loads((head_dir / CONFIG_FILE).read_text())
+        expected = _verifier_shape(verifier.config)
+        if meta.get("verifier") != expected:
+            raise ValueError(
+                f"the head in {str(head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
+                f"but the verifier has {expected}; load it with the verifier it was trained on"
+            )
+        shape = HeadShape(int(meta["layers"]), int(meta["intermediate_size"]),
+                          tuple(meta["feature_layers"]), int(meta["mask_id"]))
+        head = cls(verifier, shape)
+        state = load_file(str(head_dir / WEIGHTS_FILE), device=str(head.mask_embedding.device))
+        head.load_state_dict(state)
+        return head

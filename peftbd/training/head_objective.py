@@ -1,0 +1,75 @@
+"""The block-diffusion head's objective: PEFT-BD's blocks, drafted by the head from the frozen
+verifier's features (`peftbd.models.bd_head`).
+
+The verifier (no grad) runs once over each clean sequence and yields the features of every
+position. Blocks are cut exactly as for PEFT-BD (`peftbd.training.block_diffusion`) at the
+engine's offsets (`random`: a random offset per row and epoch, so every position after the
+prompt is a block start over the epochs) and fully masked (t = 1: the head drafts in one step,
+so it is trained on what it sees when drafting). The head injects the context KV of every
+position once (c_i at position i), then runs all block chunks of a row as one query sequence
+whose 4D mask gives chunk k the context columns 0..s_k-2 and its own chunk: for each block,
+exactly the engine's draft forward (a test compares them). The loss is PEFT-BD's linear-prefix
+loss (`head.prefix_gamma`) over the block positions, through the verifier's LM head, `chunk_rows`
+positions at a time.
+
+Eval replays the engine's rounds on the rows (`peftbd.training.rounds`) with `head_drafts`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from peftbd.models.bd_head import BDHead
+from peftbd.training.block_diffusion import BlockStats, DraftBatch, block_stats
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.rounds import Drafts, round_draft_batch
+
+
+@torch.no_grad()
+def verifier_features(verifier: PreTrainedModel, ids: torch.Tensor,
+                      layers: tuple[int, ...]) -> torch.Tensor:
+    """Float (B, L, m*d): the verifier's hidden states `layers` of `ids`, concatenated (right
+    padding is harmless under causal attention)."""
+    out = verifier.model(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[k] for k in layers], -1)
+
+
+def context_cache(head: BDHead, features: torch.Tensor) -> DynamicCache:
+    """The head's context KV of every position of `features` (B, L, m*d)."""
+    cache = DynamicCache(config=head.config)
+    positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
+    head.add_context(features.to(head.mask_embedding.dtype), positions, cache)
+    return cache
+
+
+def head_chunk_hidden(head: BDHead, draft: DraftBatch, cache: DynamicCache) -> torch.Tensor:
+    """(B, K*(D+1), d): the head's hidden states of every chunk of `draft` over the context KV
+    in `cache` (left as it was)."""
+    hidden = head.block_hidden(draft.chunk_ids, draft.chunk_positions,
+                               draft.attention_mask.to(head.mask_embedding.dtype), cache)
+    cache.crop(-draft.chunk_ids.shape[1])
+    return hidden
+
+
+def head_block_stats(head: BDHead, verifier: PreTrainedModel, draft: DraftBatch,
+                     chunk_rows: int = 0) -> BlockStats:
+    """Loss and accuracy sums of `draft` drafted by the head (the loss keeps its graph)."""
+    features = verifier_features(verifier, draft.clean_ids, head.shape.feature_layers)
+    hidden = head_chunk_hidden(head, draft, context_cache(head, features))
+    return block_stats(hidden, draft, head.logits, chunk_rows)
+
+
+def head_drafts(head: BDHead, verifier: PreTrainedModel, batch: SequenceBatch, *,
+                block_size: int, pad_id: int) -> Drafts:
+    """The head's drafts of `batch`'s replayed rounds against their context KV (computed once)."""
+    features = verifier_features(verifier, batch.ids, head.shape.feature_layers)
+    cache = context_cache(head, features)
+
+    def drafts(starts: list[list[int]]) -> torch.Tensor:
+        draft = round_draft_batch(batch, starts, block_size=block_size, mask_id=head.shape.mask_id,
+                                  pad_id=pad_id, anchored=False, dtype=head.mask_embedding.dtype)
+        hidden = draft.block_view(head_chunk_hidden(head, draft, cache))[:, 0]
+        return head.draft_tokens(hidden).cpu()
+
+    return drafts
