@@ -31,8 +31,9 @@ class BDHeadDrafter:
                  vocab_ids: torch.Tensor | None = None) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size}; drafter.block_size must be >= 1 (paper: 16)")
-        head.bind(verifier, vocab_ids)  # share this verifier's embeddings and LM head
+        head.bind(verifier)  # share this verifier's embeddings and LM head
         self.head = head.eval()
+        self.vocab = None if vocab_ids is None else head.draft_vocabulary(vocab_ids)
         self.block_size = block_size
         self.feature_layers = tuple(head.shape.feature_layers)
 
@@ -66,6 +67,6 @@ class BDHeadDrafter:
                 draft_position_ids(length - 1, d, state.device),
                 draft_attention_mask(length - 1, d, False, dtype, state.device), cache,
             )
-            block = self.head.draft_tokens(hidden[:, 1:])
+            block = self.head.draft_tokens(hidden[:, 1:], self.vocab)
         cache.crop(-(d + 1))  # the chunk: the cache holds the committed context again
         return block[:, :max_tokens]

@@ -19,7 +19,8 @@ code. The chunk's KV is cropped off afterwards.
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
 `parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, two norms and
 the mask embedding. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
-(`draft_vocabulary`): their (N, d) rows are gathered once, and the argmax maps back to token ids.
+(`draft_vocabulary`): their (N, d) rows are gathered once per drafter, and the argmax maps back
+to token ids.
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ class HeadShape:
         """The shape `cfg` asks for on this verifier (0 = the verifier's MLP width)."""
         width = cfg.intermediate_size or int(verifier_config.intermediate_size)
         return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id)
+
+
+@dataclass(frozen=True)
+class DraftVocabulary:
+    """A draft LM head over N token ids (FR-Spec): the ids, their (N, d) LM-head rows, and
+    where the mask token is among them."""
+
+    ids: torch.Tensor
+    rows: torch.Tensor
+    is_mask: torch.Tensor
 
 
 def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
@@ -115,22 +126,17 @@ class BDHead(nn.Module):
         self.mask_embedding = nn.Parameter(embed[shape.mask_id].detach().clone())
         self.to(device=embed.device, dtype=embed.dtype)
 
-    def bind(self, verifier: PreTrainedModel, vocab_ids: torch.Tensor | None = None) -> None:
-        """Use `verifier`'s embeddings and LM head (kept out of this module's parameters);
-        `vocab_ids` (N,) restricts drafting to those tokens (None: the whole vocabulary)."""
+    def bind(self, verifier: PreTrainedModel) -> None:
+        """Use `verifier`'s embeddings and LM head (kept out of this module's parameters)."""
         base = verifier.get_base_model() if hasattr(verifier, "get_base_model") else verifier
-        head = _unwrapped(base.get_output_embeddings())
-        rows = None
-        if vocab_ids is not None:
-            ids = vocab_ids.to(head.weight.device)
-            rows = (ids, head.weight[ids].detach())
-        object.__setattr__(self, "_shared", (_unwrapped(base.get_input_embeddings()), head, rows))
+        object.__setattr__(self, "_shared", (_unwrapped(base.get_input_embeddings()),
+                                             _unwrapped(base.get_output_embeddings())))
 
-    @property
-    def draft_vocab_size(self) -> int:
-        """Tokens the draft LM head scores (the whole vocabulary unless restricted by `bind`)."""
-        rows = self._shared[2]
-        return self.verifier_shape["vocab_size"] if rows is None else int(rows[0].numel())
+    def draft_vocabulary(self, vocab_ids: torch.Tensor) -> DraftVocabulary:
+        """The draft LM head over `vocab_ids` (N,) only: their rows of the bound LM head."""
+        weight = self._shared[1].weight
+        ids = vocab_ids.to(device=weight.device, dtype=torch.long)
+        return DraftVocabulary(ids, weight[ids].detach(), ids == self.shape.mask_id)
 
     def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: Cache) -> None:
         """Append the context KV of `features` (B, n, m*d) at `positions` (B, n) to every head
@@ -147,8 +153,7 @@ class BDHead(nn.Module):
 
     def embed(self, chunk_ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings of chunk tokens: the verifier's rows, the mask embedding at masks."""
-        embed, _, _ = self._shared
-        x = embed(chunk_ids)
+        x = self._shared[0](chunk_ids)
         return torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
                            self.mask_embedding.to(x.dtype), x)
 
@@ -168,18 +173,16 @@ class BDHead(nn.Module):
         """Full-vocabulary logits of `hidden` (..., d) through the verifier's LM head (training)."""
         return self._shared[1](hidden)
 
-    def draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Long (...,): the greedy draft tokens of `hidden` over the draft vocabulary; the mask
-        token is never proposed."""
-        _, head, rows = self._shared
-        if rows is None:
-            logits = head(hidden).float()
+    def draft_tokens(self, hidden: torch.Tensor, vocab: DraftVocabulary | None = None) -> torch.Tensor:
+        """Long (...,): the greedy draft tokens of `hidden` over the whole vocabulary, or over
+        `vocab` (`draft_vocabulary`); the mask token is never proposed."""
+        if vocab is None:
+            logits = self.logits(hidden).float()
             logits[..., self.shape.mask_id] = -torch.inf
             return logits.argmax(-1)
-        ids, weight = rows
-        logits = nn.functional.linear(hidden, weight).float()
-        logits[..., ids == self.shape.mask_id] = -torch.inf
-        return ids[logits.argmax(-1)]
+        logits = nn.functional.linear(hidden, vocab.rows).float()
+        logits[..., vocab.is_mask] = -torch.inf
+        return vocab.ids[logits.argmax(-1)]
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the head's own weights (safetensors) and its shape and the verifier's (json)."""
