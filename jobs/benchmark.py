@@ -1,5 +1,5 @@
-"""Benchmark stage: AR, PEFT-BD (1 step; 2 steps; anchored) and FastMTP on held-out prompts ->
-results.json, report.md and Figure 1.
+"""Benchmark stage: AR, PEFT-BD (1 step; 2 steps; anchored; early exit; the offsets ablation),
+FastMTP and the block-diffusion head on held-out prompts -> results.json, report.md and Figure 1.
 
     python -m jobs.benchmark --preset tiny --artifacts outputs/tiny
     python -m jobs.benchmark --preset tiny --artifacts outputs/tiny \
@@ -8,8 +8,9 @@ results.json, report.md and Figure 1.
         --artifacts /mnt/shared/peftbd --set decoding.workers=4
 
 `--artifacts` is the main job's output root: `continuations/` (the generate artifact; its test
-split gives the prompts), `peftbd_adapter/` and `mtp_head/` (the training jobs' outputs: the
-adapter in `peftbd_adapter/adapter/`, the head in `mtp_head/mtp_head/`) and, when it exists,
+split gives the prompts; its train split, the head's draft vocabulary), `peftbd_adapter/`,
+`mtp_head/` and `bd_head/` (the training jobs' outputs: the adapter in `peftbd_adapter/adapter/`,
+the heads in `mtp_head/mtp_head/` and `bd_head/bd_head/`) and, when it exists,
 `cost_profile/` (jobs.cost_profile: the report projects its cost at scale with this run's
 acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times.
@@ -43,7 +44,7 @@ from peftbd.analysis.report import (
     read_stage_manifests,
     summary_lines,
 )
-from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.arms import DrafterDirs, arm_specs
 from peftbd.benchmarking.cost_profile import PROFILE_FILE
 from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
@@ -51,6 +52,7 @@ from peftbd.benchmarking.runner import ShardResult, run_shard
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
+from peftbd.data.draft_vocab import draft_vocabulary
 from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, source_identity
 from peftbd.layout import (
     BENCHMARK,
@@ -58,13 +60,14 @@ from peftbd.layout import (
     GENERATE,
     PEFTBD_ADAPTERS,
     TRAIN_EARLY_EXIT,
+    TRAIN_HEAD,
     TRAIN_MTP,
     TRAIN_OFFSETS,
     TRAIN_PEFTBD,
 )
 from peftbd.manifest import StageTimer, is_complete, read_manifest
 from peftbd.stage import StageCall, StageInputs
-from peftbd.models.loading import ModelUnavailableError
+from peftbd.models.loading import ModelUnavailableError, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +81,37 @@ class BenchmarkInputError(ValueError):
     """A bad option; the message says how to fix it."""
 
 
-def time_on_workers(cfg: Config, adapters: Mapping[str, Path], head: Path, prompt_set: PromptSet,
+def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
                     repeats: int) -> list[ShardResult]:
-    """Split the prompts round-robin over `decoding.workers` Ray tasks; each times its share
-    (`adapters`: {training stage name: output dir} of the PEFT-BD arms' adapters)."""
+    """Split the prompts round-robin over `decoding.workers` Ray tasks; each times its share."""
     d = cfg.decoding
     n = max(1, min(d.workers, len(prompt_set.prompts)))
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs = arm_specs(cfg)
-    dirs = {name: str(path) for name, path in adapters.items()}
     with relay() as sink:
-        refs = [task.remote(cfg, dirs, str(head), specs, prompt_set.prompts[i::n], repeats,
+        refs = [task.remote(cfg, dirs, specs, prompt_set.prompts[i::n], repeats,
                             sink and sink.part(i)) for i in range(n)]
         return ray.get(refs)
+
+
+def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs, dict[str, Any]]:
+    """Where the arms' drafters lie, and the head's draft vocabulary (`head.draft_vocab` tokens
+    of the continuation artifact's train split) as results.json records it (empty: none)."""
+    vocab: dict[str, Any] = {}
+    if cfg.head.draft_vocab > 0:
+        if GENERATE.name not in upstream:
+            raise BenchmarkInputError(
+                f"head.draft_vocab={cfg.head.draft_vocab}: the draft vocabulary is counted over the "
+                "continuation artifact's train split, and there is none under --artifacts; "
+                "generate it (python -m jobs.generate) or set head.draft_vocab=0")
+        found = draft_vocabulary(upstream[GENERATE.name], cfg.head.draft_vocab,
+                                 len(load_tokenizer(cfg)))
+        vocab = {"size": len(found.ids), "train_token_coverage": round(found.coverage, 4)}
+    dirs = DrafterDirs(
+        adapters={s.name: str(upstream[s.name]) for s in PEFTBD_ADAPTERS if s.name in upstream},
+        mtp_head=str(upstream[TRAIN_MTP.name]), bd_head=str(upstream[TRAIN_HEAD.name]),
+        draft_vocab=found.ids if vocab else None)
+    return dirs, vocab
 
 
 def _drafter_info(path: Path) -> dict[str, Any]:
@@ -106,7 +127,8 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     also for Spec-Bench prompts when they exist, for the report; the cost profile when it exists,
     for the report's "cost at the paper's architecture")."""
     root = Path(artifacts_dir)
-    needed = [TRAIN_PEFTBD, TRAIN_MTP] + ([TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else [])
+    needed = [TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD]
+    needed += [TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else []
     needed += [TRAIN_OFFSETS] if cfg.drafter.offsets_ablation else []
     needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
     if prompts == "test" or is_complete(root / GENERATE.subdir):
@@ -118,7 +140,8 @@ def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
                    prompts: str = "test", repeats: int | None = None) -> StageCall:
     """The benchmark stage over `inputs` ({stage name: artifact dir}: train_peftbd, train_mtp,
     train_early_exit when `drafter.early_exit_layers` > 0, train_offsets with
-    `drafter.offsets_ablation`, generate for test prompts), writing
+    `drafter.offsets_ablation`, train_head, generate for test prompts and the draft vocabulary),
+    writing
     results.json, report.md and Figure 1 into `out_dir`."""
     repeats = cfg.decoding.repeats if repeats is None else repeats
     if repeats < 1:
@@ -141,10 +164,12 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
     init_ray()
     log.info("benchmark: %d prompts x %d arms x %d repeats on %d worker(s)",
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
-    adapters = {spec.name: upstream[spec.name] for spec in PEFTBD_ADAPTERS if spec.name in upstream}
-    shards = time_on_workers(cfg, adapters, upstream[TRAIN_MTP.name], prompt_set, repeats)
+    dirs, vocab = drafter_dirs(cfg, upstream)
+    shards = time_on_workers(cfg, dirs, prompt_set, repeats)
     drafters = {spec.subdir: _drafter_info(upstream[spec.name])
-                for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP) if spec.name in upstream}
+                for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP, TRAIN_HEAD) if spec.name in upstream}
+    if vocab:
+        drafters[TRAIN_HEAD.subdir]["draft_vocab"] = vocab
     results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
     if COST_PROFILE.name in upstream:
         results["cost_at_scale"] = json.loads((upstream[COST_PROFILE.name] / PROFILE_FILE).read_text())
@@ -173,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     parser.add_argument("--artifacts", type=Path, default=None,
                         help="the main job's output root (holds continuations/, peftbd_adapter/, "
-                             "mtp_head/, peftbd_early_exit/ when drafter.early_exit_layers > 0 "
+                             "mtp_head/, bd_head/, peftbd_early_exit/ when drafter.early_exit_layers > 0 "
                              "and peftbd_offsets/ with drafter.offsets_ablation; default: "
                              "<paths.out_dir>/<preset>)")
     parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",

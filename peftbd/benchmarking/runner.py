@@ -9,14 +9,13 @@ lazy init). The greedy audit compares each speculative arm's first-repeat output
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from peftbd import progress
-from peftbd.benchmarking.arms import ArmModels, ArmSpec, load_arm_models
+from peftbd.benchmarking.arms import ArmModels, ArmSpec, DrafterDirs, load_arm_models
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.config import Config
@@ -81,23 +80,21 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
     return found
 
 
-def run_shard(cfg: Config, adapter_dirs: Mapping[str, str | Path], head_dir: str | Path,
-              specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int,
-              sink: Sink | None = None) -> ShardResult:
-    """Load the models, time every arm over `prompts` and audit them (one process, serial);
-    `adapter_dirs` = {training stage name: its output dir} of the PEFT-BD arms' adapters;
-    `sink` hears of every decoded prompt."""
+def run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
+              repeats: int, sink: Sink | None = None) -> ShardResult:
+    """Load the models (`dirs`: where the drafters lie), time every arm over `prompts` and audit
+    them (one process, serial); `sink` hears of every decoded prompt."""
     with progress.listening(sink):
-        return _run_shard(cfg, adapter_dirs, head_dir, specs, prompts, repeats)
+        return _run_shard(cfg, dirs, specs, prompts, repeats)
 
 
-def _run_shard(cfg: Config, adapter_dirs: Mapping[str, str | Path], head_dir: str | Path,
-               specs: Sequence[ArmSpec], prompts: Sequence[Prompt], repeats: int) -> ShardResult:
+def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
+               prompts: Sequence[Prompt], repeats: int) -> ShardResult:
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
-    models = load_arm_models(cfg, adapter_dirs, head_dir)
+    models = load_arm_models(cfg, dirs)
     results = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens)
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=results,

@@ -18,7 +18,7 @@
   "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json
 }                                      #   (peftbd.benchmarking.cost_profile.CostProfile)
 ARM = {
-  "label": str, "method": "ar" | "peftbd" | "fastmtp", "settings": {...},
+  "label": str, "method": "ar" | "peftbd" | "fastmtp" | "peftbd_head", "settings": {...},
   "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,
                "rounds": int, "mean_accepted": float}, ...],      # one per repeated run
   "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
@@ -54,11 +54,12 @@ from typing import Any
 SCHEMA = "peftbd-benchmark/2"
 
 ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
-                         "peftbd_offsets", "fastmtp")
+                         "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab")
 """Benchmark arms in report order: greedy AR, PEFT-BD (1 step unanchored; 2 steps; anchored),
 early-exit PEFT-BD (beyond the paper; only when `drafter.early_exit_layers` > 0), the
 block-offsets ablation (the adapter trained with the other `drafter.block_offsets`; only with
-`drafter.offsets_ablation`), FastMTP."""
+`drafter.offsets_ablation`), FastMTP, and the block-diffusion head (beyond the paper), over the
+whole vocabulary and over its draft vocabulary (only when `head.draft_vocab` > 0)."""
 
 ORACLE_TARGETS: tuple[str, ...] = ("fastmtp", "ar")
 """Arms whose measured throughput the draft-cost oracle asks each speculative arm to match."""

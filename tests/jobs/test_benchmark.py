@@ -13,17 +13,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from jobs.benchmark import RESULTS, main, run_benchmark
+from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
 from peftbd.analysis.report import FIGURE_1, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
-from peftbd.benchmarking.arms import arm_specs, load_arm_models
+from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
 from peftbd.config import Config, apply_override
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
-from peftbd.layout import PEFTBD_ADAPTERS
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
@@ -57,8 +56,11 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
                          "finish_reason": "length", "category": None})
             if len(rows) == N_PROMPTS + 2:
                 break
+    train = [{**r, "id": f"train-{r['id']}", "split": "train", "continuation_ids": r["prompt_ids"],
+              "continuation_len": r["prompt_len"]} for r in rows]  # counted for the draft vocabulary
     make_artifact(root / "continuations",
-                  lambda tmp: write_split(tmp, "test", pa.Table.from_pylist(rows)),
+                  lambda tmp: (write_split(tmp, "test", pa.Table.from_pylist(rows)),
+                               write_split(tmp, "train", pa.Table.from_pylist(train))),
                   wall_seconds=11.5, peak_rss_mib=512.0, peak_gpu_mib=None)
     torch.manual_seed(0)
     early_exit = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
@@ -67,7 +69,7 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
         small_cfg.drafter, block_offsets="aligned"))
     for kind, sub, cfg in (("peftbd", "peftbd_adapter", small_cfg), ("mtp", "mtp_head", small_cfg),
                            ("peftbd", "peftbd_early_exit", early_exit),
-                           ("peftbd", "peftbd_offsets", aligned)):
+                           ("peftbd", "peftbd_offsets", aligned), ("head", "bd_head", small_cfg)):
         task = make_task(kind, cfg)
         module = task.build(torch.device("cpu"))
         make_artifact(root / sub, lambda tmp, t=task, m=module: t.export(m, tmp),
@@ -78,8 +80,7 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
 def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
     prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
     specs = arm_specs(small_cfg)
-    shard = run_shard(small_cfg, _adapters(artifacts), artifacts / "mtp_head", specs, prompts,
-                      repeats=2)
+    shard = run_shard(small_cfg, _dirs(small_cfg, artifacts), specs, prompts, repeats=2)
     arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
     results = {"arms": arms}
     add_oracles(results)
@@ -116,6 +117,10 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
         "draft_layers": small_cfg.drafter.early_exit_layers}
     assert arms["peftbd_offsets"]["settings"] == {"denoise_steps": 1, "anchored": False,
                                                   "block_offsets": "aligned"}
+    assert arms["peftbd_head"]["settings"] == {}
+    assert arms["peftbd_head_vocab"]["settings"] == {"draft_vocab": small_cfg.head.draft_vocab}
+    drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
+    assert arms["peftbd_head"]["forward"]["draft"]["calls"] == len(drafting)  # one forward a round
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
@@ -134,6 +139,8 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert all(arm["audit"]["exact_pct"] == 100.0
                for arm in results["arms"].values() if arm["method"] != "ar")
     assert results["drafters"]["peftbd_adapter"]["untrained"] is True
+    vocab = results["drafters"]["bd_head"]["draft_vocab"]
+    assert vocab["size"] == small_cfg.head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
     report = (out / REPORT).read_text()
     assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
@@ -172,7 +179,7 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
     shutil.copytree(artifacts / "continuations", root / "continuations")
     with pytest.raises(StageError, match="no finished train_peftbd artifact.*jobs.train_peftbd"):
         run_benchmark(small_cfg, root, root / "out")
-    for sub in ("peftbd_adapter", "mtp_head"):
+    for sub in ("peftbd_adapter", "mtp_head", "bd_head"):
         shutil.copytree(artifacts / sub, root / sub)
     with pytest.raises(StageError, match="train_early_exit.*draft_layers=<drafter.early_exit_layers>"):
         run_benchmark(small_cfg, root, root / "out")
@@ -186,8 +193,8 @@ def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, arti
     k = small_cfg.drafter.early_exit_layers
     cfg = apply_override(small_cfg, f"drafter.early_exit_layers={k + 1}")
     with pytest.raises(ValueError, match=f"drafts from {k} layers but drafter.early_exit_layers={k + 1}"):
-        load_arm_models(cfg, _adapters(artifacts), artifacts / "mtp_head")
+        load_arm_models(cfg, _dirs(cfg, artifacts))
 
 
-def _adapters(root: Path) -> dict[str, Path]:
-    return {spec.name: root / spec.subdir for spec in PEFTBD_ADAPTERS}
+def _dirs(cfg: Config, root: Path) -> DrafterDirs:
+    return drafter_dirs(cfg, layout_inputs(cfg, root))[0]

@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.arms import DrafterDirs, arm_specs
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.runner import run_shard
 from peftbd.config import load_config
@@ -43,6 +43,8 @@ OVERRIDES = [
     "drafter.early_exit_layers=0", "drafter.offsets_ablation=false",
     "drafter.optim.global_batch_size=4", "mtp.optim.global_batch_size=4",
     "drafter.optim.max_steps=1", "mtp.optim.max_steps=1",
+    "head.optim.global_batch_size=4", "head.optim.max_steps=1",
+    "head.feature_layers=[1,2]",  # the stand-in has 2 of the 28 layers
     "training.micro_batch_size=2",  # 2 micro-batches of 2 per step (gradient accumulation)
     "training.logits_chunk_rows=16",  # several chunks per micro-batch
     # Training in fp32 here: bf16 trains on CPU (test_checkpoint runs ZeRO-2 bf16 steps), but
@@ -128,7 +130,7 @@ def _train(kind, cfg, artifact, ds_engine, out):
 @pytest.mark.slow
 def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_engine, tmp_path):
     results = {}
-    for kind in ("peftbd", "mtp"):
+    for kind in ("peftbd", "mtp", "head"):
         trainable, ckpt_bytes, estimate, growth = _train(kind, cfg, artifact, ds_engine, tmp_path / kind)
         # only what trains is saved: 12 bytes per trainable parameter under ZeRO-2 fp32 (weights,
         # AdamW moments), nothing of the 622 MB fp32 table
@@ -139,8 +141,10 @@ def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_eng
         results[kind] = (trainable, ckpt_bytes, estimate.total_mib, round(growth))
     rows, _ = artifact
     prompts = [Prompt(f"p{i}", rows["prompt_ids"][4 + i]) for i in range(cfg.decoding.num_prompts)]
-    adapters = {"train_peftbd": tmp_path / "peftbd"}
-    shard = run_shard(cfg, adapters, tmp_path / "mtp", arm_specs(cfg), prompts, repeats=1)
+    dirs = DrafterDirs(adapters={"train_peftbd": str(tmp_path / "peftbd")},
+                       mtp_head=str(tmp_path / "mtp"), bd_head=str(tmp_path / "head"),
+                       draft_vocab=list(range(cfg.head.draft_vocab)))
+    shard = run_shard(cfg, dirs, arm_specs(cfg), prompts, repeats=1)
     assert shard.dtype == "bfloat16" and shard.device == "cpu"  # what the report states
     assert set(shard.results) == {s.id for s in arm_specs(cfg)}
     assert all(not found for found in shard.mismatches.values()), shard.mismatches  # greedy audit
