@@ -25,8 +25,8 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from peftbd.analysis.acceptance import prefix_gamma  # noqa: E402
 from peftbd.benchmarking.schema import arm_items, is_speculative  # noqa: E402
 
-MARKERS = "osD^vP*X"
-LARGEST_MARKER, MARKER_STEP = 16.0, 2.0
+MARKERS = "osD^vP*Xh"
+LARGEST_MARKER, MARKER_STEP = 16.0, 1.5
 LABEL_LINE = 9.0  # points between stacked point names
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
 from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
-from peftbd.analysis import cost_at_scale
+from peftbd.analysis import cost_at_scale, head_goals
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
@@ -85,6 +85,12 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "order, each judged from the numbers below ([brackets]: the paper's). \"About the same "
         f"cost\" = within ±{SAME_COST:.0%}, \"essentially unchanged\" = within ±{UNCHANGED:.0%}.",
         "\n".join(f.markdown() for f in findings(results)),
+        "## Beyond the paper: does the block-diffusion head pay for itself?",
+        "The head (DFlash-style: its own decoder layers draft a whole block in one forward from "
+        "the verifier's hidden states, sharing its embeddings and LM head) against its goals: "
+        "speedup vs AR and draft / verify per round on this run, accepted tokens per round "
+        "(bonus included), and draft / verify per round at the paper's architecture (Table 7).",
+        head_goals.goals_table(results),
         "## Figure 1: throughput vs accepted tokens per round",
         f"![Figure 1]({FIGURE_1})",
         "## Table 1: what a round costs: draft vs verify per round, and per forward call",

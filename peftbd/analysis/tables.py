@@ -127,7 +127,7 @@ def oracle_table(results: dict[str, Any]) -> str:
 OFFLINE_AGREES = 0.2
 """The engine's accepted prefix should be within this of training's offline estimate."""
 ARM_DRAFTER = {"peftbd": "peftbd_adapter", "peftbd_early_exit": "peftbd_early_exit",
-               "peftbd_offsets": "peftbd_offsets", "fastmtp": "mtp_head"}
+               "peftbd_offsets": "peftbd_offsets", "fastmtp": "mtp_head", "peftbd_head": "bd_head"}
 """Arms (one step, unanchored, as the offline estimate drafts) -> the drafter they decode with
 (a key of results.json `drafters`: the training stage's output subdir)."""
 
