@@ -235,6 +235,7 @@ class CostProfileConfig:
     early_exit_layers: int = 14  # the early-exit arm's depth at this architecture (0: no arm)
     lora_r: int = 16  # the adapters' rank and alpha at this architecture (the paper's)
     lora_alpha: int = 32
+    draft_vocab: int = 32768  # the head's draft-vocabulary arm at this architecture (0: no arm)
     roofline_gpu: RooflineGPU = "H200"
 
 
@@ -317,7 +318,8 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                     "verifier_num_gpus": _NON_NEGATIVE},
     CostProfileConfig: {"kv_len": _POSITIVE, "repeats": _POSITIVE, "threads": _NON_NEGATIVE,
                         "num_gpus": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
-                        "lora_r": _POSITIVE, "lora_alpha": _POSITIVE},
+                        "lora_r": _POSITIVE, "lora_alpha": _POSITIVE,
+                        "draft_vocab": _NON_NEGATIVE},
 }
 _DEVICE = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
 _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {

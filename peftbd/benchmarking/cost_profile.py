@@ -11,8 +11,11 @@ drafter joins by joining the benchmark) and times their rounds with the engine's
   and alpha `cost_profile.lora_r` / `lora_alpha`, the paper's 16 / 32, on the run's
   `drafter.target_modules` plus the mask row; the early-exit one adapts the first
   `cost_profile.early_exit_layers` layers), AR and FastMTP verify
-  with the adapters off, the MTP head is random and bound to the same backbone;
-- the state is prefilled once over `kv_len` random tokens; each arm runs one untimed warm-up
+  with the adapters off, the MTP head and the block-diffusion head (`head.layers`, three
+  feature layers spread over the depth, DFlash's choice; its draft-vocabulary arm over
+  `cost_profile.draft_vocab` tokens) are random and bound to the same backbone;
+- the state is prefilled once over `kv_len` random tokens (once more keeping the verifier
+  features the head reads; the other arms' verify forwards keep none); each arm runs one untimed warm-up
   round, then every timed round starts from a copy of that state, so all rounds see the same KV
   length; arms take turns per repeat; medians (and minima) over `repeats`; arms that draft with
   the same settings (`cost_key`: the offsets ablation and `peftbd`) are timed once;
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import statistics
 import time
@@ -53,6 +57,7 @@ from peftbd.decoding.verify import prefill, unwrap
 from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.models.architecture import Architecture, build_model, resolve_architecture
+from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.loading import DTYPES, resolve_device
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import (
@@ -144,16 +149,20 @@ class CostProfile:
         return dataclasses.asdict(self)
 
 
-def profiled_specs(cfg: Config) -> list[ArmSpec]:
-    """The benchmark's arms, with the early-exit arm at `cost_profile.early_exit_layers`."""
-    drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cfg.cost_profile.early_exit_layers)
-    return arm_specs(dataclasses.replace(cfg, drafter=drafter))
+def profiled_specs(cfg: Config, vocab_size: int | None = None) -> list[ArmSpec]:
+    """The benchmark's arms, with the early-exit arm at `cost_profile.early_exit_layers` and the
+    head's draft vocabulary at `cost_profile.draft_vocab` (at most `vocab_size`)."""
+    cp = cfg.cost_profile
+    drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cp.early_exit_layers)
+    head = dataclasses.replace(cfg.head, draft_vocab=min(cp.draft_vocab, vocab_size or cp.draft_vocab))
+    return arm_specs(dataclasses.replace(cfg, drafter=drafter, head=head))
 
 
 def cost_key(spec: ArmSpec) -> tuple[Any, ...]:
     """What a round's cost depends on: the drafting settings, not the recipe an adapter was
     trained with (the offsets ablation drafts exactly as `peftbd` does, so it is timed once)."""
-    return (spec.method, spec.denoise_steps, spec.anchored, spec.mtp_steps, spec.draft_layers)
+    return (spec.method, spec.denoise_steps, spec.anchored, spec.mtp_steps, spec.draft_layers,
+            spec.draft_vocab)
 
 
 def preflight(cfg: Config) -> Architecture:
@@ -169,7 +178,8 @@ def preflight(cfg: Config) -> Architecture:
 def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
                    device: torch.device) -> ArmModels:
     """One backbone of `arch` carrying every drafter the benchmark uses, untrained (the adapters'
-    named adapters: whole-backbone and early-exit; the MTP head bound to it)."""
+    named adapters: whole-backbone and early-exit; the MTP head and the block-diffusion head
+    bound to it)."""
     verifier = build_model(arch, dtype, device, cfg.model.attn_implementation)
     early = cfg.cost_profile.early_exit_layers
     torch.manual_seed(cfg.training.seed)
@@ -182,10 +192,13 @@ def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
                          lora_config(dataclasses.replace(whole, draft_layers=early), mask_id))
         set_adapter_enabled(peft, False)
     base = unwrap(peft)
+    spread = dataclasses.replace(cfg.head, feature_layers=())  # DFlash's: 3 over the depth
+    head = BDHead(base, HeadShape.of(spread, base.config, mask_id)).eval()
     return ArmModels(verifier=base, mtp_head=MTPHead(base).eval(), eos_ids=[], mask_id=mask_id,
                      block_size=cfg.drafter.block_size, device=device,
                      adapters={TRAIN_PEFTBD.name: peft, TRAIN_OFFSETS.name: peft,
-                               TRAIN_EARLY_EXIT.name: peft})
+                               TRAIN_EARLY_EXIT.name: peft},
+                     bd_head=head, draft_vocab=list(range(base.config.vocab_size)))
 
 
 def backbone_parameters(model: torch.nn.Module) -> int:
@@ -206,13 +219,15 @@ def _activate(models: ArmModels, spec: ArmSpec) -> None:
 
 
 def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
-    """Cast a state's KV caches and hidden states to `dtype` in place."""
+    """Cast a state's KV caches, hidden states and features to `dtype` in place."""
     for cache in (state.cache, state.drafter_state):
         if isinstance(cache, DynamicCache):
             for layer in cache.layers:
                 layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
     if state.hidden is not None:
         state.hidden = state.hidden.to(dtype)
+    if state.features is not None:
+        state.features = state.features.to(dtype)
 
 
 def _median_ms(fn: Callable[[], Any], clock: Clock, repeats: int) -> float:
@@ -242,15 +257,23 @@ def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
 class _Arm:
     """One arm's engine, its drafter and the state its timed rounds start from."""
 
-    def __init__(self, models: ArmModels, spec: ArmSpec, start: DecodeState) -> None:
+    def __init__(self, models: ArmModels, spec: ArmSpec,
+                 start: Callable[[tuple[int, ...]], DecodeState]) -> None:
         self.spec = spec
         _activate(models, spec)
         self.engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (),
                                          _BUDGET)
-        self.state = copy.deepcopy(start)
+        self.state = copy.deepcopy(start(self.engine.drafter.feature_layers))
         self.engine.drafter.start(self.state)
         self.engine.step(self.state)  # warm-up: lazy inits; FastMTP's head catches up with the prompt
         self.rounds: list[tuple[float, float, int, int]] = []  # (draft ms, verify ms, calls, k)
+
+    def cast(self, models: ArmModels, dtype: torch.dtype) -> None:
+        """Move this arm to `dtype` (the models are cast already): its state, and a drafter
+        rebuilt over the cast models (the head's draft-vocabulary rows are gathered anew)."""
+        _cast_state(self.state, dtype)
+        self.engine.drafter = models.drafter_for(self.spec) or self.engine.drafter
+        self.rounds.clear()  # medians absorb the first rounds' allocations at this dtype
 
     def timed_round(self, models: ArmModels) -> None:
         _activate(models, self.spec)
@@ -312,13 +335,14 @@ def run_profile(cfg: Config) -> CostProfile:
     arch = preflight(cfg)
     dtypes = list(dict.fromkeys(cp.dtypes))
     models = profile_models(cfg, arch, DTYPES[dtypes[0]], device)
-    specs = profiled_specs(cfg)
+    specs = profiled_specs(cfg, models.verifier.config.vocab_size)
     clock = Clock(device)
     log.info("cost profile: %s (%s, weights %s) on %s, arms %s", arch.name, arch.origin,
              arch.weights, device, ", ".join(s.id for s in specs))
     generator = torch.Generator().manual_seed(cfg.training.seed)
     prompt = torch.randint(0, models.verifier.config.vocab_size, (cp.kv_len,), generator=generator)
-    start = prefill(models.verifier, prompt.tolist(), _BUDGET)
+    start = functools.cache(lambda layers: prefill(models.verifier, prompt.tolist(), _BUDGET,
+                                                   feature_layers=layers))
     timed: dict[tuple[Any, ...], _Arm] = {}
     for spec in specs:
         if cost_key(spec) not in timed:
@@ -338,7 +362,8 @@ def run_profile(cfg: Config) -> CostProfile:
     profile = CostProfile(
         architecture={"name": arch.name, "origin": arch.origin, "weights": arch.weights,
                       "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-                      "vocab_size": c.vocab_size, "parameters": backbone_parameters(models.verifier)},
+                      "vocab_size": c.vocab_size, "parameters": backbone_parameters(models.verifier),
+                      "bd_head_parameters": count_parameters(models.bd_head)[1]},
         device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
         kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
         early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,
@@ -347,11 +372,10 @@ def run_profile(cfg: Config) -> CostProfile:
     )
     for i, name in enumerate(dtypes):
         if i:
-            models.verifier.to(DTYPES[name])
-            models.mtp_head.to(DTYPES[name])
+            for module in (models.verifier, models.mtp_head, models.bd_head):
+                module.to(DTYPES[name])
             for arm in arms:
-                _cast_state(arm.state, DTYPES[name])
-                arm.rounds.clear()  # medians absorb the first rounds' allocations at this dtype
+                arm.cast(models, DTYPES[name])
         _time_arms(arms, models, cp.repeats)
         costs = per_spec({a.spec.id: a.cost() for a in arms}, lambda cost, spec, first:
                          dataclasses.replace(cost, label=spec.label, same_as=first.id))

@@ -12,9 +12,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from peftbd.benchmarking import cost_profile as cp
 from peftbd.benchmarking.forward_counter import ForwardCounter
 from peftbd.config import load_config
-from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder
+from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.drafter import NoDrafter
-from peftbd.decoding.verify import prefill
 from peftbd.models.architecture import QWEN3_0_6B, resolve_architecture
 from peftbd.models.loading import ModelUnavailableError, load_verifier
 from peftbd.models.peft_bd import adapter_on, draft_input_ids
@@ -33,13 +32,14 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     cfg = load_config("tiny", overrides=TINY_PROFILE)
     ids = [s.id for s in cp.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
-                   "peftbd_offsets", "fastmtp"]
+                   "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
     assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == 1
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
     tiny_params = sum(p.numel() for p in load_verifier(cfg).parameters())
     assert prof["architecture"]["parameters"] == tiny_params  # the backbone, no adapter counted
+    assert 0 < prof["architecture"]["bd_head_parameters"] < tiny_params
     d, steps = cfg.drafter.block_size, cfg.mtp.num_steps
     for run in prof["profiles"].values():
         arms = run["arms"]
@@ -53,6 +53,8 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
         assert (arms["peftbd"]["proposed"], arms["peftbd"]["draft_calls"]) == (d, 1)
         assert arms["peftbd_2step"]["draft_calls"] == 2
         assert (arms["fastmtp"]["proposed"], arms["fastmtp"]["draft_calls"]) == (steps, steps)
+        for head in ("peftbd_head", "peftbd_head_vocab"):  # one forward drafts the whole block
+            assert (arms[head]["proposed"], arms[head]["draft_calls"]) == (d, 1)
         assert run["mask_row"]["peft_wrappers_ms"] > 0 and run["mask_row"]["engine_ms"] > 0
         assert arms["peftbd_offsets"]["same_as"] == "peftbd" and arms["peftbd"]["same_as"] is None
         assert arms["peftbd_offsets"]["draft_ms_round"] == arms["peftbd"]["draft_ms_round"]
@@ -82,10 +84,11 @@ def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypat
                                          "cost_profile.repeats=3"])
     cp.run_profile(cfg)
     kinds = {name for name, _ in seen}
-    assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__}
+    assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__,
+                     BDHeadDrafter.__name__}
     # per timed arm: warm-up + counted round + 3 timed rounds (the offsets ablation drafts as
     # peftbd does, so it is timed once); the early-exit arm drafts from 1 layer
-    assert len(seen) == 6 * 5
+    assert len(seen) == 8 * 5
     assert sorted({depth for name, depth in seen if name == "PeftBDDrafter"}) == [1, 2]
 
 
@@ -135,14 +138,12 @@ def real_vocab_models():
 def test_no_draft_forward_copies_a_vocabulary_sized_matrix(real_vocab_models):
     cfg, models = real_vocab_models
     table = 151936 * 64
-    start = prefill(models.verifier, list(range(40)), 1 << 10)
     for spec in cp.profiled_specs(cfg):
         if spec.method == "ar":
             continue
         cp._activate(models, spec)
         engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (), 1 << 10)
-        state = cp.copy.deepcopy(start)
-        engine.drafter.start(state)
+        state = engine.start(list(range(40)))
         counter = ForwardCounter()
         with torch.inference_mode():
             engine.step(state)  # FastMTP's head first catches up with the whole prompt
