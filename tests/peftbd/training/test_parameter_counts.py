@@ -1,5 +1,6 @@
 """Trainable/total parameters on Qwen3-0.6B's architecture (meta device, no weights) against the
-paper: PEFT-BD 10.1M of 605.9M (1.666%), FastMTP 17.8M of 613.9M (2.905%)."""
+paper: PEFT-BD 10.1M of 605.9M (1.666%), FastMTP 17.8M of 613.9M (2.905%); and the
+block-diffusion head's share of the backbone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from peftbd.config import load_config
+from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters
 from peftbd.training.tasks import head_parameter_counts, parameter_summary
@@ -48,3 +50,17 @@ def test_fastmtp_counts_match_the_paper(qwen3_06b_meta):
     assert _within(summary["trainable"], 17.8e6)
     assert _within(summary["total"], 613.9e6)
     assert _within(summary["trainable_percent"], 2.905)
+
+
+def test_block_diffusion_head_is_within_five_percent_of_the_backbone(qwen3_06b_meta):
+    """The qwen3-0.6b preset's head (1 decoder layer, 3 feature layers): 15.7M of the layer, 3.1M
+    of the 3 x 1024 -> 1024 feature projection, 2 norms and the mask embedding; the verifier's
+    embeddings and LM head are shared, not counted."""
+    cfg = load_config("qwen3-0.6b")
+    head = BDHead(qwen3_06b_meta, HeadShape.of(cfg.head, qwen3_06b_meta.config, QWEN3_MASK_ID))
+    summary = parameter_summary(*head_parameter_counts(head, qwen3_06b_meta))
+    layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128  # attn, MLP, norms
+    assert summary["trainable"] == layer + 3 * 1024 * 1024 + 3 * 1024
+    backbone = count_parameters(qwen3_06b_meta)[1]
+    assert summary["trainable"] == 18_879_744  # 3.2% of the 596.0M backbone
+    assert summary["trainable"] / backbone <= 0.05  # issue 16: <= 5% of the backbone
