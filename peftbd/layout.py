@@ -58,8 +58,8 @@ TRAIN_HEAD = StageSpec(
 COST_PROFILE = StageSpec(
     "cost_profile", "cost profile at the paper's architecture", "cost_profile",
     reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
-           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head",
-           "training.seed"),
+           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head.layers",
+           "head.intermediate_size", "training.seed"),
     code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.forward_counter",
           "peftbd.benchmarking.roofline", "peftbd.benchmarking.arms", "peftbd.decoding",
           "peftbd.models", "jobs.cost_profile"),

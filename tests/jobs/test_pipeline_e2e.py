@@ -14,6 +14,7 @@ TRIM = [
     "drafter.optim.max_steps=40", "mtp.optim.max_steps=40",
     "drafter.optim.eval_every=20", "drafter.optim.checkpoint_every=20",
     "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
+    "head.optim.max_steps=40", "head.optim.eval_every=20", "head.optim.checkpoint_every=20",
     "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
     "decoding.max_new_tokens=24",
     # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)
@@ -21,9 +22,9 @@ TRIM = [
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
 STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "peftbd_offsets", "mtp_head",
-          "cost_profile", "benchmark")
+          "bd_head", "cost_profile", "benchmark")
 NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
-         "cost_profile", "benchmark")
+         "train_head", "cost_profile", "benchmark")
 
 
 def _pipeline(out: Path, *extra: str) -> str:
