@@ -95,9 +95,10 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "drafter.block_offsets": ("shifted", "'random', 'aligned'"),
     "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "head.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "training.precision": ("fp16", "'fp32', 'bf16'"),
     "training.zero_stage": ("4", "0, 1, 2, 3"),
-    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp'"),
+    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp', 'peft-bd-head'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
 }
 
