@@ -5,7 +5,8 @@ KV choice: the head keeps its own cache per request (`state.drafter_state`): per
 context KV of every committed position but the last, exactly the positions of the verifier's
 cache. Each round first injects the context KV of the positions the last verify (or prefill)
 cached, from their features in `state.features`; then one forward over the chunk
-`[last committed token, D masks]` proposes D tokens, and the chunk's KV is cropped off. The
+`[last committed token, D masks]` (the token's input fused with the last cached position's
+context) proposes D tokens, and the chunk's KV is cropped off. The
 drafter never reads the verifier's KV (`kv_layers = 0`): a split drafter replica needs only the
 committed tokens and the new positions' features.
 """
@@ -61,11 +62,13 @@ class BDHeadDrafter:
         d, dtype = self.block_size, self.head.mask_embedding.dtype
         with state.forwards.timed("draft"):
             positions = torch.arange(cached, cached + n, device=state.device).unsqueeze(0)
-            self.head.add_context(state.features.to(dtype), positions, cache)
+            context = self.head.context(state.features)
+            self.head.add_context(context, positions, cache)
             hidden = self.head.block_hidden(
                 draft_input_ids(state.tokens[-1], self.head.shape.mask_id, d, state.device),
                 draft_position_ids(length - 1, d, state.device),
                 draft_attention_mask(length - 1, d, False, dtype, state.device), cache,
+                anchor=context[:, -1:],  # the last cached position: the one that predicted b
             )
             block = self.head.draft_tokens(hidden[:, 1:], self.vocab)
         cache.crop(-(d + 1))  # the chunk: the cache holds the committed context again

@@ -9,12 +9,13 @@ with its own k_proj / k_norm / v_proj at position i (rotary included): the conte
 into that layer's cache once per committed position (DFlash's KV injection; no attention or MLP
 runs over the context).
 
-Block. The chunk `[b, m_1..m_D]` (b = the last committed token, embedded by the verifier's
-table; m = the head's learned mask embedding) runs through the head's layers at positions
-t..t+D over [context KV | chunk] with PEFT-BD's draft pattern (`peftbd.models.peft_bd`:
-unanchored); the head's final norm and the verifier's LM head give the logits, chunk position
-j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so training cuts blocks with the same
-code. The chunk's KV is cropped off afterwards.
+Block. The chunk `[b, m_1..m_D]` (b = the last committed token at position t, embedded by the
+verifier's table plus c_{t-1}, the context of the position that predicted it, as EAGLE and MTP
+fuse a token with its predecessor's hidden state; m = the head's learned mask embedding) runs
+through the head's layers at positions t..t+D over [context KV | chunk] with PEFT-BD's draft
+pattern (`peftbd.models.peft_bd`: unanchored); the head's final norm and the verifier's LM head
+give the logits, chunk position j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so
+training cuts blocks with the same code. The chunk's KV is cropped off afterwards.
 
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
 `parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, two norms and
@@ -138,31 +139,39 @@ class BDHead(nn.Module):
         ids = vocab_ids.to(device=weight.device, dtype=torch.long)
         return DraftVocabulary(ids, weight[ids].detach(), ids == self.shape.mask_id)
 
-    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: Cache) -> None:
-        """Append the context KV of `features` (B, n, m*d) at `positions` (B, n) to every head
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """c (B, n, d): the projected context of verifier `features` (B, n, m*d)."""
+        return self.context_norm(self.project(features.to(self.mask_embedding.dtype)))
+
+    def add_context(self, context: torch.Tensor, positions: torch.Tensor, cache: Cache) -> None:
+        """Append the KV of `context` (B, n, d; `context`) at `positions` (B, n) to every head
         layer's entry of `cache` (see module doc)."""
-        c = self.context_norm(self.project(features))
-        cos, sin = self.rotary_emb(c, positions)
+        cos, sin = self.rotary_emb(context, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for layer in self.layers:
             attn = layer.self_attn
-            shape = (*c.shape[:-1], -1, attn.head_dim)
-            k = attn.k_norm(attn.k_proj(c).view(shape)).transpose(1, 2)
-            v = attn.v_proj(c).view(shape).transpose(1, 2)
+            shape = (*context.shape[:-1], -1, attn.head_dim)
+            k = attn.k_norm(attn.k_proj(context).view(shape)).transpose(1, 2)
+            v = attn.v_proj(context).view(shape).transpose(1, 2)
             cache.update(k * cos + rotate_half(k) * sin, v, attn.layer_idx)
 
-    def embed(self, chunk_ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings of chunk tokens: the verifier's rows, the mask embedding at masks."""
+    def embed(self, chunk_ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of K chunks `chunk_ids` (B, K*(D+1)): the verifier's rows, the mask
+        embedding at masks, and at each chunk's first token b its predecessor's context
+        `anchor` (B, K, d) added (see module doc)."""
         x = self._shared[0](chunk_ids)
-        return torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
-                           self.mask_embedding.to(x.dtype), x)
+        x = torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
+                        self.mask_embedding.to(x.dtype), x)
+        b, k = anchor.shape[:2]
+        x = x.view(b, k, -1, x.shape[-1])
+        return torch.cat([x[:, :, :1] + anchor.unsqueeze(2).to(x.dtype), x[:, :, 1:]], 2).flatten(1, 2)
 
     def block_hidden(self, chunk_ids: torch.Tensor, positions: torch.Tensor,
-                     attention_mask: torch.Tensor, cache: Cache) -> torch.Tensor:
+                     attention_mask: torch.Tensor, cache: Cache, anchor: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states (B, Q, d) of chunks `chunk_ids` (B, Q) at `positions`
-        over [cache | chunks] with the additive 4D `attention_mask`; appends the chunks' KV to
-        `cache` (the caller crops it)."""
-        x = self.embed(chunk_ids)
+        over [cache | chunks] with the additive 4D `attention_mask` (`anchor`: see `embed`);
+        appends the chunks' KV to `cache` (the caller crops it)."""
+        x = self.embed(chunk_ids, anchor)
         rotary = self.rotary_emb(x, positions)
         for layer in self.layers:
             x = layer(x, attention_mask=attention_mask, position_ids=positions, cache=cache,

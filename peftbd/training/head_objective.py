@@ -7,8 +7,8 @@ engine's offsets (`random`: a random offset per row and epoch, so every position
 prompt is a block start over the epochs) and fully masked (t = 1: the head drafts in one step,
 so it is trained on what it sees when drafting). The head injects the context KV of every
 position once (c_i at position i), then runs all block chunks of a row as one query sequence
-whose 4D mask gives chunk k the context columns 0..s_k-2 and its own chunk: for each block,
-exactly the engine's draft forward (a test compares them). The loss is PEFT-BD's linear-prefix
+whose 4D mask gives chunk k the context columns 0..s_k-2 and its own chunk, chunk k's first token
+fused with c_{s_k-2}: for each block, exactly the engine's draft forward (a test compares them). The loss is PEFT-BD's linear-prefix
 loss (`head.prefix_gamma`) over the block positions, through the verifier's LM head, `chunk_rows`
 positions at a time.
 
@@ -16,6 +16,8 @@ Eval replays the engine's rounds on the rows (`peftbd.training.rounds`) with `he
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -35,20 +37,33 @@ def verifier_features(verifier: PreTrainedModel, ids: torch.Tensor,
     return torch.cat([out.hidden_states[k] for k in layers], -1)
 
 
-def context_cache(head: BDHead, features: torch.Tensor) -> DynamicCache:
-    """The head's context KV of every position of `features` (B, L, m*d)."""
+@dataclass(frozen=True)
+class HeadContext:
+    """The projected context of every position of a batch and its KV in the head's cache."""
+
+    context: torch.Tensor  # (B, L, d)
+    cache: DynamicCache
+
+
+def head_context(head: BDHead, features: torch.Tensor) -> HeadContext:
+    """The head's context of every position of `features` (B, L, m*d), and its KV."""
+    context = head.context(features)
     cache = DynamicCache(config=head.config)
     positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
-    head.add_context(features.to(head.mask_embedding.dtype), positions, cache)
-    return cache
+    head.add_context(context, positions, cache)
+    return HeadContext(context, cache)
 
 
-def head_chunk_hidden(head: BDHead, draft: DraftBatch, cache: DynamicCache) -> torch.Tensor:
+def head_chunk_hidden(head: BDHead, draft: DraftBatch, ctx: HeadContext) -> torch.Tensor:
     """(B, K*(D+1), d): the head's hidden states of every chunk of `draft` over the context KV
-    in `cache` (left as it was)."""
+    in `ctx` (left as it was); chunk k's first token at position s-1 is fused with c_{s-2}."""
+    anchors = draft.chunk_positions[:, :: draft.block_size + 1]  # (B, K): each chunk's s - 1
+    index = (anchors - 1).clamp_min(0)  # dummy chunks sit at 0 (they carry no loss)
+    anchor = ctx.context.gather(1, index.unsqueeze(-1).expand(-1, -1, ctx.context.shape[-1]))
     hidden = head.block_hidden(draft.chunk_ids, draft.chunk_positions,
-                               draft.attention_mask.to(head.mask_embedding.dtype), cache)
-    cache.crop(-draft.chunk_ids.shape[1])
+                               draft.attention_mask.to(head.mask_embedding.dtype), ctx.cache,
+                               anchor=anchor)
+    ctx.cache.crop(-draft.chunk_ids.shape[1])
     return hidden
 
 
@@ -56,20 +71,19 @@ def head_block_stats(head: BDHead, verifier: PreTrainedModel, draft: DraftBatch,
                      chunk_rows: int = 0) -> BlockStats:
     """Loss and accuracy sums of `draft` drafted by the head (the loss keeps its graph)."""
     features = verifier_features(verifier, draft.clean_ids, head.shape.feature_layers)
-    hidden = head_chunk_hidden(head, draft, context_cache(head, features))
+    hidden = head_chunk_hidden(head, draft, head_context(head, features))
     return block_stats(hidden, draft, head.logits, chunk_rows)
 
 
 def head_drafts(head: BDHead, verifier: PreTrainedModel, batch: SequenceBatch, *,
                 block_size: int, pad_id: int) -> Drafts:
     """The head's drafts of `batch`'s replayed rounds against their context KV (computed once)."""
-    features = verifier_features(verifier, batch.ids, head.shape.feature_layers)
-    cache = context_cache(head, features)
+    ctx = head_context(head, verifier_features(verifier, batch.ids, head.shape.feature_layers))
 
     def drafts(starts: list[list[int]]) -> torch.Tensor:
         draft = round_draft_batch(batch, starts, block_size=block_size, mask_id=head.shape.mask_id,
                                   pad_id=pad_id, anchored=False, dtype=head.mask_embedding.dtype)
-        hidden = draft.block_view(head_chunk_hidden(head, draft, cache))[:, 0]
+        hidden = draft.block_view(head_chunk_hidden(head, draft, ctx))[:, 0]
         return head.draft_tokens(hidden).cpu()
 
     return drafts
