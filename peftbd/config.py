@@ -155,6 +155,7 @@ class HeadConfig:
     feature_layers: tuple[int, ...] = ()  # verifier hidden states (0 = embeddings, L = final); () = 3 spread
     draft_vocab: int = 0  # > 0: a second arm drafts over the artifact's N most frequent tokens
     prefix_gamma: float = 0.9  # the linear-prefix loss's discount per block position
+    block_stride: int = 4  # training cuts a (whole, overlapping) block every this many positions
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
 
 
@@ -302,7 +303,7 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                     "prefix_gamma": _FRACTION},
     MTPConfig: {"num_steps": _POSITIVE},
     HeadConfig: {"layers": _POSITIVE, "intermediate_size": _NON_NEGATIVE,
-                 "draft_vocab": _NON_NEGATIVE, "prefix_gamma": _FRACTION},
+                 "draft_vocab": _NON_NEGATIVE, "prefix_gamma": _FRACTION, "block_stride": _POSITIVE},
     TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
                      "max_failures": (-1, None),  # Ray Train's FailureConfig: -1 = retry forever
                      "micro_batch_size": _NON_NEGATIVE, "logits_chunk_rows": _NON_NEGATIVE},

@@ -10,16 +10,17 @@ into that layer's cache once per committed position (DFlash's KV injection; no a
 runs over the context).
 
 Block. The chunk `[b, m_1..m_D]` (b = the last committed token at position t, embedded by the
-verifier's table plus c_{t-1}, the context of the position that predicted it, as EAGLE and MTP
-fuse a token with its predecessor's hidden state; m = the head's learned mask embedding) runs
+verifier's table and fused with c_{t-1}, the context of the position that predicted it,
+W_f [RMSNorm(E b); c_{t-1}], as EAGLE and MTP fuse a token with its predecessor's hidden state;
+m = the head's learned mask embedding) runs
 through the head's layers at positions t..t+D over [context KV | chunk] with PEFT-BD's draft
 pattern (`peftbd.models.peft_bd`: unanchored); the head's final norm and the verifier's LM head
 give the logits, chunk position j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so
 training cuts blocks with the same code. The chunk's KV is cropped off afterwards.
 
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
-`parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, two norms and
-the mask embedding. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
+`parameters()`, `state_dict()` and `save_pretrained` hold only W_c, W_f, the layers, three
+norms and the mask embedding. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
 (`draft_vocabulary`): their (N, d) rows are gathered once per drafter, and the argmax maps back
 to token ids.
 """
@@ -119,6 +120,8 @@ class BDHead(nn.Module):
         self.verifier_shape = _verifier_shape(vcfg)
         self.project = nn.Linear(len(shape.feature_layers) * d, d, bias=False)
         self.context_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
+        self.anchor_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
+        self.fuse = nn.Linear(2 * d, d, bias=False)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i) for i in range(shape.layers))
         self.norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
@@ -157,14 +160,15 @@ class BDHead(nn.Module):
 
     def embed(self, chunk_ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Input embeddings of K chunks `chunk_ids` (B, K*(D+1)): the verifier's rows, the mask
-        embedding at masks, and at each chunk's first token b its predecessor's context
-        `anchor` (B, K, d) added (see module doc)."""
+        embedding at masks, and each chunk's first token b fused with its predecessor's context
+        `anchor` (B, K, d): W_f [RMSNorm(E b); c_{t-1}] (see module doc)."""
         x = self._shared[0](chunk_ids)
         x = torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
                         self.mask_embedding.to(x.dtype), x)
         b, k = anchor.shape[:2]
         x = x.view(b, k, -1, x.shape[-1])
-        return torch.cat([x[:, :, :1] + anchor.unsqueeze(2).to(x.dtype), x[:, :, 1:]], 2).flatten(1, 2)
+        first = self.fuse(torch.cat([self.anchor_norm(x[:, :, 0]), anchor.to(x.dtype)], -1))
+        return torch.cat([first.unsqueeze(2), x[:, :, 1:]], 2).flatten(1, 2)
 
     def block_hidden(self, chunk_ids: torch.Tensor, positions: torch.Tensor,
                      attention_mask: torch.Tensor, cache: Cache, anchor: torch.Tensor) -> torch.Tensor:

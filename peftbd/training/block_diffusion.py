@@ -89,14 +89,18 @@ def block_offset(seed: int, epoch: int, row_id: str, block_size: int) -> int:
 
 
 def block_starts(
-    batch: SequenceBatch, block_size: int, offsets: BlockOffsets, seed: int, epoch: int
+    batch: SequenceBatch, block_size: int, offsets: BlockOffsets, seed: int, epoch: int,
+    stride: int | None = None,
 ) -> list[list[int]]:
-    """Each row's block starts s (the index of the block's first token, see module doc)."""
+    """Each row's block starts s (the index of the block's first token, see module doc): one
+    every `stride` positions (default `block_size`: blocks tile the row; smaller: they overlap,
+    each still a whole draft), the random offset drawn in [0, stride)."""
+    stride = stride or block_size
     rows = zip(batch.prompt_lens.tolist(), batch.lengths.tolist(), batch.row_ids, strict=True)
     starts = []
     for p, n, row_id in rows:
-        first = p if offsets == "aligned" else p + 1 + block_offset(seed, epoch, row_id, block_size)
-        starts.append(list(range(first, n, block_size)))
+        first = p if offsets == "aligned" else p + 1 + block_offset(seed, epoch, row_id, stride)
+        starts.append(list(range(first, n, stride)))
     return starts
 
 

@@ -49,7 +49,8 @@ class HeadTask:
     def _stats(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> BlockStats:
         d, seed = self.cfg.drafter.block_size, self.cfg.training.seed
         draft = build_draft_batch(
-            batch, block_starts(batch, d, "random", seed, epoch), block_size=d,
+            batch, block_starts(batch, d, "random", seed, epoch, self.cfg.head.block_stride),
+            block_size=d,
             mask_id=self.mask_id, pad_id=self.pad_id, anchored=False, gamma=self.cfg.head.prefix_gamma,
             t_range=(1.0, 1.0), seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
         )

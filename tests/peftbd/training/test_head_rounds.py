@@ -116,8 +116,8 @@ def test_exported_head_loads_bit_identical(trained, tmp_path):
         assert torch.equal(a, b), name
     own = {n for n, _ in head.named_parameters()}
     assert not any(n.startswith(("embed", "lm_head")) for n in own)  # shared, not copied
-    assert {n.split(".")[0] for n in own} == {"project", "context_norm", "layers", "norm",
-                                                 "mask_embedding"}
+    assert {n.split(".")[0] for n in own} == {"project", "context_norm", "anchor_norm", "fuse",
+                                                 "layers", "norm", "mask_embedding"}
 
 
 def test_loading_onto_another_verifier_shape_fails_clearly(trained, tmp_path):
