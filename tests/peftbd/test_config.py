@@ -95,9 +95,10 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "drafter.block_offsets": ("shifted", "'random', 'aligned'"),
     "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "head.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "training.precision": ("fp16", "'fp32', 'bf16'"),
     "training.zero_stage": ("4", "0, 1, 2, 3"),
-    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp'"),
+    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp', 'peft-bd-head'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
 }
 
@@ -162,7 +163,7 @@ def test_consumers_derive_their_sets_from_the_config():
     from peftbd.models.loading import DTYPES
     from peftbd.serving.schemas import METHODS
 
-    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp")
+    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp", "peft-bd-head")
     assert tuple(DTYPES) == ("float32", "bfloat16", "float16")
 
 

@@ -62,12 +62,12 @@ def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
 def _split(models, prompt, method, lose_at: int | None = None,
            drafter: ReplicaDecoder | None = None, drafts: list | None = None,
            events: list | None = None, oracle: list[int] | None = None,
-           on_round=None) -> tuple[list[int], int]:
+           on_round=None, verifier: ReplicaDecoder | None = None) -> tuple[list[int], int]:
     """Run the split protocol in-process as the ingress does (the verifier's features go to the
     next propose); at round `lose_at` both replicas lose the session. `drafts` collects every
     proposal, `events` every step; `oracle` (the expected tokens) is verified in place of the
     drafts (so they are accepted); `on_round(n, drafter)` runs before round n."""
-    drafter, verifier = drafter or ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
+    drafter, verifier = drafter or ReplicaDecoder(models, 4), verifier or ReplicaDecoder(models, 4)
     reply = verifier.prefill("s", prompt, MAX_NEW, method)
     event = prefill_event(reply, 5.0)
     committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
@@ -267,3 +267,24 @@ def test_feature_block_round_trips_in_its_dtype():
         assert torch.equal(block.decode(), x)
     with pytest.raises(ValueError, match="rows x width"):
         dataclasses.replace(block, rows=4).decode()
+
+
+def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models, prompt, reference,
+                                                              tmp_path):
+    """`head_dir`: the Drafter loads the head, the Verifier (AR only, as deployed) keeps the
+    feature layers its saved shape records, not `cfg.head`'s."""
+    from peftbd.models.bd_head import BDHead, HeadShape
+    from peftbd.serving.models import load_serving_models
+
+    shape = HeadShape(1, 64, (0, 2), models.decoder(HEAD).drafter.head.shape.mask_id)
+    torch.manual_seed(0)
+    BDHead(models.model.get_base_model(), shape).save_pretrained(tmp_path / "bd_head")
+    drafter = load_serving_models(tiny_cfg, (HEAD,), head_dir=tmp_path)
+    verifier = load_serving_models(tiny_cfg, ("ar",), head_dir=tmp_path)
+    assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.head.feature_layers)
+    assert verifier.verifier_decoder(HEAD).drafter.feature_layers == (0, 2)
+    replica = ReplicaDecoder(drafter, 4)
+    tokens, resumes = _split(drafter, prompt, HEAD, drafter=replica,
+                             verifier=ReplicaDecoder(verifier, 4))
+    assert tokens == reference and resumes == 0
+    assert set(replica.sessions.get("s").state.forwards.calls) == {"draft"}
