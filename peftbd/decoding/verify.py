@@ -2,7 +2,8 @@
 
 All three run the verifier (adapter OFF) over the tokens not yet in the cache, with explicit
 positions, and keep the cache invariant of `DecodeState`: after each call the cache holds the
-verifier KV of every committed token but the last.
+verifier KV of every committed token but the last. `advance_with_features` is the exception a
+split drafter that reads only verifier features uses: it commits without a forward.
 """
 
 from __future__ import annotations

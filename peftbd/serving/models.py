@@ -109,9 +109,10 @@ def load_serving_models(
                          lambda d: MTPHead.from_pretrained(d, verifier), lambda: MTPHead(verifier))
             drafter = MTPDrafter(head, verifier, cfg.mtp.num_steps)
         elif method == "peft-bd-head":
-            shape = HeadShape.of(cfg.head, verifier.config, tokenizer.mask_token_id)
             head = _head("head_dir", head_dir, cfg.training.seed,
-                         lambda d: BDHead.from_pretrained(d, verifier), lambda: BDHead(verifier, shape))
+                         lambda d: BDHead.from_pretrained(d, verifier),
+                         lambda: BDHead(verifier, HeadShape.of(cfg.head, verifier.config,
+                                                               tokenizer.mask_token_id)))
             drafter = BDHeadDrafter(head, verifier, cfg.drafter.block_size)
         decoders[method] = SpeculativeDecoder(model, drafter, eos, budget)
     layers = head_feature_layers(cfg, verifier.config, head_dir)
