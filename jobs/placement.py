@@ -1,12 +1,14 @@
 """The placement experiment: the same prompts through the colocated and the split app (and, on a
-cluster, split across nodes, on one node, on fractional GPUs), per method (ar, peft-bd, fastmtp).
+cluster, split across nodes, on one node, on fractional GPUs), per method (ar, peft-bd, fastmtp,
+peft-bd-head).
 
     python -m jobs.placement --preset tiny --out outputs/tiny/placement
-    python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --out /shared/...
+    python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --head-dir H --out ...
 
 Reports per placement and method: tokens/s, tokens per round and, per round, draft / verify /
 sync / other ms (replica-side) and transport ms (ingress wall time of the remote calls minus the
-replica-side time), draft cost / verify cost; as placement.json and placement.md.
+replica-side time), draft cost / verify cost, verifier feature bytes per token (split head);
+as placement.json and placement.md.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
-from peftbd.layout import PLACEMENT, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.layout import PLACEMENT, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.serving.schemas import METHODS
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
 CLUSTER_RESOURCES = ("drafter", "verifier")  # custom resources of cluster.yaml's GPU node types
+DRAFTER_DIRS = {"adapter_dir": TRAIN_PEFTBD, "mtp_dir": TRAIN_MTP, "head_dir": TRAIN_HEAD}
+"""`AppArgs` field -> the stage whose output it names (an upstream of the experiment)."""
 
 
 def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -99,20 +103,22 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
 
 
 def placement_call(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
-                   mtp_dir: str | None = None) -> StageCall:
+                   mtp_dir: str | None = None, head_dir: str | None = None) -> StageCall:
     """The placement experiment as a stage (`peftbd.layout.PLACEMENT`): reruns only when the
     config it reads, the drafters or the serving code changed."""
-    upstream = {name: Path(d) for name, d in ((TRAIN_PEFTBD.name, adapter_dir), (TRAIN_MTP.name, mtp_dir)) if d}
+    dirs = {"adapter_dir": adapter_dir, "mtp_dir": mtp_dir, "head_dir": head_dir}
+    upstream = {DRAFTER_DIRS[arg].name: Path(d) for arg, d in dirs.items() if d}
     build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
     return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build,
                      extra={"source": source_identity(cfg)})  # a local source: its content
 
 
 def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
-                  mtp_dir: str | None = None, force: bool = False) -> Path:
+                  mtp_dir: str | None = None, force: bool = False,
+                  head_dir: str | None = None) -> Path:
     """Run every placement in `cfg.serving.placements` (those the cluster cannot host are
     skipped with the reason); write placement.json, placement.md and manifest.json."""
-    placement_call(cfg, out_dir, adapter_dir, mtp_dir).run(force)
+    placement_call(cfg, out_dir, adapter_dir, mtp_dir, head_dir).run(force)
     return Path(out_dir)
 
 
@@ -129,10 +135,9 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     init_ray()
     prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
                             cfg.serving.max_prompt_tokens)
-    adapter_dir, mtp_dir = (str(upstream[s.name]) if s.name in upstream else None
-                            for s in (TRAIN_PEFTBD, TRAIN_MTP))
-    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), adapter_dir=adapter_dir,
-                   mtp_dir=mtp_dir)
+    dirs = {arg: str(upstream[s.name]) if s.name in upstream else None
+            for arg, s in DRAFTER_DIRS.items()}
+    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), **dirs)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     builders = {"colocated": colocated.build, "split": split.build}
@@ -155,7 +160,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     notes = [
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, requests one at a time; preset {cfg.preset}",
-        f"adapter: {adapter_dir or 'untrained'}; MTP head: {mtp_dir or 'untrained'}",
+        f"adapter: {dirs['adapter_dir'] or 'untrained'}; MTP head: {dirs['mtp_dir'] or 'untrained'}; "
+        f"block-diffusion head: {dirs['head_dir'] or 'untrained'}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
     result = {"summary": summary, "skipped": skipped, "notes": notes,
@@ -189,11 +195,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter-dir", default=None,
                         help="a trained PEFT-BD adapter: the output dir of train_peftbd (either depth)")
     parser.add_argument("--mtp-dir", default=None, help="a trained MTP head: the output dir of train_mtp")
+    parser.add_argument("--head-dir", default=None,
+                        help="a trained block-diffusion head: the output dir of train_head")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
-    run_stage_job(PLACEMENT, out, lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir),
-                  args.force, args.verbose, (ValueError,), before_exit=shutdown)
+    call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731
+    run_stage_job(PLACEMENT, out, call, args.force, args.verbose, (ValueError,),
+                  before_exit=shutdown)
     print((out / "placement.md").read_text())
     print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)
 

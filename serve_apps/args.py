@@ -26,8 +26,8 @@ class AppArgs(BaseModel):
     """What both apps take: the config (preset, YAML file, --set overrides) and trained drafters.
 
     `adapter_dir`: a PEFT-BD adapter (`jobs/train_peftbd.py`); `mtp_dir`: an MTP head
-    (`jobs/train_mtp.py`). Without them, untrained ones are attached (exact output, low
-    acceptance).
+    (`jobs/train_mtp.py`); `head_dir`: a block-diffusion head (`jobs/train_head.py`). Without
+    them, untrained ones are attached (exact output, low acceptance).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -37,6 +37,7 @@ class AppArgs(BaseModel):
     overrides: list[str] = []
     adapter_dir: str | None = None
     mtp_dir: str | None = None
+    head_dir: str | None = None
 
     def load(self) -> Config:
         """The config these args name, checked for serving."""

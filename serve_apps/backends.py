@@ -90,7 +90,9 @@ class ColocatedBackend:
 
 class SplitBackend:
     """Runs the rounds: Drafter.propose then Verifier.verify, pinned to the request's replicas
-    by `session_id`; each call carries the committed tokens."""
+    by `session_id`; each call carries the committed tokens, and each propose the verifier
+    features of the last prefill / verify reply (a `FeatureBlock` for the block-diffusion head,
+    else None)."""
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
@@ -103,18 +105,18 @@ class SplitBackend:
         verifier = self.verifier.options(session_id=sid)
         try:
             reply, wall = await self.retry.call(
-                "Verifier", lambda: verifier.prefill.remote(sid, prompt, budget))
+                "Verifier", lambda: verifier.prefill.remote(sid, prompt, budget, spec.method))
             event = prefill_event(reply, wall)
             committed = prompt + event.tokens
             yield event
             while not event.done:
-                proposal, draft_wall = None, 0.0
+                proposal, draft_wall, features = None, 0.0, reply["features"]
                 if spec.method != "ar":
                     proposal, draft_wall = await self.retry.call("Drafter", lambda: drafter.propose.remote(
-                        sid, committed, len(prompt), budget, spec.method))
+                        sid, committed, len(prompt), budget, spec.method, features))
                 draft = proposal["draft"] if proposal else []
                 reply, verify_wall = await self.retry.call("Verifier", lambda: verifier.verify.remote(
-                    sid, committed, len(prompt), budget, draft))
+                    sid, committed, len(prompt), budget, draft, spec.method))
                 event = split_round(proposal, draft_wall, reply, verify_wall)
                 committed = committed + event.tokens
                 yield event

@@ -13,8 +13,10 @@ from typing import Any
 
 from ray import serve
 
+from peftbd.serving.features import FeatureBlock
 from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
+from peftbd.serving.schemas import METHODS
 from serve_apps.args import MAX_ONGOING, SESSION_ROUTER, AppArgs
 
 
@@ -26,7 +28,8 @@ class _ModelReplica:
     def __init__(self, args: dict[str, Any]) -> None:
         app = AppArgs.model_validate(args)
         cfg = app.load()
-        models = load_serving_models(cfg, self.methods, app.adapter_dir, app.mtp_dir)
+        models = load_serving_models(cfg, self.methods, app.adapter_dir, app.mtp_dir,
+                                     head_dir=app.head_dir)
         self.decoder = ReplicaDecoder(models, cfg.serving.max_sessions)
 
     def release(self, session_id: str) -> None:
@@ -43,9 +46,10 @@ class _ModelReplica:
 
 @serve.deployment(name="Engine", max_ongoing_requests=MAX_ONGOING)
 class Engine(_ModelReplica):
-    """Colocated: verifier, adapter and MTP head in one replica, running the whole loop."""
+    """Colocated: verifier, adapter, MTP head and block-diffusion head in one replica, running
+    the whole loop."""
 
-    methods = ("ar", "peft-bd", "fastmtp")
+    methods = METHODS
 
     def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
                committed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
@@ -57,14 +61,18 @@ class Engine(_ModelReplica):
 @serve.deployment(name="Drafter", max_ongoing_requests=MAX_ONGOING,
                   request_router_config=SESSION_ROUTER)
 class Drafter(_ModelReplica):
-    """Split: the drafters (PEFT-BD adapter on the backbone, MTP head) and their sessions."""
+    """Split: the drafters (PEFT-BD adapter on the backbone, MTP head, block-diffusion head) and
+    their sessions."""
 
-    methods = ("peft-bd", "fastmtp")
+    methods = tuple(m for m in METHODS if m != "ar")
 
     def propose(self, session_id: str, committed: list[int], prompt_len: int,
-                max_new_tokens: int, method: str) -> dict[str, Any]:
-        """Catch up with `committed` and draft the next block."""
-        return self.decoder.propose(session_id, committed, prompt_len, max_new_tokens, method)
+                max_new_tokens: int, method: str,
+                features: FeatureBlock | None = None) -> dict[str, Any]:
+        """Catch up with `committed` (the head: with the verifier's `features`, no forward) and
+        draft the next block."""
+        return self.decoder.propose(session_id, committed, prompt_len, max_new_tokens, method,
+                                    features)
 
 
 @serve.deployment(name="Verifier", max_ongoing_requests=MAX_ONGOING,
@@ -74,11 +82,13 @@ class Verifier(_ModelReplica):
 
     methods = ("ar",)
 
-    def prefill(self, session_id: str, prompt_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-        """Start a request; commits its first token."""
-        return self.decoder.prefill(session_id, prompt_ids, max_new_tokens)
+    def prefill(self, session_id: str, prompt_ids: list[int], max_new_tokens: int,
+                method: str = "ar") -> dict[str, Any]:
+        """Start a request; commits its first token (with the features its drafter reads)."""
+        return self.decoder.prefill(session_id, prompt_ids, max_new_tokens, method)
 
     def verify(self, session_id: str, committed: list[int], prompt_len: int,
-               max_new_tokens: int, draft: list[int]) -> dict[str, Any]:
+               max_new_tokens: int, draft: list[int], method: str = "ar") -> dict[str, Any]:
         """Verify `draft` after `committed`; commits the accepted prefix plus the bonus token."""
-        return self.decoder.verify(session_id, committed, prompt_len, max_new_tokens, draft)
+        return self.decoder.verify(session_id, committed, prompt_len, max_new_tokens, draft,
+                                   method)

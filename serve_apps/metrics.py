@@ -8,7 +8,10 @@ Ray derives a histogram's `_sum` from bucket midpoints, so means come from exact
 `peftbd_rounds` and one `peftbd_round_<quantity>` sum per histogram (mean draft ms per round =
 round_draft_ms / rounds). A counter only exists once it was incremented by more than 0 (Ray's
 rule), so a quantity that stayed 0 has no series: the dashboard reads it as 0. Acceptance rate at
-position j = accepted_per_position / proposed_per_position of `position="j"`.
+position j = accepted_per_position / proposed_per_position of `position="j"`. Feature bytes (the
+verifier features a split block-diffusion-head drafter receives instead of running the verifier;
+0, so no series, for other methods and colocated): `peftbd_round_feature_bytes` (the rounds') and
+`peftbd_prefill_feature_bytes` (the prefill steps': every prompt position's).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ COUNTERS = {
     "peftbd_rounds": ("Speculative rounds (the prefill step excluded)", TAGS),
     **{name: (desc, TAGS) for name, (desc, _) in SUMS.items()},
     "peftbd_session_resumes": ("Request states rebuilt from committed tokens", TAGS),
+    "peftbd_round_feature_bytes": (
+        "Verifier feature bytes sent to the split drafter by the rounds (exact)", TAGS),
+    "peftbd_prefill_feature_bytes": (
+        "Verifier feature bytes sent to the split drafter by the prefill steps (exact)", TAGS),
     "peftbd_proposed_per_position": (
         "Speculative rounds whose draft had a token at `position` (1-based)", POSITION_TAGS),
     "peftbd_accepted_per_position": (
@@ -70,6 +77,9 @@ class RoundMetrics:
         tags = {"placement": self.placement, "method": method}
         if event.resumes:
             self.counters["peftbd_session_resumes"].inc(event.resumes, tags=tags)
+        if event.feature_bytes:  # Ray's counters take increments > 0 only
+            step = "prefill" if event.prefill else "round"
+            self.counters[f"peftbd_{step}_feature_bytes"].inc(event.feature_bytes, tags=tags)
         if event.prefill:
             return
         values = {

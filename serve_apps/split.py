@@ -1,6 +1,7 @@
 """The `split` app: Ingress runs the rounds over a `Drafter` deployment (PEFT-BD adapter on the
-backbone, or the MTP head) and a `Verifier` deployment (adapter off), each with its own replicas
-and resources; a request's rounds stick to one replica of each by session id.
+backbone, the MTP head, or the block-diffusion head) and a `Verifier` deployment (adapter off;
+for the block-diffusion head it also sends the verifier features the drafter reads), each with
+its own replicas and resources; a request's rounds stick to one replica of each by session id.
 
     serve run serve_apps.split:app_builder preset=tiny
     serve deploy serve_apps/local.yaml            # local, with the colocated app, on /split

@@ -30,7 +30,8 @@ TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transpor
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Per (placement, method): tokens/s from client wall time, tokens per round, per-round
-    draft / verify / sync / other / transport ms, and draft cost over verify cost."""
+    draft / verify / sync / other / transport ms, draft cost over verify cost, and the verifier
+    feature bytes a split head drafter received per completion token (prefill included)."""
     out: dict[str, Any] = {}
     key = lambda r: (r.placement, r.method)  # noqa: E731
     for (placement, method), group in itertools.groupby(sorted(records, key=key), key=key):
@@ -53,6 +54,8 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
             "transport_share": _div(totals["transport_ms"], wall_s * 1e3),
             "ingress_http_ms_per_request": _div(wall_s * 1e3 - replica_ms, len(group)),
             "resumes": sum(r.spec["resumes"] for r in group),
+            "feature_bytes_per_token": _div(sum(r.spec.get("feature_bytes", 0) for r in group),
+                                            tokens),
         }
     return out
 
@@ -74,7 +77,7 @@ COLUMNS = [
     ("draft ms", "draft_ms_per_round"), ("sync ms", "sync_ms_per_round"),
     ("verify ms", "verify_ms_per_round"), ("other ms", "other_ms_per_round"),
     ("transport ms", "transport_ms_per_round"), ("draft/verify cost", "draft_over_verify"),
-    ("transport share", "transport_share"),
+    ("transport share", "transport_share"), ("feature bytes/token", "feature_bytes_per_token"),
 ]
 
 
@@ -89,7 +92,9 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
              "(plus any state rebuild); other = the rest of the replica-side work; transport = "
              "the ingress's wall time of its remote calls minus all replica-side time. "
              "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
-             "(HTTP and ingress included)."]
+             "(HTTP and ingress included). feature bytes/token = the verifier features a split "
+             "peft-bd-head drafter received (instead of a sync forward) per completion token, the "
+             "prefill's included; 0 elsewhere."]
     if skipped:
         lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]
     if notes:

@@ -13,11 +13,18 @@ from peftbd.decoding.metrics import DecodeResult, summarize
 from peftbd.decoding.mtp_drafter import MTPDrafter
 from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
 from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.verify import VerifyResult, advance, prefill, verify
+from peftbd.decoding.verify import (
+    VerifyResult,
+    advance,
+    advance_with_features,
+    new_state,
+    prefill,
+    verify,
+)
 
 __all__ = [
     "BDHeadDrafter", "DecodeResult", "DecodeState", "Drafter", "MTPDrafter", "Mismatch", "NoDrafter",
     "PeftBDDrafter", "RoundMetrics", "SpeculativeDecoder", "VerifyResult", "advance",
-    "audit_summary", "compare", "decode", "greedy_audit", "prefill", "result_of", "summarize",
-    "verify",
+    "advance_with_features", "audit_summary", "compare", "decode", "greedy_audit", "new_state",
+    "prefill", "result_of", "summarize", "verify",
 ]

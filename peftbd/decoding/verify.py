@@ -2,7 +2,8 @@
 
 All three run the verifier (adapter OFF) over the tokens not yet in the cache, with explicit
 positions, and keep the cache invariant of `DecodeState`: after each call the cache holds the
-verifier KV of every committed token but the last.
+verifier KV of every committed token but the last. `advance_with_features` is the exception a
+split drafter that reads only verifier features uses: it commits without a forward.
 """
 
 from __future__ import annotations
@@ -85,28 +86,34 @@ def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
             eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
     """A new request's state: one verifier forward over the prompt commits the first token;
     `feature_layers`: the verifier hidden states every forward keeps in `state.features`."""
+    state = new_state(model, prompt_ids, max_new_tokens, eos_ids, feature_layers)
+    if state.done:
+        return state
+    clock = state.forwards.clock
+    start = clock.now()
+    logits, state.hidden, state.features = _forward(model, state, _as_ids(prompt_ids, state.device),
+                                                    keep=1, mode="prefill")
+    _commit(state, [int(logits[0, -1].argmax())])
+    state.mark = clock.now()
+    state.prefill_s = state.mark - start
+    return state
+
+
+def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
+              eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
+    """A request's state before any forward: `prompt_ids` committed, an empty cache."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; pass at least one token id (e.g. the chat-template prompt)")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} is negative; pass 0 or more")
     base = unwrap(model)
     device = model_device(base)
-    clock = Clock(device)
-    state = DecodeState(
+    return DecodeState(
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
         eos_ids=frozenset(eos_ids), cache=DynamicCache(config=base.config),
-        forwards=ForwardLog(clock), device=device, done=max_new_tokens == 0,
+        forwards=ForwardLog(Clock(device)), device=device, done=max_new_tokens == 0,
         feature_layers=tuple(feature_layers),
     )
-    if state.done:
-        return state
-    start = clock.now()
-    logits, state.hidden, state.features = _forward(model, state, _as_ids(prompt_ids, device),
-                                                    keep=1, mode="prefill")
-    _commit(state, [int(logits[0, -1].argmax())])
-    state.mark = clock.now()
-    state.prefill_s = state.mark - start
-    return state
 
 
 def accepted_prefix(draft: Sequence[int], preds: Sequence[int]) -> int:
@@ -162,4 +169,20 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
         _, hidden, state.features = _forward(model, state, _as_ids(uncached, state.device),
                                              keep=0, mode="sync")
     state.hidden = None if layers else hidden
+    return kept
+
+
+def advance_with_features(state: DecodeState, new_tokens: Sequence[int],
+                          features: torch.Tensor) -> list[int]:
+    """`advance` without a forward, for a drafter that reads only `state.features`
+    (`kv_layers == 0`, the block-diffusion head): commit tokens another process verified and take
+    `features` (1, n, m*d), the verifier features that process computed for the n positions its
+    forward added to its cache, as this round's `state.features`. `state.cache` and `hidden` fall
+    behind (`hidden` becomes None): such a state may draft but never verify."""
+    if state.done:
+        raise ValueError("advance_with_features() on a finished request (state.done is True)")
+    if len(new_tokens) == 0:
+        raise ValueError("advance_with_features() got no new_tokens; pass what a verify committed")
+    kept = _commit(state, new_tokens)
+    state.hidden, state.features = None, features.to(state.device)
     return kept

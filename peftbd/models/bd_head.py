@@ -69,6 +69,27 @@ class HeadShape:
         width = cfg.intermediate_size or int(verifier_config.intermediate_size)
         return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id)
 
+    @classmethod
+    def saved(cls, meta: dict) -> HeadShape:
+        """The shape recorded in a saved head's json (`saved_head`)."""
+        return cls(int(meta["layers"]), int(meta["intermediate_size"]),
+                   tuple(meta["feature_layers"]), int(meta["mask_id"]))
+
+
+def saved_head(head_dir: str | Path) -> tuple[Path, dict]:
+    """(the directory holding a saved head's files, its parsed json) of a directory written by
+    `save_pretrained` or of a head training run's output dir (which holds it in `bd_head/`)."""
+    head_dir = Path(head_dir)
+    if not (head_dir / CONFIG_FILE).is_file():
+        head_dir = head_dir / HEAD_SUBDIR
+    if not (head_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(
+            f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
+            f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_head or a directory written "
+            "by BDHead.save_pretrained"
+        )
+    return head_dir, json.loads((head_dir / CONFIG_FILE).read_text())
+
 
 @dataclass(frozen=True)
 class DraftVocabulary:
@@ -214,25 +235,14 @@ class BDHead(nn.Module):
     def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> BDHead:
         """Load a head saved by `save_pretrained` (or the output dir of a head training run, which
         holds it in `bd_head/`) onto `verifier` (its shape must match)."""
-        head_dir = Path(head_dir)
-        if not (head_dir / CONFIG_FILE).is_file():
-            head_dir = head_dir / HEAD_SUBDIR
-        if not (head_dir / CONFIG_FILE).is_file():
-            raise FileNotFoundError(
-                f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
-                f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_head or a directory written "
-                "by BDHead.save_pretrained"
-            )
-        meta = json.loads((head_dir / CONFIG_FILE).read_text())
+        head_dir, meta = saved_head(head_dir)
         expected = _verifier_shape(verifier.config)
         if meta.get("verifier") != expected:
             raise ValueError(
                 f"the head in {str(head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
                 f"but the verifier has {expected}; load it with the verifier it was trained on"
             )
-        shape = HeadShape(int(meta["layers"]), int(meta["intermediate_size"]),
-                          tuple(meta["feature_layers"]), int(meta["mask_id"]))
-        head = cls(verifier, shape)
+        head = cls(verifier, HeadShape.saved(meta))
         state = load_file(str(head_dir / WEIGHTS_FILE), device=str(head.mask_embedding.device))
         head.load_state_dict(state)
         return head

@@ -1,6 +1,7 @@
-"""What a serving replica loads: the verifier, the PEFT-BD adapter, the MTP head, one decoder per
-method. With no `adapter_dir` / `mtp_dir` an untrained adapter / head is attached: outputs stay
-exactly the verifier's greedy output, only acceptance is low."""
+"""What a serving replica loads: the verifier, the PEFT-BD adapter, the MTP head, the
+block-diffusion head, one decoder per method. With no `adapter_dir` / `mtp_dir` / `head_dir` an
+untrained adapter / head is attached: outputs stay exactly the verifier's greedy output, only
+acceptance is low."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 import torch
 
 from peftbd.config import Config
-from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder
+from peftbd.decoding import BDHeadDrafter, MTPDrafter, NoDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.clock import Clock
+from peftbd.models.bd_head import BDHead, HeadShape, feature_layers, saved_head
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, resolve_device
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, load_drafter_adapter, set_adapter_enabled
@@ -31,6 +33,9 @@ class ServingModels:
     decoders: dict[str, SpeculativeDecoder]
     eos_ids: list[int]
     clock: Clock
+    taps: dict[str, SpeculativeDecoder]
+    """Per method whose drafter reads verifier features: a drafter-less decoder over the same
+    verifier whose forwards keep them (`FeatureTap`), for a split verifier replica."""
 
     def decoder(self, method: str) -> SpeculativeDecoder:
         """The decoder of `method`; a method this replica did not load is a clear error."""
@@ -40,6 +45,27 @@ class ServingModels:
             )
         return self.decoders[method]
 
+    def verifier_decoder(self, method: str) -> SpeculativeDecoder:
+        """What a split verifier replica runs for a request of `method`: greedy AR, keeping the
+        verifier features that method's remote drafter reads (none for most methods)."""
+        return self.taps.get(method) or self.decoder("ar")
+
+
+class FeatureTap(NoDrafter):
+    """Proposes nothing (a split verifier), but makes every verifier forward of the request keep
+    `feature_layers` in `state.features`, for a drafter in another process."""
+
+    def __init__(self, layers: Sequence[int]) -> None:
+        self.feature_layers = tuple(layers)
+
+
+def head_feature_layers(cfg: Config, verifier_config, head_dir: str | Path | None) -> tuple[int, ...]:
+    """The verifier hidden states the served block-diffusion head reads: those its saved shape
+    records (`head_dir`), else those `cfg.head` gives an untrained one."""
+    if head_dir:
+        return HeadShape.saved(saved_head(head_dir)[1]).feature_layers
+    return tuple(feature_layers(cfg.head, verifier_config))
+
 
 def load_serving_models(
     cfg: Config,
@@ -47,8 +73,10 @@ def load_serving_models(
     adapter_dir: str | Path | None = None,
     mtp_dir: str | Path | None = None,
     device: torch.device | None = None,
+    head_dir: str | Path | None = None,
 ) -> ServingModels:
-    """Load the verifier once and build the decoders of `methods` over it."""
+    """Load the verifier once and build the decoders of `methods` over it (and the feature taps
+    a split verifier needs for the head, whichever methods it loads)."""
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
@@ -76,14 +104,27 @@ def load_serving_models(
                 model, tokenizer.mask_token_id, cfg.drafter.block_size,
                 cfg.drafter.denoise_steps, cfg.drafter.anchored,
             )
-        elif method == "fastmtp":
-            base = verifier  # under a PeftModel, the same (adapter-off) module tree
-            if mtp_dir:
-                head = MTPHead.from_pretrained(mtp_dir, base)
-            else:
-                log.info("no mtp_dir: attaching an untrained MTP head (low acceptance)")
-                torch.manual_seed(cfg.training.seed)  # the same head in every replica
-                head = MTPHead(base)
-            drafter = MTPDrafter(head.requires_grad_(False), base, cfg.mtp.num_steps)
+        elif method == "fastmtp":  # the verifier: under a PeftModel, the same (adapter-off) tree
+            head = _head("mtp_dir", mtp_dir, cfg.training.seed,
+                         lambda d: MTPHead.from_pretrained(d, verifier), lambda: MTPHead(verifier))
+            drafter = MTPDrafter(head, verifier, cfg.mtp.num_steps)
+        elif method == "peft-bd-head":
+            head = _head("head_dir", head_dir, cfg.training.seed,
+                         lambda d: BDHead.from_pretrained(d, verifier),
+                         lambda: BDHead(verifier, HeadShape.of(cfg.head, verifier.config,
+                                                               tokenizer.mask_token_id)))
+            drafter = BDHeadDrafter(head, verifier, cfg.drafter.block_size)
         decoders[method] = SpeculativeDecoder(model, drafter, eos, budget)
-    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device))
+    layers = head_feature_layers(cfg, verifier.config, head_dir)
+    taps = {"peft-bd-head": SpeculativeDecoder(model, FeatureTap(layers), eos, budget)}
+    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device), taps=taps)
+
+
+def _head(arg: str, head_dir: str | Path | None, seed: int, load, build) -> torch.nn.Module:
+    """A trained head from `head_dir` (`load`), else an untrained one (`build`) seeded by
+    `seed`, so every replica builds the same; frozen either way."""
+    if head_dir:
+        return load(head_dir).requires_grad_(False)
+    log.info("no %s: attaching an untrained head (low acceptance)", arg)
+    torch.manual_seed(seed)
+    return build().requires_grad_(False)

@@ -4,7 +4,9 @@
   done), one `RoundEvent` per step;
 - split: the drafter side calls `propose`, the verifier side `prefill` and `verify`; each call
   carries the committed tokens, and the per-request state of the session is reused only when it
-  agrees with them (else rebuilt: a `resume`).
+  agrees with them (else rebuilt: a `resume`). For a drafter that reads verifier features (the
+  block-diffusion head), the verifier's replies carry the features of the positions it cached
+  (`FeatureBlock`) and the next `propose` takes them instead of running the verifier itself.
 
 One lock serializes model work: the PEFT-BD adapter switch is model-wide, so two requests must
 never run forwards at the same time in one replica. Times come from the engine's clock.
@@ -16,10 +18,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from peftbd.decoding import DecodeState, advance
+from peftbd.decoding import DecodeState, SpeculativeDecoder, advance, advance_with_features
+from peftbd.serving.features import FeatureBlock
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
-from peftbd.serving.sessions import Session, SessionStore, resume
+from peftbd.serving.sessions import Session, SessionStore, from_features, resume
 
 
 class ReplicaDecoder:
@@ -70,22 +73,28 @@ class ReplicaDecoder:
     # split: drafter side -------------------------------------------------------------------
 
     def propose(self, session_id: str, committed: Sequence[int], prompt_len: int,
-                max_new_tokens: int, method: str) -> dict[str, Any]:
-        """Catch the session up with the newly committed tokens (one adapter-off forward) and
-        draft the next block: {draft, draft_ms, sync_ms, handler_ms, resumed}."""
+                max_new_tokens: int, method: str,
+                features: FeatureBlock | None = None) -> dict[str, Any]:
+        """Catch the session up with the newly committed tokens and draft the next block:
+        {draft, draft_ms, sync_ms, handler_ms, resumed}. Catching up is one adapter-off forward,
+        or none for a drafter that reads verifier features: `features` (the last prefill /
+        verify reply's) then hold those of the newly cached positions."""
         dec = self.models.decoder(method)
+        _check_layers(dec, features)
         clock = self.models.clock
         start = clock.now()
         with self.lock:
             sess = self.sessions.get(session_id)
             sync_start = clock.now()
             resumed = False
-            if sess is not None and _extends(sess, committed):
-                if len(committed) > len(sess.state.tokens):
-                    advance(dec.model, sess.state, committed[len(sess.state.tokens):],
-                            layers=dec.drafter.kv_layers)  # an early-exit drafter's k layers
-            else:  # a new session (its first round), or a lost / stale one
-                sess = Session(resume(dec, committed, prompt_len, max_new_tokens))
+            if not _caught_up(dec, sess, committed, features):
+                # a new session (its first round), or a lost / stale one
+                if features is not None and (features.start, features.end) == (0, len(committed) - 1):
+                    # the prefill's features of every cached position: no forward
+                    state = from_features(dec, committed, prompt_len, max_new_tokens, features)
+                else:
+                    state = resume(dec, committed, prompt_len, max_new_tokens)
+                sess = Session(state)
                 resumed = len(committed) > prompt_len + 1
                 self._count_rebuild(fresh=not resumed)
                 self.sessions.put(session_id, sess)
@@ -99,24 +108,29 @@ class ReplicaDecoder:
 
     # split: verifier side ------------------------------------------------------------------
 
-    def prefill(self, session_id: str, prompt_ids: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
-        """Start a request: the prompt's forward commits its first token."""
-        dec = self.models.decoder("ar")
+    def prefill(self, session_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
+                method: str = "ar") -> dict[str, Any]:
+        """Start a request of `method`: the prompt's forward commits its first token;
+        `features`: the prompt positions' features when its drafter reads them, else None."""
+        dec = self.models.verifier_decoder(method)
         start = self.models.clock.now()
         with self.lock:
             state = dec.start(prompt_ids, max_new_tokens)
             self.counters["prefills"] += 1
             if not state.done:
                 self.sessions.put(session_id, Session(state))
+            features = _reply_features(state)
         end = self.models.clock.now()
         return {"tokens": state.new_tokens, "done": state.done, "finish_reason": _finish(state),
-                "prefill_ms": state.prefill_s * 1e3, "handler_ms": (end - start) * 1e3}
+                "prefill_ms": state.prefill_s * 1e3, "handler_ms": (end - start) * 1e3,
+                "features": features}
 
     def verify(self, session_id: str, committed: Sequence[int], prompt_len: int,
-               max_new_tokens: int, draft: Sequence[int]) -> dict[str, Any]:
+               max_new_tokens: int, draft: Sequence[int], method: str = "ar") -> dict[str, Any]:
         """Verify `draft` after `committed`: {tokens, proposed, accepted, done, finish_reason,
-        verify_ms, sync_ms, handler_ms, resumed}; the session is dropped once the request is done."""
-        dec = self.models.decoder("ar")
+        verify_ms, sync_ms, handler_ms, resumed, features}; the session is dropped once the
+        request is done. `features`: as in `prefill`, of the positions this verify cached."""
+        dec = self.models.verifier_decoder(method)
         clock = self.models.clock
         start = clock.now()
         with self.lock:
@@ -133,10 +147,11 @@ class ReplicaDecoder:
             self.counters["rounds"] += 1
             if result.done:
                 self.sessions.drop(session_id)
+            features = _reply_features(sess.state)
         return {"tokens": result.tokens, "proposed": result.proposed, "accepted": result.accepted,
                 "done": result.done, "finish_reason": _finish(sess.state),
                 "verify_ms": (end - verify_start) * 1e3, "sync_ms": (verify_start - sync_start) * 1e3,
-                "handler_ms": (end - start) * 1e3, "resumed": resumed}
+                "handler_ms": (end - start) * 1e3, "resumed": resumed, "features": features}
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned session."""
@@ -152,6 +167,42 @@ def _finish(state: DecodeState) -> str | None:
     if not state.done:
         return None
     return "stop" if state.tokens[-1] in state.eos_ids else "length"
+
+
+def _reply_features(state: DecodeState) -> FeatureBlock | None:
+    """The features of the positions the last forward added to `state.cache`, for the remote
+    drafter's next `propose` (None when the request keeps none or is done)."""
+    if state.features is None or state.done:
+        return None
+    start = state.cache.get_seq_length() - state.features.shape[1]
+    return FeatureBlock.encode(state.features, state.feature_layers, start)
+
+
+def _check_layers(dec: SpeculativeDecoder, block: FeatureBlock | None) -> None:
+    if block is not None and block.layers != dec.drafter.feature_layers:
+        raise ValueError(
+            f"the Verifier sent features of verifier layers {list(block.layers)} but this "
+            f"Drafter's {dec.drafter.name} reads {list(dec.drafter.feature_layers)}: deploy both "
+            "with the same head_dir (or, untrained, the same head.feature_layers)"
+        )
+
+
+def _caught_up(dec: SpeculativeDecoder, sess: Session | None, committed: Sequence[int],
+               block: FeatureBlock | None) -> bool:
+    """Bring a reusable session up to `committed` (False: it cannot be reused). A drafter that
+    reads verifier features takes `block`, which must cover exactly the positions cached since
+    the session's last round; others catch up with `advance` (the drafter's `kv_layers`)."""
+    if sess is None or not _extends(sess, committed):
+        return False
+    state, new = sess.state, committed[len(sess.state.tokens):]
+    if dec.drafter.feature_layers:
+        if block is None or (block.start, block.end) != (len(state.tokens) - 1, len(committed) - 1):
+            return False  # e.g. a session of an earlier replica, several rounds behind
+        if new:
+            advance_with_features(state, new, block.decode(state.device))
+    elif new:
+        advance(dec.model, state, new, layers=dec.drafter.kv_layers)  # early exit: its k layers
+    return True
 
 
 def _extends(sess: Session, committed: Sequence[int]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from peftbd.serving.features import feature_bytes
 from peftbd.serving.schemas import SpecStats
 
 
@@ -19,7 +20,9 @@ class RoundEvent:
     the verifier state up, or any replica rebuilding a lost state), `other_ms` (the rest of the
     replica-side work); `transport_ms` is the ingress-side wall time of the step minus all of
     those. `resumes` counts replicas that had to rebuild the request's state for this step;
-    `finish_reason` (`stop` on EOS, else `length`) is set on the last step.
+    `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
+    the verifier features the step's verifier reply carried for a split drafter (the
+    block-diffusion head; they cross verifier -> ingress -> drafter), else 0.
     """
 
     tokens: list[int]
@@ -31,6 +34,7 @@ class RoundEvent:
     other_ms: float = 0.0
     transport_ms: float = 0.0
     resumes: int = 0
+    feature_bytes: int = 0
     done: bool = False
     prefill: bool = False
     finish_reason: str | None = None
@@ -68,6 +72,7 @@ class RequestStats:
     accepted: int = 0
     emitted: int = 0
     resumes: int = 0
+    feature_bytes: int = 0
     times_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
@@ -78,6 +83,7 @@ class RequestStats:
         """Count one step."""
         self.times_ms["transport"] += event.transport_ms
         self.resumes += event.resumes
+        self.feature_bytes += event.feature_bytes
         if event.prefill:
             self.times_ms["prefill"] += event.compute_ms
             return
@@ -101,7 +107,7 @@ class RequestStats:
             prefill_ms=round(t["prefill"], 3), draft_ms=round(t["draft"], 3),
             verify_ms=round(t["verify"], 3), sync_ms=round(t["sync"], 3),
             other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
-            resumes=self.resumes,
+            resumes=self.resumes, feature_bytes=self.feature_bytes,
         )
 
 
@@ -110,7 +116,7 @@ def prefill_event(reply: dict[str, Any], wall_ms: float) -> RoundEvent:
     return RoundEvent(
         tokens=reply["tokens"], other_ms=reply["prefill_ms"],
         transport_ms=max(wall_ms - reply["handler_ms"], 0.0), done=reply["done"], prefill=True,
-        finish_reason=reply["finish_reason"],
+        finish_reason=reply["finish_reason"], feature_bytes=feature_bytes(reply["features"]),
     )
 
 
@@ -127,5 +133,5 @@ def split_round(draft: dict[str, Any] | None, draft_wall_ms: float, verify: dict
         sync_ms=d["sync_ms"] + verify["sync_ms"], other_ms=max(handler_ms - compute_ms, 0.0),
         transport_ms=max(draft_wall_ms + verify_wall_ms - handler_ms, 0.0),
         resumes=int(d["resumed"]) + int(verify["resumed"]), done=verify["done"],
-        finish_reason=verify["finish_reason"],
+        finish_reason=verify["finish_reason"], feature_bytes=feature_bytes(verify["features"]),
     )

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from peftbd.config import Method
 
 METHODS: tuple[str, ...] = get_args(Method)
-"""Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head."""
+"""Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head, the
+block-diffusion head (`peft-bd-head`)."""
 
 FinishReason = Literal["stop", "length"]
 
@@ -124,7 +125,9 @@ class SpecStats(BaseModel):
     Times are totals in ms measured by the replicas (prefill; draft, verify, state sync and other
     work over the rounds) and by the ingress (`transport_ms`: wall time of its remote calls minus
     the replica-side time). `tokens_per_round` = tokens emitted by the rounds / rounds;
-    `resumes` = times a replica rebuilt this request's state from its committed tokens.
+    `resumes` = times a replica rebuilt this request's state from its committed tokens;
+    `feature_bytes` = verifier features sent to a split drafter (the block-diffusion head reads
+    them instead of running the verifier; prefill included), 0 for other methods and colocated.
     """
 
     method: str
@@ -140,6 +143,7 @@ class SpecStats(BaseModel):
     other_ms: float = 0.0
     transport_ms: float = 0.0
     resumes: int = 0
+    feature_bytes: int = 0
 
 
 class Usage(BaseModel):

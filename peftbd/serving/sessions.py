@@ -12,7 +12,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from peftbd.decoding import DecodeState, SpeculativeDecoder
+from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_with_features, new_state
+from peftbd.serving.features import FeatureBlock
 
 
 @dataclass
@@ -44,6 +45,22 @@ def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: in
     state.prompt_len = prompt_len
     state.max_new_tokens = max_new_tokens
     state.done = committed[-1] in state.eos_ids or state.remaining <= 0
+    return state
+
+
+def from_features(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
+                  max_new_tokens: int, block: FeatureBlock) -> DecodeState:
+    """A split head drafter's state built without a forward: `block` holds the verifier features
+    of every position of `committed[:-1]` (the verifier's prefill reply), the head injects them
+    all in its first `propose`. The state's verifier cache stays empty: it may draft, not verify."""
+    if block.start != 0 or block.end != len(committed) - 1:
+        raise ValueError(f"features of positions {block.start}..{block.end - 1} cannot start a "
+                         f"state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
+    state = new_state(decoder.model, committed[:-1], max_new_tokens, decoder.eos_ids,
+                      decoder.drafter.feature_layers)
+    state.prompt_len = prompt_len
+    advance_with_features(state, committed[-1:], block.decode(state.device))
+    decoder.drafter.start(state)
     return state
 
 

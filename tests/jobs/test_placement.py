@@ -23,6 +23,17 @@ def test_cluster_placements_need_the_cluster_yaml_resources():
         placement_options("moon", cfg)
 
 
+def test_every_drafter_dir_is_an_upstream_of_the_experiment(tmp_path):
+    from jobs.placement import DRAFTER_DIRS, placement_call
+    from peftbd.layout import PLACEMENT
+    from serve_apps.args import AppArgs
+
+    assert set(DRAFTER_DIRS) == {f for f in AppArgs.model_fields if f.endswith("_dir")}
+    assert {s.name for s in DRAFTER_DIRS.values()} == {s.name for s in PLACEMENT.inputs}
+    call = placement_call(load_config("tiny"), tmp_path / "out", head_dir=str(tmp_path / "h"))
+    assert call.upstream == {"train_head": tmp_path / "h"}
+
+
 def test_overrides_rebuild_the_config_from_its_preset():
     cfg = load_config("tiny", overrides=["decoding.num_prompts=3", "serving.placements=[split]"])
     assert load_config("tiny", overrides=_overrides(cfg)) == cfg
@@ -45,7 +56,9 @@ def test_placement_job_on_this_machine(tmp_path):
     result = json.loads((out / "placement.json").read_text())
     assert set(result["summary"]) == {"split"}
     for methods in result["summary"].values():
-        assert set(methods) == {"ar", "peft-bd", "fastmtp"}
+        assert set(methods) == {"ar", "peft-bd", "fastmtp", "peft-bd-head"}
+        assert methods["peft-bd-head"]["feature_bytes_per_token"] > 0  # split: features sent
+        assert methods["fastmtp"]["feature_bytes_per_token"] == 0
         assert all(m["requests"] == 2 and m["transport_ms_per_round"] is not None
                    for m in methods.values())
     assert "split-cross-node" in result["skipped"]

@@ -163,7 +163,7 @@ def test_consumers_derive_their_sets_from_the_config():
     from peftbd.models.loading import DTYPES
     from peftbd.serving.schemas import METHODS
 
-    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp")
+    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp", "peft-bd-head")
     assert tuple(DTYPES) == ("float32", "bfloat16", "float16")
 
 

@@ -93,13 +93,31 @@ def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
     return [t for e in events for t in e.tokens], sum(e.resumes for e in events)
 
 
-@pytest.mark.parametrize("method", ["peft-bd", "fastmtp"])
+@pytest.mark.parametrize("method", ["peft-bd", "fastmtp", "peft-bd-head"])
 def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
     models, prompt, expected = setup
     drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose", deaths=1)
     backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
     tokens, resumes = _collect(backend, _spec(prompt, method))
     assert tokens == expected and resumes == 1 and drafter.deaths == 0
+
+
+def test_split_rounds_hand_the_verifier_features_to_the_head_drafter(tiny_cfg, setup, monkeypatch):
+    """The ingress passes each prefill / verify reply's features to the next propose: the head's
+    drafter replica runs no verifier forward at all, and usage counts the bytes."""
+    models, prompt, expected = setup
+    drafter = ReplicaDecoder(models, 4)
+    monkeypatch.setattr(drafter, "release", lambda _sid: None)  # keep its session to look at
+    backend = SplitBackend(FakeHandle(drafter), FakeHandle(ReplicaDecoder(models, 4)),
+                           tiny_cfg.serving)
+
+    async def run() -> list:
+        return [e async for e in backend.rounds(_spec(prompt, "peft-bd-head"))]
+
+    events = asyncio.run(run())
+    assert [t for e in events for t in e.tokens] == expected
+    assert set(drafter.sessions.get("r1").state.forwards.calls) == {"draft"}
+    assert events[0].feature_bytes > 0 and all(e.feature_bytes > 0 for e in events if not e.done)
 
 
 def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):

@@ -36,7 +36,9 @@ def test_yaml_is_a_valid_serve_config_of_the_apps(name):
     assert len({a.route_prefix for a in schema.applications}) == len(schema.applications)
     for app in schema.applications:
         assert app.import_path == f"serve_apps.{app.name}:app_builder"
-        AppArgs.model_validate(app.args)  # the builder accepts the args
+        args = AppArgs.model_validate(app.args)  # the builder accepts the args
+        assert {"adapter_dir", "mtp_dir", "head_dir"} <= set(app.args)  # every drafter listed
+        assert args.head_dir is None  # untrained unless set
         assert {d.name for d in app.deployments} == DEPLOYMENTS[app.name]
         for d in app.deployments:
             if d.name in ("Drafter", "Verifier"):  # session-sticky routing survives `serve deploy`

@@ -68,6 +68,8 @@ def test_both_apps_answer_with_the_engine_output(served, engine, app):
         spec = resp.usage.model_extra["speculative"]
         assert spec["method"] == method and spec["rounds"] >= 1
         assert resp.usage.completion_tokens >= spec["rounds"] + 1  # prefill + >= 1 per round
+        # only a split head drafter is sent verifier features (instead of syncing a KV copy)
+        assert (spec["feature_bytes"] > 0) == (app == "split" and method == "peft-bd-head")
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=MAX_TOKENS,
         stream=True, stream_options={"include_usage": True}, extra_body={"method": "fastmtp"},
@@ -309,7 +311,7 @@ def _replica_stats(served) -> dict[str, list[dict]]:
 def test_disconnected_clients_are_released_at_once_without_a_traceback(served):
     before = _serve_logs(served)
     for app in ("split", "colocated"):
-        for method in ("fastmtp", "peft-bd", "ar"):
+        for method in ("fastmtp", "peft-bd", "ar", "peft-bd-head"):
             body = {"model": f"{MODEL}:{method}", "max_tokens": LONG_TOKENS, "stream": True,
                     "messages": [{"role": "user", "content": LONG_PROMPT}]}
             with requests.post(served.urls[app] + "/chat/completions", json=body, stream=True,

@@ -37,7 +37,15 @@ class Recorder:
 ROUNDS = {  # (placement, method) -> rounds: (tokens, draft_ms, verify_ms, sync_ms, transport_ms)
     ("colocated", "ar"): [(1, 0.0, 3.0, 0.0, 0.4)] * 5,
     ("split", "fastmtp"): [(2, 1.0, 4.0, 0.5, 2.0), (3, 2.0, 5.0, 0.5, 3.0), (4, 3.0, 6.0, 0.5, 4.0)],
+    ("split", "peft-bd-head"): [(1, 1.0, 4.0, 0.1, 2.0), (4, 1.0, 5.0, 0.1, 3.0)],
 }
+ROW = 2 * 192 * 4  # feature bytes per position (tiny: 2 layers x 192 x float32)
+PROMPT = 30
+
+
+def _feature_bytes(method: str, positions: int) -> int:
+    """What the verifier sends a split head drafter: features of every newly cached position."""
+    return positions * ROW if method == "peft-bd-head" else 0
 
 
 @pytest.fixture
@@ -47,11 +55,13 @@ def recorded(monkeypatch):
     Recorder.totals.clear()
     for (placement, method), rounds in ROUNDS.items():
         m = metrics.RoundMetrics(placement)
-        m.observe(RoundEvent(tokens=[7], other_ms=9.0, prefill=True), method)  # not a round
+        m.observe(RoundEvent(tokens=[7], other_ms=9.0, prefill=True,  # not a round
+                             feature_bytes=_feature_bytes(method, PROMPT)), method)
         for tokens, draft, verify, sync, transport in rounds:
             m.observe(RoundEvent(tokens=[7] * tokens, proposed=3, accepted=tokens - 1,
                                  draft_ms=draft, verify_ms=verify, sync_ms=sync,
-                                 transport_ms=transport), method)
+                                 transport_ms=transport,
+                                 feature_bytes=_feature_bytes(method, tokens)), method)
     return dict(Recorder.totals)
 
 
@@ -92,3 +102,17 @@ def test_cost_panel_is_mean_draft_plus_sync_over_mean_verify(recorded):
     exact = (sum(r[1] + r[3] for r in rounds) / len(rounds)) / (sum(r[2] for r in rounds) / len(rounds))
     assert _evaluate(_panel("Draft cost"), recorded, "split", "fastmtp") == pytest.approx(exact)
     assert _evaluate(_panel("Draft cost"), recorded, "colocated", "ar") == 0.0
+
+
+def test_feature_panels_give_bytes_per_round_and_per_token(recorded):
+    dash = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in dash["panels"] if p["title"].startswith("Verifier features sent")]
+    per_round, per_token = (t["expr"] for t in panel["targets"])
+    for (placement, method), rounds in ROUNDS.items():
+        tokens = [r[0] for r in rounds]
+        want = _feature_bytes(method, sum(tokens))
+        assert _evaluate(per_round, recorded, placement, method) == pytest.approx(want / len(rounds))
+        assert _evaluate(per_token, recorded, placement, method) == pytest.approx(want / sum(tokens))
+    assert recorded[("ray_peftbd_prefill_feature_bytes_total", "split", "peft-bd-head")] == PROMPT * ROW
+    assert not any(name.endswith("feature_bytes_total") and method != "peft-bd-head"
+                   for name, _, method in recorded)  # other methods: no series (read as 0)

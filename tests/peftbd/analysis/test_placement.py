@@ -31,3 +31,13 @@ def test_outputs_identical_compares_each_prompt_across_placements():
     same = [_record("split", "ar", 0, "a"), _record("colocated", "fastmtp", 0, "a")]
     assert outputs_identical(same)
     assert not outputs_identical(same + [_record("split", "peft-bd", 0, "b")])
+
+
+def test_head_rows_report_the_feature_bytes_per_token():
+    head = _record("split", "peft-bd-head", 0)
+    head.spec["feature_bytes"] = 7 * 1536
+    summary = summarize([head, _record("split", "fastmtp", 0)])
+    assert summary["split"]["peft-bd-head"]["feature_bytes_per_token"] == pytest.approx(1536)
+    assert summary["split"]["fastmtp"]["feature_bytes_per_token"] == 0  # no key: none sent
+    table = markdown(summary, {}, [])
+    assert "| split | peft-bd-head |" in table and "feature bytes/token" in table

@@ -31,7 +31,8 @@ content = st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"
                     anything)
 message = st.one_of(st.fixed_dictionaries({"role": role, "content": content}), anything)
 per_field = {
-    "model": st.one_of(st.sampled_from([MODEL, f"{MODEL}:ar", f"{MODEL}:fastmtp", "gpt-4o"]), text),
+    "model": st.one_of(st.sampled_from([MODEL, f"{MODEL}:ar", f"{MODEL}:fastmtp",
+                                     f"{MODEL}:peft-bd-head", "gpt-4o"]), text),
     "messages": st.one_of(st.lists(message, max_size=4), anything),
     "prompt": st.one_of(text, st.lists(st.integers(-5, 10**6), max_size=8),
                         st.lists(st.lists(st.integers(0, 500), max_size=4), max_size=2), anything),

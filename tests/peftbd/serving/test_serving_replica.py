@@ -3,14 +3,16 @@ engine's greedy output, also when a replica loses a request's state mid-way (res
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
+import torch
 
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
 from peftbd.serving.replica import ReplicaDecoder
-from peftbd.serving.rounds import RequestStats, split_round
+from peftbd.serving.rounds import RequestStats, prefill_event, split_round
 from peftbd.serving.schemas import METHODS
 from peftbd.serving.sessions import Session, SessionStore
 
@@ -58,25 +60,40 @@ def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
 
 
 def _split(models, prompt, method, lose_at: int | None = None,
-           drafter: ReplicaDecoder | None = None, drafts: list | None = None) -> tuple[list[int], int]:
-    """Run the split protocol in-process; at round `lose_at` both replicas lose the session.
-    `drafts` collects every proposal."""
-    drafter, verifier = drafter or ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
-    reply = verifier.prefill("s", prompt, MAX_NEW)
+           drafter: ReplicaDecoder | None = None, drafts: list | None = None,
+           events: list | None = None, oracle: list[int] | None = None,
+           on_round=None, verifier: ReplicaDecoder | None = None) -> tuple[list[int], int]:
+    """Run the split protocol in-process as the ingress does (the verifier's features go to the
+    next propose); at round `lose_at` both replicas lose the session. `drafts` collects every
+    proposal, `events` every step; `oracle` (the expected tokens) is verified in place of the
+    drafts (so they are accepted); `on_round(n, drafter)` runs before round n."""
+    drafter, verifier = drafter or ReplicaDecoder(models, 4), verifier or ReplicaDecoder(models, 4)
+    reply = verifier.prefill("s", prompt, MAX_NEW, method)
+    event = prefill_event(reply, 5.0)
     committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
+    steps = [event]
     while not done:
         if n == lose_at:  # as a replaced replica would: no sessions (a release is for good)
             drafter.sessions, verifier.sessions = SessionStore(4), SessionStore(4)
+        if on_round:
+            on_round(n, drafter)
         proposal = None
         if method != "ar":
-            proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method)
+            proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method,
+                                       reply["features"])
             if drafts is not None:
                 drafts.append(proposal["draft"])
-        reply = verifier.verify("s", committed, len(prompt), MAX_NEW,
-                                proposal["draft"] if proposal else [])
+        draft = proposal["draft"] if proposal else []
+        if oracle is not None:
+            done_n = len(committed) - len(prompt)
+            draft = oracle[done_n:done_n + len(draft)]
+        reply = verifier.verify("s", committed, len(prompt), MAX_NEW, draft, method)
         event = split_round(proposal, 5.0, reply, 5.0)
+        steps.append(event)
         committed += event.tokens
         done, resumes, n = event.done, resumes + event.resumes, n + 1
+    if events is not None:
+        events.extend(steps)
     return committed[len(prompt):], resumes
 
 
@@ -143,3 +160,130 @@ def test_a_colocated_loop_closed_early_ends_its_stream(models, prompt):
     assert replica.streams == 1
     loop.close()  # the client left
     assert replica.streams == 0
+
+
+HEAD = "peft-bd-head"
+
+
+def _row_bytes(models) -> int:
+    """Bytes of one position's features: m feature layers x d x the verifier's itemsize."""
+    layers = models.decoder(HEAD).drafter.feature_layers
+    p = next(models.model.parameters())
+    return len(layers) * models.model.config.hidden_size * p.element_size()
+
+
+def test_split_head_drafts_from_transported_features_without_a_verifier_forward(
+        models, prompt, reference):
+    """Oracle drafts make the verifier accept whole blocks, so features of several positions
+    cross per round; the drafter replica never runs the verifier, and its head cache equals the
+    one built from a single verifier prefill over the same tokens."""
+    drafter, events, drafts = ReplicaDecoder(models, 4), [], []
+    tokens, resumes = _split(models, prompt, HEAD, drafter=drafter, drafts=drafts, events=events,
+                             oracle=reference)
+    assert tokens == reference and resumes == 0
+    state = drafter.sessions.get("s").state
+    assert set(state.forwards.calls) == {"draft"}  # no prefill, no sync: features only
+    assert max(len(e.tokens) for e in events[1:]) > 1  # multi-position feature blocks crossed
+
+    dec = models.decoder(HEAD)
+    fresh = dec.start(state.tokens[:-1], 1)  # one prefill: the features of every position
+    fresh.tokens = list(state.tokens)
+    dec.drafter.propose(fresh, 1)  # injects them all
+    for got, want in zip(state.drafter_state.layers, fresh.drafter_state.layers):
+        assert torch.allclose(got.keys, want.keys, atol=1e-4)
+        assert torch.allclose(got.values, want.values, atol=1e-4)
+
+
+def test_split_head_drafts_equal_the_colocated_ones(models, prompt, reference):
+    dec, colocated = models.decoder(HEAD), []
+    state = dec.start(prompt, MAX_NEW)
+    while not state.done:
+        colocated.append(dec.propose(state)[0].tolist())
+        dec.verify(state, colocated[-1])
+    split: list = []
+    assert _split(models, prompt, HEAD, drafts=split)[0] == reference
+    assert split == colocated
+
+
+def test_feature_bytes_are_counted_for_the_head_only(models, prompt, reference):
+    row = _row_bytes(models)
+    assert row == 2 * 192 * 4  # tiny: m = 2 feature layers, d = 192, float32
+    for method in METHODS:
+        events: list = []
+        _split(models, prompt, method, events=events)
+        stats = RequestStats(method)
+        for e in events:
+            stats.add(e)
+        rows = len(prompt) + sum(len(e.tokens) for e in events[1:] if not e.done)
+        assert stats.summary().feature_bytes == (rows * row if method == HEAD else 0)
+    colocated = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, HEAD))
+    assert sum(e.feature_bytes for e in colocated) == 0
+
+
+def test_split_head_resumes_exactly_after_a_lost_or_stale_drafter_session(models, prompt, reference):
+    """A dropped drafter session is rebuilt by a prefill of the drafter's own verifier copy; a
+    session several rounds behind (an earlier replica's) is not advanced with the wrong features."""
+    kept: dict = {}
+
+    def lose(n, drafter):
+        if n == 2:
+            drafter.sessions = SessionStore(4)
+
+    drafter = ReplicaDecoder(models, 4)
+    tokens, resumes = _split(models, prompt, HEAD, drafter=drafter, on_round=lose)
+    assert tokens == reference and resumes == 1
+    calls = drafter.sessions.get("s").state.forwards.calls
+    assert calls["prefill"] == 1 and "sync" not in calls
+
+    def stale(n, drafter):
+        if n == 1:
+            kept["s"] = copy.deepcopy(drafter.sessions.get("s"))
+        if n == 3:  # back to a replica whose session stopped two rounds ago
+            drafter.sessions = SessionStore(4)
+            drafter.sessions.put("s", kept["s"])
+
+    tokens, resumes = _split(models, prompt, HEAD, on_round=stale)
+    assert tokens == reference and resumes == 1
+
+
+def test_features_of_another_head_are_a_clear_error(models, prompt):
+    verifier = ReplicaDecoder(models, 4)
+    reply = verifier.prefill("s", prompt, MAX_NEW, HEAD)
+    block = dataclasses.replace(reply["features"], layers=(0,))
+    committed = list(prompt) + reply["tokens"]
+    with pytest.raises(ValueError, match="same head_dir"):
+        ReplicaDecoder(models, 4).propose("s", committed, len(prompt), MAX_NEW, HEAD, block)
+
+
+def test_feature_block_round_trips_in_its_dtype():
+    from peftbd.serving.features import FeatureBlock
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, 3, 8).to(dtype)
+        block = FeatureBlock.encode(x, (1, 2), start=5)
+        assert (block.nbytes, block.end, block.dtype) == (3 * 8 * x.element_size(), 8,
+                                                          str(dtype)[6:])
+        assert torch.equal(block.decode(), x)
+    with pytest.raises(ValueError, match="rows x width"):
+        dataclasses.replace(block, rows=4).decode()
+
+
+def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models, prompt, reference,
+                                                              tmp_path):
+    """`head_dir`: the Drafter loads the head, the Verifier (AR only, as deployed) keeps the
+    feature layers its saved shape records, not `cfg.head`'s."""
+    from peftbd.models.bd_head import BDHead, HeadShape
+    from peftbd.serving.models import load_serving_models
+
+    shape = HeadShape(1, 64, (0, 2), models.decoder(HEAD).drafter.head.shape.mask_id)
+    torch.manual_seed(0)
+    BDHead(models.model.get_base_model(), shape).save_pretrained(tmp_path / "bd_head")
+    drafter = load_serving_models(tiny_cfg, (HEAD,), head_dir=tmp_path)
+    verifier = load_serving_models(tiny_cfg, ("ar",), head_dir=tmp_path)
+    assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.head.feature_layers)
+    assert verifier.verifier_decoder(HEAD).drafter.feature_layers == (0, 2)
+    replica = ReplicaDecoder(drafter, 4)
+    tokens, resumes = _split(drafter, prompt, HEAD, drafter=replica,
+                             verifier=ReplicaDecoder(verifier, 4))
+    assert tokens == reference and resumes == 0
+    assert set(replica.sessions.get("s").state.forwards.calls) == {"draft"}

@@ -62,7 +62,8 @@ def test_chunks_parse_as_openai_types_and_frame_as_sse():
 
 def test_model_list_has_one_id_per_method():
     ids = [m.id for m in model_list("peftbd-tiny", created=0).data]
-    assert ids == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peft-bd", "peftbd-tiny:fastmtp"]
+    assert ids == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peft-bd", "peftbd-tiny:fastmtp",
+                   "peftbd-tiny:peft-bd-head"]
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,8 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": "x", "max_tokens": 10_000}, "max_tokens", "serving.max_tokens_cap"),
         ({"model": MODEL, "prompt": "word " * 2400}, "prompt", "serving.max_prompt_tokens"),
         ({"model": f"{MODEL}:ar", "prompt": "x", "method": "fastmtp"}, "method", "contradicts"),
+        ({"model": f"{MODEL}:peft-bd", "prompt": "x", "method": "peft-bd-head"}, "method",
+         "contradicts"),
     ],
 )
 def test_bad_completion_requests_name_the_field(tok, serving, body, param, words):
@@ -125,6 +127,8 @@ def test_malformed_json_oversized_body_and_unknown_model(tok, serving):
     assert _refusal(big, tok, serving).status == 413
     err = _refusal({"model": "gpt-4", "prompt": "x"}, tok, serving)
     assert (err.status, err.param) == (404, "model")
+    err = _refusal({"model": f"{MODEL}:peft-bd-heads", "prompt": "x"}, tok, serving)
+    assert err.status == 404 and f"'{MODEL}:peft-bd-head'" in err.message  # the ids it lists
 
 
 def test_method_from_model_suffix_or_field(serving):
@@ -132,6 +136,8 @@ def test_method_from_model_suffix_or_field(serving):
     assert resolve_method(f"{MODEL}:fastmtp", None, MODEL, "peft-bd") == "fastmtp"
     assert resolve_method(MODEL, "ar", MODEL, "peft-bd") == "ar"
     assert resolve_method(f"{MODEL}:ar", "ar", MODEL, "peft-bd") == "ar"
+    assert resolve_method(f"{MODEL}:peft-bd-head", None, MODEL, "peft-bd") == "peft-bd-head"
+    assert resolve_method(MODEL, "peft-bd-head", MODEL, "ar") == "peft-bd-head"
 
 
 def test_serving_config_is_checked_at_startup(serving):
