@@ -56,3 +56,55 @@ def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
     yield make
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+ROUNDS_BUDGET = 20
+"""New tokens of the round-replay tests' rows: short, so some end on EOS and some on the budget."""
+
+
+@pytest.fixture(scope="session")
+def greedy_rows(tiny_world) -> Callable[..., dict[str, list]]:
+    """`make(verifier, tokenizer, eos)`: artifact-like rows of 16 short corpus prompts whose
+    continuations are `verifier`'s greedy output (ROUNDS_BUDGET new tokens at most)."""
+    import itertools
+    import json
+
+    from peftbd.data.chat import encode_prompt, prompt_messages
+    from peftbd.decoding import SpeculativeDecoder
+
+    def make(verifier: nn.Module, tokenizer, eos: list[int]) -> dict[str, list]:
+        with open(tiny_world.corpus_path) as f:
+            records = [json.loads(line) for line in itertools.islice(f, 120)]
+        prompts = [p for p in (encode_prompt(tokenizer, prompt_messages(r["messages"]))
+                               for r in records) if len(p) <= 128][:16]
+        greedy = SpeculativeDecoder(verifier, None, eos, ROUNDS_BUDGET)
+        return {"id": [str(i) for i in range(len(prompts))], "prompt_ids": prompts,
+                "continuation_ids": [greedy.decode(p).tokens for p in prompts],
+                "prompt_len": [len(p) for p in prompts]}
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def replay_is_the_engine() -> Callable[..., None]:
+    """`check(task, module, batch, rows, replayed, results)`: the replayed rounds are the
+    engine's decodes `results` round for round, they compare multi-token prefixes, and the
+    training job's eval metrics of `batch` equal the engine's."""
+    from peftbd.decoding import summarize
+    from peftbd.training.evaluate import evaluate
+
+    def check(task, module, batch, rows, replayed, results) -> None:
+        for result, continuation, rounds in zip(results, rows["continuation_ids"], replayed,
+                                                strict=True):
+            assert result.tokens == continuation  # exact greedy: the continuation is what it commits
+            assert [(x.proposed, x.accepted) for x in result.rounds] == [
+                (x.proposed, x.accepted) for x in rounds]
+        long_prefixes = sum(x.accepted >= 2 for row in replayed for x in row)
+        assert long_prefixes >= 4, long_prefixes  # the drafter drafts: multi-token prefixes compared
+        measured = summarize(results)
+        offline = evaluate(task, module, [batch])
+        assert offline["eval_rounds"] == measured["rounds"]
+        assert offline["eval_accepted_prefix_mean"] == pytest.approx(measured["mean_accepted_prefix"])
+        assert offline["eval_target_token_accuracy"] == pytest.approx(measured["token_acceptance"])
+
+    return check
