@@ -39,6 +39,10 @@ class FeatureBlock:
         """One past the last position these features cover."""
         return self.start + self.rows
 
+    def covers(self, start: int, end: int) -> bool:
+        """Whether these are the features of exactly the positions `start .. end - 1`."""
+        return (self.start, self.end) == (start, end)
+
     @classmethod
     def encode(cls, features: torch.Tensor, layers: tuple[int, ...], start: int) -> FeatureBlock:
         """The block of `features` (1, n, m*d) for the positions from `start` on."""

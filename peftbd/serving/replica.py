@@ -89,7 +89,7 @@ class ReplicaDecoder:
             resumed = False
             if not _caught_up(dec, sess, committed, features):
                 # a new session (its first round), or a lost / stale one
-                if features is not None and (features.start, features.end) == (0, len(committed) - 1):
+                if features is not None and features.covers(0, len(committed) - 1):
                     # the prefill's features of every cached position: no forward
                     state = from_features(dec, committed, prompt_len, max_new_tokens, features)
                 else:
@@ -196,7 +196,7 @@ def _caught_up(dec: SpeculativeDecoder, sess: Session | None, committed: Sequenc
         return False
     state, new = sess.state, committed[len(sess.state.tokens):]
     if dec.drafter.feature_layers:
-        if block is None or (block.start, block.end) != (len(state.tokens) - 1, len(committed) - 1):
+        if block is None or not block.covers(len(state.tokens) - 1, len(committed) - 1):
             return False  # e.g. a session of an earlier replica, several rounds behind
         if new:
             advance_with_features(state, new, block.decode(state.device))

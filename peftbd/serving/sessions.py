@@ -53,7 +53,7 @@ def from_features(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_
     """A split head drafter's state built without a forward: `block` holds the verifier features
     of every position of `committed[:-1]` (the verifier's prefill reply), the head injects them
     all in its first `propose`. The state's verifier cache stays empty: it may draft, not verify."""
-    if block.start != 0 or block.end != len(committed) - 1:
+    if not block.covers(0, len(committed) - 1):
         raise ValueError(f"features of positions {block.start}..{block.end - 1} cannot start a "
                          f"state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
     state = new_state(decoder.model, committed[:-1], max_new_tokens, decoder.eos_ids,
