@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 from peft import PeftModel
-from transformers import DynamicCache
 
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, arm_specs
 from peftbd.benchmarking.environment import hardware_description
@@ -52,6 +51,7 @@ from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
 from peftbd.config import Config
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.ragged import RowCache
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import prefill, unwrap
 from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
@@ -221,9 +221,8 @@ def _activate(models: ArmModels, spec: ArmSpec) -> None:
 def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
     """Cast a state's KV caches, hidden states and features to `dtype` in place."""
     for cache in (state.cache, state.drafter_state):
-        if isinstance(cache, DynamicCache):
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
+        if isinstance(cache, RowCache):
+            cache.kv.to(dtype)
     if state.hidden is not None:
         state.hidden = state.hidden.to(dtype)
     if state.features is not None:

@@ -6,19 +6,23 @@ context KV of every committed position but the last, exactly the positions of th
 cache. Each round first injects the context KV of the positions the last verify (or prefill)
 cached, from their features in `state.features`; then one forward over the chunk
 `[last committed token, D masks]` (the token's input fused with the last cached position's
-context) proposes D tokens, and the chunk's KV is cropped off. The
-drafter never reads the verifier's KV (`kv_layers = 0`): a split drafter replica needs only the
+context) proposes D tokens, and the chunk's KV is dropped. A batch of requests drafts in one
+forward, the rows' head caches packed (`peftbd.decoding.rows`). The drafter never reads the verifier's KV (`kv_layers = 0`): a split drafter replica needs only the
 committed tokens and the new positions' features.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import DynamicCache, PreTrainedModel
+from collections.abc import Sequence
 
-from peftbd.decoding.state import DecodeState
+import torch
+from transformers import PreTrainedModel
+
+from peftbd.decoding.drafter import no_draft
+from peftbd.decoding.ragged import RowCache, left_aligned, pack
+from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.bd_head import BDHead
-from peftbd.models.peft_bd import draft_attention_mask, draft_input_ids, draft_position_ids
+from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
 
 
 class BDHeadDrafter:
@@ -45,31 +49,42 @@ class BDHeadDrafter:
                 f"{self.feature_layers}: prefill with feature_layers=drafter.feature_layers "
                 "(SpeculativeDecoder.start does)"
             )
-        state.drafter_state = DynamicCache(config=self.head.config)
+        state.drafter_state = RowCache.empty(state.device)
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
-        cache: DynamicCache = state.drafter_state
-        n, length = state.features.shape[1], len(state.tokens)
-        cached = cache.get_seq_length()
-        if length - 1 - cached != n:
-            raise RuntimeError(
-                f"head cache holds {cached} positions but {length - 1} are committed and "
-                f"state.features covers {n}: call propose exactly once per verify"
-            )
-        if max_tokens <= 0:
-            return torch.empty(1, 0, dtype=torch.long, device=state.device)
-        d, dtype = self.block_size, self.head.mask_embedding.dtype
-        with state.forwards.timed("draft"):
-            positions = torch.arange(cached, cached + n, device=state.device).unsqueeze(0)
-            context = self.head.context(state.features)
-            self.head.add_context(context, positions, cache)
-            hidden = self.head.block_hidden(
-                draft_input_ids(state.tokens[-1], self.head.shape.mask_id, d, state.device),
-                draft_position_ids(length - 1, d, state.device),
-                draft_attention_mask(length - 1, d, False, dtype, state.device), cache,
-                anchor=context[:, -1:],  # the last cached position: the one that predicted b
-            )
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        for state in states:
+            n, cached = state.features.shape[1], state.drafter_state.get_seq_length()
+            if len(state.tokens) - 1 - cached != n:
+                raise RuntimeError(
+                    f"head cache holds {cached} positions but {len(state.tokens) - 1} are "
+                    f"committed and state.features covers {n}: call propose exactly once per verify"
+                )
+        live = [i for i, m in enumerate(max_tokens) if m > 0]
+        drafts = [no_draft(s) for s in states]
+        if not live:
+            return drafts
+        rows_of = [states[i] for i in live]
+        device, d, dtype = rows_of[0].device, self.block_size, self.head.mask_embedding.dtype
+        kv = pack([s.drafter_state for s in rows_of])
+        features, valid = left_aligned([s.features[0] for s in rows_of])
+        positions, _ = left_aligned([torch.arange(c, c + s.features.shape[1])
+                                     for s, c in zip(rows_of, kv.lengths)])
+        anchors = torch.tensor([s.features.shape[1] - 1 for s in rows_of], device=device)
+        chunk = torch.cat([draft_input_ids(s.tokens[-1], self.head.shape.mask_id, d, device)
+                           for s in rows_of])
+        chunk_positions = torch.cat([draft_position_ids(len(s.tokens) - 1, d, device) for s in rows_of])
+        with timed(rows_of, "draft"):
+            context = self.head.context(features)
+            kv.record(None if valid.all() else valid, features.shape[1])
+            self.head.add_context(context, positions.to(device), kv)
+            mask = kv.chunk_mask(None, d + 1, draft_visibility(0, d, False), dtype)
+            # each row's anchor: its last cached position's context, the one that predicted b
+            anchor = context[torch.arange(len(rows_of), device=device), anchors].unsqueeze(1)
+            hidden = self.head.block_hidden(chunk, chunk_positions, mask, kv, anchor=anchor)
             block = self.head.draft_tokens(hidden[:, 1:], self.vocab)
-        cache.crop(-(d + 1))  # the chunk: the cache holds the committed context again
-        return block[:, :max_tokens]
+        kv.drop()
+        kv.commit([s.features.shape[1] for s in rows_of])  # the committed context again
+        for row, i in enumerate(live):
+            drafts[i] = block[row : row + 1, : max_tokens[i]]
+        return drafts

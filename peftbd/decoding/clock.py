@@ -37,10 +37,13 @@ class ForwardLog:
     observer: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
 
     @contextlib.contextmanager
-    def timed(self, mode: str) -> Iterator[None]:
-        """Time one forward call of `mode`."""
+    def timed(self, mode: str, *shared: ForwardLog) -> Iterator[None]:
+        """Time one forward call of `mode`; a batched call also counts, whole, in the logs of
+        the other rows it served (`shared`): each of them waited for all of it."""
         start = self.clock.now()
         with self.observer(mode) if self.observer else contextlib.nullcontext():
             yield
-        self.seconds[mode] = self.seconds.get(mode, 0.0) + self.clock.now() - start
-        self.calls[mode] = self.calls.get(mode, 0) + 1
+        elapsed = self.clock.now() - start
+        for log in (self, *shared):
+            log.seconds[mode] = log.seconds.get(mode, 0.0) + elapsed
+            log.calls[mode] = log.calls.get(mode, 0) + 1

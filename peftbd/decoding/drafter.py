@@ -1,15 +1,18 @@
 """The one `Drafter` interface every speculative method implements, and greedy AR's empty drafter.
 
 A drafter is shared by all requests (it holds models, never per-request data); what it needs
-per request lives in `state.drafter_state`. `propose` may read `state.tokens`, `state.cache`
-(the verifier's KV of `tokens[:-1]`) and `state.hidden`, and must leave `state.cache` exactly as
-it found it (crop what it appends). Time each of its forwards with `state.forwards.timed("draft")`.
+per request lives in `state.drafter_state`. `propose` drafts for a batch of requests at once (one
+is the batch-1 engine): it may read each state's `tokens`, `cache` (the verifier's KV of
+`tokens[:-1]`), `hidden` and `features`, packs the rows it runs with
+`peftbd.decoding.rows.PackedRows`, and must leave each `state.cache` exactly as it found it. Time
+each of its (batched) forwards with `peftbd.decoding.state.timed(states, "draft")`.
 New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement these two methods
 and join the loop unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -31,8 +34,8 @@ class Drafter(Protocol):
     def start(self, state: DecodeState) -> None:
         """Set up `state.drafter_state` for a new request (called once, right after prefill)."""
 
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
-        """Long (1, k) draft tokens continuing `state.tokens`, 0 <= k <= max_tokens."""
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        """Per state, long (1, k) draft tokens continuing its `tokens`, 0 <= k <= max_tokens[i]."""
 
 
 class NoDrafter:
@@ -45,5 +48,10 @@ class NoDrafter:
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None
 
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
-        return torch.empty(1, 0, dtype=torch.long, device=state.device)
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        return [no_draft(s) for s in states]
+
+
+def no_draft(state: DecodeState) -> torch.Tensor:
+    """An empty (1, 0) draft."""
+    return torch.empty(1, 0, dtype=torch.long, device=state.device)

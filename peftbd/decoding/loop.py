@@ -10,15 +10,18 @@ import torch
 from peftbd.decoding.drafter import Drafter, NoDrafter
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.verify import VerifyResult, prefill, verify
+from peftbd.decoding.verify import VerifyResult, prefill_rows, verify_rows
 
 
 class SpeculativeDecoder:
-    """Greedy speculative decoding of one verifier with one drafter (None = greedy AR).
+    """Greedy speculative decoding of one verifier with one drafter (None = greedy AR), over any
+    number of requests at once.
 
-    `decode` runs whole requests. A server that holds a `DecodeState` per request can instead
-    call `start`, then per round `propose` and `verify` (possibly in different processes, passing
-    plain token lists; see `peftbd.decoding.verify.advance`), or `step` for both.
+    `decode` runs one request, `decode_many` a stream of them with continuous batching. A server
+    that holds a `DecodeState` per request can instead call `start` / `start_many`, then per
+    round `propose` and `verify` (possibly in different processes, passing plain token lists;
+    see `peftbd.decoding.verify.advance`), or `step` / `step_many` for both. Every single-request
+    method is its batched twin called with one row: batch 1 is the same code path.
     """
 
     def __init__(self, model: torch.nn.Module, drafter: Drafter | None = None,
@@ -30,43 +33,101 @@ class SpeculativeDecoder:
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeState:
         """Prefill a new request (commits its first token) and set up the drafter's state."""
-        budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        state = prefill(self.model, prompt_ids, budget, self.eos_ids, self.drafter.feature_layers)
-        self.drafter.start(state)
-        return state
+        return self.start_many([prompt_ids], max_new_tokens)[0]
+
+    def start_many(self, prompts: Sequence[Sequence[int]],
+                   max_new_tokens: int | Sequence[int] | None = None) -> list[DecodeState]:
+        """`start` of several requests with one batched prefill (`max_new_tokens`: one budget
+        for all, or one per prompt)."""
+        states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
+                              self.eos_ids, self.drafter.feature_layers)
+        for state in states:
+            self.drafter.start(state)
+        return states
+
+    def _budgets(self, n: int, max_new_tokens: int | Sequence[int] | None) -> list[int]:
+        if max_new_tokens is None:
+            return [self.max_new_tokens] * n
+        if isinstance(max_new_tokens, int):
+            return [max_new_tokens] * n
+        if len(max_new_tokens) != n:
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} budgets for {n} prompts; "
+                             "pass one int, or one budget per prompt")
+        return list(max_new_tokens)
 
     def propose(self, state: DecodeState) -> torch.Tensor:
         """The drafter's block for the next round, never longer than the budget can use."""
-        return self.drafter.propose(state, max(state.remaining - 1, 0))
+        return self.propose_many([state])[0]
+
+    def propose_many(self, states: Sequence[DecodeState]) -> list[torch.Tensor]:
+        """`propose` for several requests in one batched draft."""
+        return self.drafter.propose(states, [max(s.remaining - 1, 0) for s in states])
 
     def verify(self, state: DecodeState, draft: Sequence[int] | torch.Tensor) -> VerifyResult:
         """Verify `draft` against the verifier and commit the accepted tokens into `state`."""
-        return verify(self.model, state, draft)
+        return self.verify_many([state], [draft])[0]
+
+    def verify_many(self, states: Sequence[DecodeState],
+                    drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
+        """`verify` of several requests in one batched forward; each accepts its own prefix."""
+        return verify_rows(self.model, states, drafts)
 
     def step(self, state: DecodeState) -> RoundMetrics:
         """One timed round: propose, verify, record."""
-        clock = state.forwards.clock
+        return self.step_many([state])[0]
+
+    def step_many(self, states: Sequence[DecodeState]) -> list[RoundMetrics]:
+        """One timed round of every state: one batched propose, one batched verify, each row
+        accepting its own prefix. Each row's record carries the whole batched calls' times."""
+        clock = states[0].forwards.clock
         t_draft = clock.now()
-        draft = self.propose(state)
+        drafts = self.propose_many(states)
         t_verify = clock.now()
-        result = self.verify(state, draft)
+        results = self.verify_many(states, drafts)
         t_end = clock.now()
-        record = RoundMetrics(
-            proposed=result.proposed, accepted=result.accepted, emitted=len(result.tokens),
-            draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_end - t_verify) * 1e3,
-            other_ms=(t_draft - state.mark) * 1e3,  # since the previous round ended
-        )
-        state.rounds.append(record)
-        state.mark = t_end
-        return record
+        records = []
+        for state, result in zip(states, results):
+            record = RoundMetrics(
+                proposed=result.proposed, accepted=result.accepted, emitted=len(result.tokens),
+                draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_end - t_verify) * 1e3,
+                other_ms=(t_draft - state.mark) * 1e3,  # since the row's previous round ended
+            )
+            state.rounds.append(record)
+            state.mark = t_end
+            records.append(record)
+        return records
 
     @torch.inference_mode()
     def decode(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeResult:
         """Decode one request to EOS or the budget; exact greedy output plus per-round metrics."""
-        state = self.start(prompt_ids, max_new_tokens)
-        while not state.done:
-            self.step(state)
-        return result_of(state)
+        return self.decode_many([prompt_ids], 1, max_new_tokens)[0]
+
+    @torch.inference_mode()
+    def decode_many(self, prompts: Sequence[Sequence[int]], batch_size: int,
+                    max_new_tokens: int | Sequence[int] | None = None) -> list[DecodeResult]:
+        """Decode `prompts` with continuous batching (vLLM's scheduler, greedy): at most
+        `batch_size` requests run together; before each round the queue's next requests join
+        (one batched prefill) in the places of finished ones. `max_new_tokens`: one budget, or
+        one per prompt. Results in prompt order; each row's output is its own greedy output."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}; decoding.batch_sizes entries must be >= 1")
+        budgets = self._budgets(len(prompts), max_new_tokens)
+        queue = list(zip(range(len(prompts)), prompts, budgets))[::-1]
+        running: list[tuple[int, DecodeState]] = []
+        results: list[DecodeResult | None] = [None] * len(prompts)
+        while queue or running:
+            joining = [queue.pop() for _ in range(min(batch_size - len(running), len(queue)))]
+            if joining:
+                started = self.start_many([p for _, p, _ in joining], [n for _, _, n in joining])
+                running += [(i, s) for (i, _, _), s in zip(joining, started)]
+            live = [s for _, s in running if not s.done]
+            if live:
+                self.step_many(live)
+            for i, state in running:
+                if state.done:
+                    results[i] = result_of(state)
+            running = [(i, s) for i, s in running if not s.done]
+        return results
 
 
 def result_of(state: DecodeState) -> DecodeResult:

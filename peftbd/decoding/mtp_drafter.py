@@ -5,16 +5,20 @@ entry at position j comes from (verifier hidden state at j-1, committed token x_
 teacher-forced input of training step 1. Each round first appends the entries of the tokens the
 last verify committed (the verifier's hidden states of those positions are in `state.hidden`);
 the last of them is step 1, whose logits give draft token 1. Steps 2..num_steps feed the head
-its own output hidden state and previous draft token; their entries are cropped afterwards, so the
-head cache only ever holds committed positions (no recomputation over a window).
+its own output hidden state and previous draft token; their entries are dropped afterwards, so the
+head cache only ever holds committed positions (no recomputation over a window). A batch of
+requests runs each step as one forward, the rows' head caches packed (`peftbd.decoding.rows`).
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import DynamicCache, PreTrainedModel
+from collections.abc import Sequence
 
-from peftbd.decoding.state import DecodeState
+import torch
+from transformers import PreTrainedModel
+
+from peftbd.decoding.ragged import RowCache, left_aligned, pack
+from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.mtp_head import MTPHead
 
 
@@ -33,31 +37,41 @@ class MTPDrafter:
         self.num_steps = num_steps
 
     def start(self, state: DecodeState) -> None:
-        state.drafter_state = DynamicCache()
+        state.drafter_state = RowCache.empty(state.device)
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
-        cache: DynamicCache = state.drafter_state
-        n, length = state.hidden.shape[1], len(state.tokens)
-        if length - 1 - cache.get_seq_length() != n:
-            raise RuntimeError(
-                f"MTP head cache holds {cache.get_seq_length()} positions but {length - 1} are "
-                f"committed and state.hidden covers {n}: call propose exactly once per verify"
-            )
-        new = torch.tensor([state.tokens[-n:]], device=state.device)
-        positions = torch.arange(length - n, length, device=state.device).unsqueeze(0)
-        with state.forwards.timed("draft"):
-            out = self.head(state.hidden, new, positions, cache=cache, logits_to_keep=1)
-        steps = min(self.num_steps, max_tokens)
-        if steps <= 0:
-            return torch.empty(1, 0, dtype=torch.long, device=state.device)
-        token, hidden = out.logits[:, -1:].argmax(-1), out.hidden[:, -1:]
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        for state in states:
+            cache: RowCache = state.drafter_state
+            n, length = state.hidden.shape[1], len(state.tokens)
+            if length - 1 - cache.get_seq_length() != n:
+                raise RuntimeError(
+                    f"MTP head cache holds {cache.get_seq_length()} positions but {length - 1} "
+                    f"are committed and state.hidden covers {n}: call propose exactly once per verify"
+                )
+        device = states[0].device
+        new = [s.hidden.shape[1] for s in states]
+        kv = pack([s.drafter_state for s in states])
+        hidden, valid = left_aligned([s.hidden[0] for s in states])
+        tokens, _ = left_aligned([torch.tensor(s.tokens[-n:]) for s, n in zip(states, new)])
+        positions, _ = left_aligned([torch.arange(len(s.tokens) - n, len(s.tokens))
+                                     for s, n in zip(states, new)])
+        mask = kv.chunk_mask(None if valid.all() else valid, hidden.shape[1], None, hidden.dtype)
+        last = torch.tensor(new, device=device) - 1
+        with timed(states, "draft"):
+            out = self.head.step(hidden, tokens.to(device), positions.to(device), mask, kv)
+            out = out[torch.arange(len(states), device=device), last].unsqueeze(1)  # step 1's
+            logits = self.head.logits(out)
+        steps = [min(self.num_steps, m) for m in max_tokens]
+        token, hidden = logits.argmax(-1), out
         drafts = [token]
-        for s in range(1, steps):
-            pos = torch.tensor([[length - 1 + s]], device=state.device)
-            with state.forwards.timed("draft"):
-                out = self.head(hidden, token, pos, cache=cache)
+        for s in range(1, max(steps)):
+            pos = torch.tensor([[len(state.tokens) - 1 + s] for state in states], device=device)
+            mask = kv.chunk_mask(None, 1, None, hidden.dtype)
+            with timed(states, "draft"):
+                out = self.head(hidden, token, pos, attention_mask=mask, cache=kv)
             token, hidden = out.logits.argmax(-1), out.hidden
             drafts.append(token)
-        cache.crop(-(steps - 1))
-        return torch.cat(drafts, dim=1)
+        kv.commit(new)  # the committed positions only: the later steps' entries are dropped
+        block = torch.cat(drafts, dim=1)
+        return [block[i : i + 1, : max(k, 0)] for i, k in enumerate(steps)]

@@ -1,7 +1,8 @@
 """PEFT-BD drafting: the adapter-on backbone denoises a block of masks against the verifier's KV.
 
 The chunk layout, positions and attention pattern are `peftbd.models.peft_bd`'s (shared with
-training). The draft's KV is cropped off the verifier cache after every forward. An early-exit
+training). A batch of requests drafts in one forward per denoising step, the rows' verifier
+caches packed (`peftbd.decoding.rows`); the draft's KV is dropped after every forward. An early-exit
 adapter (`peftbd.models.early_exit`) drafts through its first k layers only.
 
 Unmasking rule for `denoise_steps = S > 1` (MaskGIT-style, linear schedule): after step s the
@@ -18,21 +19,24 @@ Linears run as plain matmuls (`lean_lora`): the same values without peft's per-c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from peft import PeftModel
 
-from peftbd.decoding.state import DecodeState
+from peftbd.decoding.drafter import no_draft
+from peftbd.decoding.ragged import pack
+from peftbd.decoding.state import DecodeState, timed
 from peftbd.decoding.verify import unwrap
-from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
+from peftbd.models.early_exit import adapter_depth, first_layers
 from peftbd.models.lean_lora import lean_lora
 from peftbd.models.peft_bd import (
     adapter_on,
-    draft_attention_mask,
     draft_embeddings,
     draft_input_ids,
     draft_logits,
     draft_position_ids,
+    draft_visibility,
 )
 
 
@@ -65,23 +69,28 @@ class PeftBDDrafter:
         state.drafter_state = None  # drafts against the verifier's own cache: no state of its own
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
-        if max_tokens <= 0:
-            return torch.empty(1, 0, dtype=torch.long, device=state.device)
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        live = [i for i, m in enumerate(max_tokens) if m > 0]
+        drafts = [no_draft(s) for s in states]
+        if not live:
+            return drafts
+        rows_of = [states[i] for i in live]
         base, d, steps = unwrap(self.model), self.block_size, self.denoise_steps
-        n = state.cache.get_seq_length()
-        chunk = draft_input_ids(state.tokens[-1], self.mask_id, d, state.device)
-        positions = draft_position_ids(n, d, state.device)
-        mask = draft_attention_mask(n, d, self.anchored, base.dtype, state.device)
+        device = rows_of[0].device
+        kv = pack([s.cache for s in rows_of])
+        chunk = torch.cat([draft_input_ids(s.tokens[-1], self.mask_id, d, device) for s in rows_of])
+        positions = torch.cat([draft_position_ids(n, d, device) for n in kv.lengths])
+        pattern = draft_visibility(0, d, self.anchored)
         block = chunk[:, 1:].clone()
         fixed = torch.zeros_like(block, dtype=torch.bool)
         with adapter_on(self.model), lean_lora(self.model), first_layers(base.config, self.depth):
             for step in range(1, steps + 1):
-                with state.forwards.timed("draft"):
-                    out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=state.cache,
+                mask = kv.chunk_mask(None, d + 1, pattern, base.dtype)
+                with timed(rows_of, "draft"):
+                    out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=kv,
                                      position_ids=positions, attention_mask=mask, use_cache=True)
                     logits = draft_logits(base, out.last_hidden_state[:, 1:]).float()
-                crop_first_layers(state.cache, d + 1, self.depth)
+                kv.drop()
                 logits[..., self.mask_id] = -math.inf
                 if step == steps:
                     block = torch.where(fixed, block, logits.argmax(-1))
@@ -92,4 +101,6 @@ class PeftBDDrafter:
                 block.scatter_(1, idx, pred.gather(1, idx))
                 fixed.scatter_(1, idx, True)
                 chunk[:, 1:] = torch.where(fixed, block, self.mask_id)
-        return block[:, :max_tokens]
+        for row, i in enumerate(live):
+            drafts[i] = block[row : row + 1, : max_tokens[i]]
+        return drafts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +47,9 @@ class RoundMetrics:
 
 @dataclass
 class DecodeState:
-    """One request (batch 1). Invariant between rounds: `cache` holds the verifier's (adapter-off)
-    KV of `tokens[:-1]`; the last committed token (the bonus) is not in it yet.
+    """One request. Invariant between rounds: `cache` holds the verifier's (adapter-off) KV of
+    `tokens[:-1]`; the last committed token (the bonus) is not in it yet. The engine steps any
+    number of states at once (`peftbd.decoding.rows` packs them); each keeps its own cache.
 
     `hidden` holds the verifier's final hidden states (1, n, d) of the positions that predicted
     the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
@@ -81,3 +84,8 @@ class DecodeState:
     def remaining(self) -> int:
         """How many more tokens may be generated."""
         return self.max_new_tokens - len(self.new_tokens)
+
+
+def timed(states: Sequence[DecodeState], mode: str) -> contextlib.AbstractContextManager[None]:
+    """Time one (batched) forward of `mode` over `states`: it counts, whole, for every row."""
+    return states[0].forwards.timed(mode, *(s.forwards for s in states[1:]))

@@ -8,15 +8,16 @@ split drafter that reads only verifier features uses: it commits without a forwa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from peft import PeftModel
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from peftbd.decoding.clock import Clock, ForwardLog
-from peftbd.decoding.state import DecodeState
+from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, row_entries
+from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.early_exit import first_layers
 
 
@@ -43,22 +44,28 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _forward(model: torch.nn.Module, state: DecodeState, input_ids: torch.Tensor, keep: int,
-             mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Verifier forward over `input_ids` at the next positions; (logits of the last `keep`
-    positions, final hidden states of all positions, their `state.feature_layers` features or
-    None). Extends `state.cache`."""
+def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequence[Sequence[int]],
+             mode: str, greedy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+             ) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list]:
+    """One verifier forward over each row's `inputs` at its next positions, the rows' caches
+    packed (`peftbd.decoding.ragged`): (their `RaggedKV`, the final hidden states (B, Q, d) and
+    `feature_layers` features (or None) of every slot, row i's being its first len(inputs[i]);
+    `greedy(lm_head, hidden)`'s tokens as lists, [] without it). The caller `commit`s what the
+    rows keep."""
     base = unwrap(model)
-    start = state.cache.get_seq_length()
-    positions = torch.arange(start, start + input_ids.shape[1], device=state.device).unsqueeze(0)
-    layers = state.feature_layers
-    with state.forwards.timed(mode):
-        out = base.model(input_ids=input_ids, cache=state.cache, position_ids=positions,
-                         use_cache=True, output_hidden_states=bool(layers))
+    device = states[0].device
+    kv = pack([s.cache for s in states])
+    ids, valid = left_aligned([torch.tensor(x, dtype=torch.long) for x in inputs])
+    positions, _ = left_aligned([torch.arange(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
+    mask = kv.chunk_mask(None if valid.all() else valid, ids.shape[1], None, base.dtype)
+    layers = states[0].feature_layers
+    with timed(states, mode):
+        out = base.model(input_ids=ids.to(device), cache=kv, position_ids=positions.to(device),
+                         attention_mask=mask, use_cache=True, output_hidden_states=bool(layers))
         hidden = out.last_hidden_state
-        logits = base.lm_head(hidden[:, -keep:]) if keep else hidden[:, :0]
         features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
-    return logits, hidden, features
+        tokens = greedy(base.lm_head, hidden).tolist() if greedy else []  # one device sync
+    return kv, hidden, features, tokens
 
 
 def _commit(state: DecodeState, tokens: Sequence[int]) -> list[int]:
@@ -75,10 +82,8 @@ def _commit(state: DecodeState, tokens: Sequence[int]) -> list[int]:
     return kept
 
 
-def _as_ids(tokens: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    if isinstance(tokens, torch.Tensor):
-        return tokens.to(device=device, dtype=torch.long).reshape(1, -1)
-    return torch.tensor([list(tokens)], dtype=torch.long, device=device)
+def _as_list(tokens: Sequence[int] | torch.Tensor) -> list[int]:
+    return tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
 
 
 @torch.inference_mode()
@@ -86,17 +91,33 @@ def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
             eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
     """A new request's state: one verifier forward over the prompt commits the first token;
     `feature_layers`: the verifier hidden states every forward keeps in `state.features`."""
-    state = new_state(model, prompt_ids, max_new_tokens, eos_ids, feature_layers)
-    if state.done:
-        return state
-    clock = state.forwards.clock
+    return prefill_rows(model, [prompt_ids], [max_new_tokens], eos_ids, feature_layers)[0]
+
+
+@torch.inference_mode()
+def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: Sequence[int], eos_ids: Sequence[int] = (),
+                 feature_layers: Sequence[int] = ()) -> list[DecodeState]:
+    """`prefill` of several requests in one batched forward (prompts of any lengths)."""
+    states = [new_state(model, p, n, eos_ids, feature_layers) for p, n in zip(prompts, max_new_tokens)]
+    live = [s for s in states if not s.done]
+    if not live:
+        return states
+    clock = live[0].forwards.clock
     start = clock.now()
-    logits, state.hidden, state.features = _forward(model, state, _as_ids(prompt_ids, state.device),
-                                                    keep=1, mode="prefill")
-    _commit(state, [int(logits[0, -1].argmax())])
-    state.mark = clock.now()
-    state.prefill_s = state.mark - start
-    return state
+    lasts = torch.tensor([len(s.tokens) - 1 for s in live], device=live[0].device)
+    rows = torch.arange(len(live), device=live[0].device)
+    kv, hidden, features, firsts = _forward(model, live, [s.tokens for s in live], "prefill",
+                                            lambda head, h: head(h[rows, lasts]).argmax(-1))
+    kv.commit([len(s.tokens) for s in live])
+    end = clock.now()
+    for i, (state, first) in enumerate(zip(live, firsts)):
+        n = len(state.tokens)
+        state.hidden = row_entries(hidden, i, 0, n)
+        state.features = None if features is None else row_entries(features, i, 0, n)
+        _commit(state, [first])
+        state.mark, state.prefill_s = end, end - start
+    return states
 
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -110,7 +131,7 @@ def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
     device = model_device(base)
     return DecodeState(
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
-        eos_ids=frozenset(eos_ids), cache=DynamicCache(config=base.config),
+        eos_ids=frozenset(eos_ids), cache=RowCache.empty(device),
         forwards=ForwardLog(Clock(device)), device=device, done=max_new_tokens == 0,
         feature_layers=tuple(feature_layers),
     )
@@ -131,22 +152,34 @@ def verify(model: torch.nn.Module, state: DecodeState,
            draft: Sequence[int] | torch.Tensor) -> VerifyResult:
     """The verify-and-accept step: one verifier forward over [last committed token, draft]
     (k + 1 positions), greedy argmax, accept the longest matching prefix plus the bonus token,
-    crop the cache back to the committed length, commit into `state`."""
-    if state.done:
-        raise ValueError("verify() on a finished request (state.done is True); start a new one")
-    draft_ids = _as_ids(draft, state.device)
-    k = draft_ids.shape[1]
-    inputs = torch.cat([_as_ids(state.tokens[-1:], state.device), draft_ids], dim=1)
-    logits, hidden, features = _forward(model, state, inputs, keep=k + 1, mode="verify")
-    both = torch.cat([logits.argmax(-1), draft_ids], dim=1)[0].tolist()  # one device sync
-    preds, drafted = both[: k + 1], both[k + 1 :]
-    accepted = accepted_prefix(drafted, preds)
-    state.cache.crop(-(k - accepted))
-    state.hidden = hidden[:, : accepted + 1]
-    state.features = None if features is None else features[:, : accepted + 1]
-    kept = _commit(state, preds[: accepted + 1])
-    # count what the output holds: matches past an EOS or the budget that cut `kept` are not used
-    return VerifyResult(proposed=k, accepted=min(accepted, len(kept)), tokens=kept, done=state.done)
+    keep the cache at the committed length, commit into `state`."""
+    return verify_rows(model, [state], [draft])[0]
+
+
+@torch.inference_mode()
+def verify_rows(model: torch.nn.Module, states: Sequence[DecodeState],
+                drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
+    """`verify` of several requests in one batched forward; each row accepts its own prefix."""
+    for state in states:
+        if state.done:
+            raise ValueError("verify() on a finished request (state.done is True); start a new one")
+    drafted = [_as_list(d) for d in drafts]
+    kv, hidden, features, greedy = _forward(
+        model, states, [s.tokens[-1:] + d for s, d in zip(states, drafted)], "verify",
+        lambda head, h: head(h).argmax(-1))
+    results, kept_slots = [], []
+    for i, (state, draft) in enumerate(zip(states, drafted)):
+        preds = greedy[i][: len(draft) + 1]
+        accepted = accepted_prefix(draft, preds)
+        kept_slots.append(accepted + 1)
+        state.hidden = row_entries(hidden, i, 0, accepted + 1)
+        state.features = None if features is None else row_entries(features, i, 0, accepted + 1)
+        kept = _commit(state, preds[: accepted + 1])
+        # count what the output holds: matches past an EOS or the budget that cut `kept` are not used
+        results.append(VerifyResult(proposed=len(draft), accepted=min(accepted, len(kept)),
+                                    tokens=kept, done=state.done))
+    kv.commit(kept_slots)
+    return results
 
 
 @torch.inference_mode()
@@ -158,17 +191,27 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
     `layers` = k syncs only the first k layers (a drafter that reads no more: an early-exit
     PEFT-BD drafter's `kv_layers`); deeper layers then fall behind and `hidden` becomes None, so
     such a state may draft but never verify."""
-    if state.done:
-        raise ValueError("advance() on a finished request (state.done is True); start a new one")
-    if len(new_tokens) == 0:
-        raise ValueError("advance() got no new_tokens; pass the tokens a verify step committed")
-    uncached = state.tokens[-1:]
-    kept = _commit(state, new_tokens)
-    uncached = uncached + kept[:-1]
+    return advance_rows(model, [state], [new_tokens], layers)[0]
+
+
+@torch.inference_mode()
+def advance_rows(model: torch.nn.Module, states: Sequence[DecodeState],
+                 new_tokens: Sequence[Sequence[int]], layers: int | None = None) -> list[list[int]]:
+    """`advance` of several requests in one batched forward."""
+    for state, new in zip(states, new_tokens):
+        if state.done:
+            raise ValueError("advance() on a finished request (state.done is True); start a new one")
+        if len(new) == 0:
+            raise ValueError("advance() got no new_tokens; pass the tokens a verify step committed")
+    uncached = [s.tokens[-1:] for s in states]
+    kept = [_commit(s, new) for s, new in zip(states, new_tokens)]
+    inputs = [u + k[:-1] for u, k in zip(uncached, kept)]
     with first_layers(unwrap(model).config, layers):
-        _, hidden, state.features = _forward(model, state, _as_ids(uncached, state.device),
-                                             keep=0, mode="sync")
-    state.hidden = None if layers else hidden
+        kv, hidden, features, _ = _forward(model, states, inputs, "sync")
+    kv.commit([len(x) for x in inputs])
+    for i, (state, x) in enumerate(zip(states, inputs)):
+        state.hidden = None if layers else row_entries(hidden, i, 0, len(x))
+        state.features = None if features is None else row_entries(features, i, 0, len(x))
     return kept
 
 

@@ -52,7 +52,10 @@ class ScriptedDrafter:
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None
 
-    def propose(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
+    def propose(self, states: list[DecodeState], max_tokens: list[int]) -> list[torch.Tensor]:
+        return [self._one(s, m) for s, m in zip(states, max_tokens)]
+
+    def _one(self, state: DecodeState, max_tokens: int) -> torch.Tensor:
         done = len(state.new_tokens)
         draft = list(self.continuation[done : done + min(self.block, max_tokens)])
         for i in range(len(draft)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder, advance, decode, prefill, verify
 from peftbd.decoding.verify import accepted_prefix
@@ -23,10 +24,11 @@ def test_cache_after_partial_acceptance_equals_a_fresh_forward(verifier, prompts
     assert state.cache.get_seq_length() == len(state.tokens) - 1
     fresh = verifier.model(input_ids=torch.tensor([state.tokens]))
     torch.testing.assert_close(state.hidden, fresh.last_hidden_state[:, -5:-1], atol=1e-4, rtol=1e-4)
-    n = len(state.tokens) - 1
-    cached = verifier(input_ids=torch.tensor([state.tokens[-1:]]), cache=state.cache,
-                      position_ids=torch.tensor([[n]])).logits[0, -1]
-    torch.testing.assert_close(cached, verifier.lm_head(fresh.last_hidden_state)[0, -1], atol=1e-4, rtol=1e-4)
+    reference = DynamicCache()
+    verifier.model(input_ids=torch.tensor([state.tokens[:-1]]), cache=reference)
+    for (keys, values), want in zip(state.cache.committed(), reference.layers, strict=True):
+        torch.testing.assert_close(keys, want.keys, atol=1e-4, rtol=1e-4)  # the fresh forward's KV
+        torch.testing.assert_close(values, want.values, atol=1e-4, rtol=1e-4)
 
 
 def test_accepted_prefix():

@@ -58,8 +58,8 @@ def test_draft_layers_beyond_the_backbone_is_rejected(tiny_cfg, mask_id):
 @torch.no_grad()
 def test_early_exit_draft_equals_a_backbone_cut_to_k_layers(drafter, mask_id):
     state = prefill(drafter, PROMPTS[0], max_new_tokens=32, eos_ids=())
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-    proposal = PeftBDDrafter(drafter, mask_id, D).propose(state, D)[0]
+    before = [(k.clone(), v.clone()) for k, v in state.cache.committed()]
+    proposal = PeftBDDrafter(drafter, mask_id, D).propose([state], [D])[0][0]
 
     cut = copy.deepcopy(drafter)  # the reference: the first K layers, physically
     cut.get_base_model().model.layers = nn.ModuleList(cut.get_base_model().model.layers[:K])
@@ -75,7 +75,7 @@ def test_early_exit_draft_equals_a_backbone_cut_to_k_layers(drafter, mask_id):
     logits = out.logits[0, 1:].clone()
     logits[:, mask_id] = -torch.inf
     assert proposal.tolist() == logits.argmax(-1).tolist()
-    after = [(layer.keys, layer.values) for layer in state.cache.layers]
+    after = state.cache.committed()
     for (k0, v0), (k1, v1) in zip(before, after, strict=True):  # every layer back as it was
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
@@ -84,8 +84,8 @@ def _cache_prefix(state, k: int):
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    for i, layer in enumerate(state.cache.layers[:k]):
-        cache.update(layer.keys.clone(), layer.values.clone(), i)
+    for i, (keys, values) in enumerate(state.cache.committed()[:k]):
+        cache.update(keys.clone(), values.clone(), i)
     return cache
 
 

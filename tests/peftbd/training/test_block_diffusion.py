@@ -192,7 +192,7 @@ def _engine_draft(drafter, state, mask_id):
     head = head.token_adapter.base_layer if hasattr(head, "token_adapter") else head
     hook = head.register_forward_hook(lambda m, a, out: captured.append(out.clone()))
     try:
-        proposal = PeftBDDrafter(drafter, mask_id, D).propose(state, D)
+        proposal = PeftBDDrafter(drafter, mask_id, D).propose([state], [D])[0]
     finally:
         hook.remove()
     return captured[0][0].float(), proposal[0].tolist()  # (D, vocab): the one draft forward

@@ -71,9 +71,10 @@ class Recording:
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    def propose(self, state, max_tokens: int) -> torch.Tensor:
-        out = self.inner.propose(state, max_tokens)
-        self.drafted.extend(out[0].tolist())
+    def propose(self, states, max_tokens) -> list[torch.Tensor]:
+        out = self.inner.propose(states, max_tokens)
+        for draft in out:
+            self.drafted.extend(draft[0].tolist())
         return out
 
 

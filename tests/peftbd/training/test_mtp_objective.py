@@ -65,7 +65,7 @@ def test_step_one_is_the_engine_first_draft(head, verifier):
     captured = []
     hook = head.register_forward_hook(lambda m, a, out: captured.append(out.logits.clone()))
     try:
-        drafter.propose(state, 3)
+        drafter.propose([state], [3])
         engine = captured[0][0, -1]  # step 1 at the last committed position
     finally:
         hook.remove()

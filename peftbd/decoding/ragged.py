@@ -1,0 +1,216 @@
+"""The KV cache of a batch of requests of different lengths, and how batched forwards use it.
+
+`RaggedKV` holds B rows in one buffer per layer (B, heads, capacity, head_dim), left-aligned:
+row i's committed positions fill slots [0, n_i). A forward appends a chunk of Q inputs per row,
+each row's q_i real inputs first (padding after), written at slots [n_i, n_i + Q): every row at
+its own offset, so rows that accepted different numbers of tokens need no realignment. The
+attention mask (`chunk_mask`) lets a query see its row's committed slots and, inside the chunks
+appended since, their pattern (causal, or the draft pattern) over real slots. `commit` then keeps
+the first m_i slots of what the chunks appended (the accepted tokens) by moving n_i: no copy.
+Dropping a draft's chunk moves nothing. Positions are explicit per row.
+
+A request's `DecodeState` holds `RowCache`s: (a `RaggedKV`, its row). A batched call `pack`s
+its states' row caches: when they already are the rows 0..B-1 of one `RaggedKV` (a batch that
+keeps running) that buffer is used as is; otherwise (rows joined or left, or a server batching
+whichever requests arrived) their rows are copied into a new one, which they then point to.
+One request alone is the batch-1 engine: its own one-row buffer, never copied.
+
+`RaggedKV` implements what transformers' attention layers call on a cache (`update`) and, for
+the one case where the engine lets transformers build the mask (one row, causal), what its mask
+builder asks (`get_mask_sizes`, `get_query_offset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+_MIN_CAPACITY = 64
+
+
+class RaggedKV:
+    """Rows of per-layer keys and values (see module doc); layers are created on first write."""
+
+    def __init__(self, lengths: Sequence[int], device: torch.device) -> None:
+        self.lengths = list(lengths)
+        self.device = device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._offset = 0  # where (after each row's committed slots) the next chunk is written
+        self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
+        self._lengths_t: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return self.keys[0].dtype if self.keys else None
+
+    # what attention calls -------------------------------------------------------------------
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
+               *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a chunk's keys/values (B, heads, Q, d) at each row's offset; the keys/values of
+        every slot a query of this chunk may see (the mask says which)."""
+        width = key.shape[2]
+        start = self._offset - width  # `chunk_mask` / `record` already counted this chunk
+        end = max(self.lengths) + self._offset
+        if layer_idx == len(self.keys):
+            shape = (self.size, key.shape[1], max(_MIN_CAPACITY, 2 * end), key.shape[3])
+            self.keys.append(key.new_zeros(shape))
+            self.values.append(value.new_zeros(shape))
+        if end > self.keys[layer_idx].shape[2]:
+            self._grow(layer_idx, 2 * end)
+        slots = (self._lengths_on(key.device) + start).unsqueeze(1) + torch.arange(width, device=key.device)
+        index = slots[:, None, :, None].expand_as(key)
+        self.keys[layer_idx].scatter_(2, index, key)
+        self.values[layer_idx].scatter_(2, index, value)
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    # what transformers' mask builder calls when `chunk_mask` leaves the mask to it (one row,
+    # causal): the chunk starts after the row's committed slots and the chunks before it
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.lengths[0] + self._offset - self._chunks[-1][0]
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.lengths[0] + self._offset, 0
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * max(len(self.keys), 1)
+
+    is_linear = is_dummy = is_sliding
+
+    def _grow(self, layer_idx: int, capacity: int) -> None:
+        for store in (self.keys, self.values):
+            old = store[layer_idx]
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            store[layer_idx] = new
+
+    # what the engine calls ------------------------------------------------------------------
+
+    def record(self, valid: torch.Tensor | None, width: int) -> None:
+        """Note the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
+        left-aligned; None: all) without a mask (a chunk written straight into the cache)."""
+        self._chunks.append((width, valid))
+        self._offset += width
+
+    def chunk_mask(self, valid: torch.Tensor | None, width: int, pattern: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor | None:
+        """Record the next chunk and return its additive mask (B, 1, width, slots): a query sees
+        its row's committed slots, the real slots of the chunks appended since and, in its own
+        chunk, `pattern` (bool (width, width); None: causal) over real slots. None for one row's
+        causal chunk after real slots only: transformers builds that mask (the batch-1 engine's)."""
+        own_start = self._offset
+        self.record(valid, width)
+        if self.size == 1 and pattern is None and all(v is None for _, v in self._chunks):
+            return None
+        dev = self.device
+        real = torch.cat([torch.ones(self.size, w, dtype=torch.bool, device=dev) if v is None
+                          else v.to(dev) for w, v in self._chunks], 1)  # (B, offset)
+        rel = (torch.arange(max(self.lengths) + self._offset, device=dev).unsqueeze(0)
+               - self._lengths_on(dev).unsqueeze(1))  # (B, slots): slot - row's committed length
+        appended = (rel >= 0) & (rel < self._offset)
+        appended &= real.gather(1, rel.clamp(0, self._offset - 1))
+        seen = (rel < 0) | (appended & (rel < own_start))  # committed, or an earlier chunk's
+        own = torch.ones(width, width, dtype=torch.bool, device=dev).tril() if pattern is None \
+            else pattern.to(dev)
+        in_own = own[:, (rel - own_start).clamp(0, width - 1)].transpose(0, 1)  # (B, Q, slots)
+        allowed = seen.unsqueeze(1) | (in_own & (appended & (rel >= own_start)).unsqueeze(1))
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask.unsqueeze(1)
+
+    def _lengths_on(self, device: torch.device) -> torch.Tensor:
+        if self._lengths_t is None:
+            self._lengths_t = torch.tensor(self.lengths, device=device)
+        return self._lengths_t
+
+    def drop(self) -> None:
+        """Forget the last recorded chunk (a draft step's KV: the next chunk overwrites it)."""
+        width, _ = self._chunks.pop()
+        self._offset -= width
+
+    def commit(self, counts: Sequence[int]) -> None:
+        """Row i keeps the first `counts[i]` slots the chunks appended since the last commit
+        (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+        self._lengths_t = None
+        self._offset = 0
+        self._chunks = []
+
+    def to(self, dtype: torch.dtype) -> None:
+        """Cast every layer to `dtype` in place (the cost profiler's bf16 arms)."""
+        self.keys = [k.to(dtype) for k in self.keys]
+        self.values = [v.to(dtype) for v in self.values]
+
+
+@dataclass
+class RowCache:
+    """One request's KV: row `row` of `kv`."""
+
+    kv: RaggedKV
+    row: int = 0
+
+    @classmethod
+    def empty(cls, device: torch.device) -> RowCache:
+        """A new request's (one-row, empty) cache."""
+        return cls(RaggedKV([0], device))
+
+    def get_seq_length(self) -> int:
+        """Committed positions."""
+        return self.kv.lengths[self.row]
+
+    def committed(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, views (1, heads, n, head_dim) of this row's committed keys and values."""
+        n, r = self.get_seq_length(), self.row
+        return [(k[r : r + 1, :, :n], v[r : r + 1, :, :n]) for k, v in zip(self.kv.keys, self.kv.values)]
+
+
+def pack(caches: Sequence[RowCache]) -> RaggedKV:
+    """One `RaggedKV` whose rows 0..B-1 are `caches` (see module doc): theirs when they already
+    are, else a new one with their rows copied in, which `caches` then point to."""
+    first = caches[0].kv
+    if first.size == len(caches) and all(c.kv is first and c.row == i for i, c in enumerate(caches)):
+        return first
+    packed = RaggedKV([c.get_seq_length() for c in caches], first.device)
+    layers = max(len(c.kv.keys) for c in caches)
+    width = max(packed.lengths)
+    for idx in range(layers):
+        ref = next(c.kv.keys[idx] for c in caches if len(c.kv.keys) > idx)
+        shape = (len(caches), ref.shape[1], max(_MIN_CAPACITY, 2 * width), ref.shape[3])
+        keys, values = ref.new_zeros(shape), ref.new_zeros(shape)
+        for i, c in enumerate(caches):
+            n = c.get_seq_length()
+            if n and len(c.kv.keys) > idx:
+                keys[i, :, :n] = c.kv.keys[idx][c.row, :, :n]
+                values[i, :, :n] = c.kv.values[idx][c.row, :, :n]
+        packed.keys.append(keys)
+        packed.values.append(values)
+    for i, c in enumerate(caches):
+        c.kv, c.row = packed, i
+    return packed
+
+
+def left_aligned(rows: Sequence[torch.Tensor], fill: float | int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack `rows` (each (q_i, ...)) as (B, Q, ...), each row's entries first, then `fill`;
+    and the bool (B, Q) mask of real entries."""
+    width = max(r.shape[0] for r in rows)
+    first = rows[0]
+    out = torch.full((len(rows), width, *first.shape[1:]), fill, dtype=first.dtype, device=first.device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+        valid[i, : r.shape[0]] = True
+    return out, valid
+
+
+def row_entries(batch: torch.Tensor, row: int, start: int, n: int) -> torch.Tensor:
+    """(1, n, ...): entries start..start+n-1 of row `row` of left-aligned `batch` (B, Q, ...)."""
+    return batch[row : row + 1, start : start + n]

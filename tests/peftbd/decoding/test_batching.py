@@ -1,0 +1,155 @@
+"""Batched decoding: every row of a batch decodes exactly its own batch-1 greedy output, with every
+drafter, at several batch sizes, rows of different lengths and budgets joining late."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from peftbd.decoding import (BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder,
+                             DecodeState)
+from peftbd.decoding.ragged import RaggedKV, RowCache, pack
+from peftbd.models.bd_head import BDHead, HeadShape
+from peftbd.models.mtp_head import MTPHead
+from peftbd.models.peft_bd import attach_drafter_adapter
+
+BUDGETS = [24, 7, 31, 16, 1, 28]
+
+
+@pytest.fixture(scope="module")
+def rows(prompts, tokenizer) -> list[list[int]]:
+    """Six prompts of different lengths (corpus prompts and cuts of them)."""
+    base = [ids for _, ids in prompts]
+    return base + [base[0][:9], base[1] + base[2][-5:], base[2][:3]]
+
+
+class Perturbed:
+    """Proposes each request's own AR continuation with a wrong token at a random place each
+    round: rows accept different prefixes every round (seeded, so batch 1 and batch B agree)."""
+
+    name, kv_layers, feature_layers = "perturbed", None, ()
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], block: int) -> None:
+        self.truth, self.block = truth, block
+
+    def start(self, state: DecodeState) -> None:
+        state.drafter_state = random.Random(len(state.tokens))
+
+    def propose(self, states, max_tokens):
+        out = []
+        for state, m in zip(states, max_tokens):
+            truth = self.truth[tuple(state.tokens[: state.prompt_len])]
+            done = len(state.new_tokens)
+            draft = list(truth[done : done + min(self.block, m)])
+            wrong = state.drafter_state.randrange(self.block + 1)
+            if wrong < len(draft):
+                draft[wrong] = (draft[wrong] + 1) % 2000
+            out.append(torch.tensor([draft], dtype=torch.long))
+        return out
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_cfg, tokenizer, verifier, rows, eos):
+    """Every drafter family on one adapter-carrying verifier (untrained drafters: still exact)."""
+    from peftbd.models.loading import load_verifier
+
+    torch.manual_seed(0)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    mask = tokenizer.mask_token_id
+    head = BDHead(model, HeadShape.of(tiny_cfg.head, model.config, mask))
+    ar = SpeculativeDecoder(verifier, None, eos, 64)
+    truth = {tuple(p): ar.decode(p, 64).tokens for p in rows}
+    return model, {
+        "ar": None,
+        "perturbed": Perturbed(truth, 6),
+        "peftbd": PeftBDDrafter(model, mask, 8),
+        "peftbd_2step": PeftBDDrafter(model, mask, 8, denoise_steps=2),
+        "peftbd_anchored": PeftBDDrafter(model, mask, 8, anchored=True),
+        "fastmtp": MTPDrafter(MTPHead(model), model, num_steps=3),
+        "peftbd_head": BDHeadDrafter(head, model, 8),
+        "peftbd_head_vocab": BDHeadDrafter(head, model, 8, vocab_ids=torch.arange(3, 400)),
+    }
+
+
+@pytest.mark.parametrize("name", ["ar", "perturbed", "peftbd", "peftbd_2step", "peftbd_anchored",
+                                  "fastmtp", "peftbd_head", "peftbd_head_vocab"])
+def test_every_row_decodes_its_own_batch_1_output(drafters, rows, eos, name):
+    model, by_name = drafters
+    dec = SpeculativeDecoder(model, by_name[name], eos)
+    single = [dec.decode(p, n) for p, n in zip(rows, BUDGETS)]
+    for batch_size in (2, 4, 6):
+        batched = dec.decode_many(rows, batch_size, BUDGETS)
+        assert [r.tokens for r in batched] == [r.tokens for r in single], (name, batch_size)
+        assert [[(x.proposed, x.accepted, x.emitted) for x in r.rounds] for r in batched] == \
+            [[(x.proposed, x.accepted, x.emitted) for x in r.rounds] for r in single]
+
+
+def test_rows_accept_different_prefixes_in_one_round(drafters, rows, eos):
+    model, by_name = drafters
+    dec = SpeculativeDecoder(model, by_name["perturbed"], eos, 32)
+    states = dec.start_many(rows[:4])
+    spread = set()
+    while not all(s.done for s in states):
+        live = [s for s in states if not s.done]
+        spread.add(len({r.accepted for r in dec.step_many(live)}))
+    assert max(spread) > 1  # the test exercises ragged acceptance, not lockstep rows
+
+
+def test_a_row_joining_late_decodes_its_own_output(drafters, rows, eos):
+    model, by_name = drafters
+    for name in ("peftbd", "fastmtp", "peftbd_head"):
+        dec = SpeculativeDecoder(model, by_name[name], eos, 40)
+        want = [dec.decode(p).tokens for p in rows[:2]]
+        first = dec.start(rows[0])
+        for _ in range(3):
+            if not first.done:
+                dec.step(first)
+        second = dec.start(rows[1])
+        while not (first.done and second.done):
+            dec.step_many([s for s in (first, second) if not s.done])
+        assert [first.new_tokens, second.new_tokens] == want, name
+
+
+def test_one_batched_round_is_one_verify_forward_per_row(drafters, rows, eos):
+    model, by_name = drafters
+    dec = SpeculativeDecoder(model, by_name["peftbd_2step"], eos, 20)
+    states = dec.start_many(rows[:3])
+    dec.step_many(states)
+    for state in states:
+        assert state.forwards.calls == {"prefill": 1, "draft": 2, "verify": 1}
+    assert len({s.forwards.seconds["verify"] for s in states}) == 1  # one call, counted whole
+
+
+def test_decode_many_rejects_a_bad_batch_size_and_budget_list(drafters, rows, eos):
+    model, _ = drafters
+    dec = SpeculativeDecoder(model, None, eos, 8)
+    with pytest.raises(ValueError, match="batch_size"):
+        dec.decode_many(rows, 0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dec.decode_many(rows, 2, [4, 4])
+
+
+def test_pack_reuses_a_running_batch_and_copies_a_new_one():
+    device = torch.device("cpu")
+    kv = RaggedKV([0, 0], device)
+    kv.record(None, 3)
+    kv.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
+    kv.commit([3, 2])
+    a, b = RowCache(kv, 0), RowCache(kv, 1)
+    assert pack([a, b]) is kv  # the running batch: no copy
+    swapped = pack([b, a])  # another order: a new buffer, the rows copied
+    assert swapped is not kv and (b.row, a.row) == (0, 1) and b.kv is swapped
+    assert swapped.lengths == [2, 3]
+    for (k0, _), (k1, _) in zip(a.committed(), RowCache(kv, 0).committed()):
+        assert torch.equal(k0, k1)
+
+
+def test_chunk_mask_sees_committed_and_real_slots_only():
+    kv = RaggedKV([2, 0], torch.device("cpu"))
+    valid = torch.tensor([[True, True, True], [True, False, False]])
+    mask = kv.chunk_mask(valid, 3, None, torch.float32)[:, 0] == 0  # allowed
+    assert mask.shape == (2, 3, 5)
+    assert mask[0].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert mask[1].tolist() == [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
