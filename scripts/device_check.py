@@ -5,7 +5,9 @@
    layers, FastMTP 3 steps);
 2. the generate stage's batched-vs-single exactness in bf16: `greedy_continuations` over a batch
    of tiny-world prompts against each prompt alone, with the verifier's top-2 margin at every
-   divergence (bf16 kernels depend on the batch shape, so a near-tie may flip).
+   divergence (bf16 kernels depend on the batch shape, so a near-tie may flip);
+3. the engine's batched decoding in bf16: `decode_many` at batch 16 against batch 1, greedy AR
+   and an untrained FastMTP head (exact rows, margins, aggregate tok/s at both).
 
 Prepare here (the device gets the working tree only; `.device/` is git-ignored):
 
@@ -30,7 +32,10 @@ from peftbd.benchmarking.cost_profile import run_profile, summary_lines
 from peftbd.config import load_config
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.data.continuations import greedy_continuations
+from peftbd.decoding import MTPDrafter, SpeculativeDecoder
 from peftbd.decoding.audit import compare
+from peftbd.decoding.clock import Clock
+from peftbd.models.mtp_head import MTPHead
 from peftbd.models.loading import DTYPES, eos_token_ids
 
 
@@ -44,13 +49,18 @@ def profile(device: str, dtype: str, quick: bool) -> dict:
     return result
 
 
-def batched_exactness(world: Path, device: str, dtype: str, rows: int, max_new: int) -> dict:
+def _world(world: Path, device: str, dtype: str, rows: int):
+    """(tokenizer, verifier, `rows` corpus prompts, stop ids) of a built tiny world."""
     tok = AutoTokenizer.from_pretrained(world / "tokenizer")
     model = AutoModelForCausalLM.from_pretrained(world / "verifier", dtype=DTYPES[dtype])
     model = model.to(device).eval()
     lines = (world / "corpus.jsonl").read_text().splitlines()[:rows]
     prompts = [encode_prompt(tok, prompt_messages(json.loads(line)["messages"])) for line in lines]
-    eos = eos_token_ids(model, tok)
+    return tok, model, prompts, eos_token_ids(model, tok)
+
+
+def batched_exactness(world: Path, device: str, dtype: str, rows: int, max_new: int) -> dict:
+    tok, model, prompts, eos = _world(world, device, dtype, rows)
     start = time.perf_counter()
     batched = greedy_continuations(model, prompts, max_new, eos, tok.pad_token_id)
     batched_s = time.perf_counter() - start
@@ -65,6 +75,31 @@ def batched_exactness(world: Path, device: str, dtype: str, rows: int, max_new: 
     print(f"batched vs single greedy, {dtype} on {device}: {result['exact_rows']}/{len(prompts)} rows "
           f"exact over {result['tokens']} tokens; divergences (position, top-2 margin): "
           f"{[(m['position'], round(m['top2_margin'], 4)) for m in mismatches] or 'none'}", flush=True)
+    return result
+
+
+def engine_batching(world: Path, device: str, dtype: str, rows: int, max_new: int) -> dict:
+    _, model, prompts, eos = _world(world, device, dtype, rows)
+    clock = Clock(torch.device(device))
+    torch.manual_seed(0)
+    result = {}
+    for name, drafter in (("ar", None), ("fastmtp_untrained", MTPDrafter(MTPHead(model), model, 3))):
+        dec = SpeculativeDecoder(model, drafter, eos, max_new)
+        dec.decode(prompts[0])  # warm-up
+        runs = {}
+        for batch in (1, 16):
+            start = clock.now()
+            runs[batch] = dec.decode_many(prompts, batch)
+            runs[batch] = (runs[batch], sum(len(r.tokens) for r in runs[batch]) / (clock.now() - start))
+        mismatches = [m.__dict__ for i, (p, a, b) in enumerate(zip(prompts, runs[1][0], runs[16][0]))
+                      if (m := compare(model, str(i), p, a.tokens, b.tokens)) is not None]
+        result[name] = {"exact_rows": len(prompts) - len(mismatches), "rows": len(prompts),
+                        "tokens_per_s": {b: round(r[1], 1) for b, r in runs.items()},
+                        "mismatches": mismatches}
+        print(f"engine {name}, {dtype} on {device}: batch 16 vs 1 exact "
+              f"{result[name]['exact_rows']}/{len(prompts)}; tok/s {result[name]['tokens_per_s']}; "
+              f"divergences (position, top-2 margin): "
+              f"{[(m['position'], round(m['top2_margin'], 4)) for m in mismatches] or 'none'}", flush=True)
     return result
 
 
@@ -86,6 +121,8 @@ def main() -> None:
               "cost_profile": profile(args.device, args.dtype, args.quick)}
     if args.world:
         result["batched_exactness"] = batched_exactness(
+            args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
+        result["engine_batching"] = engine_batching(
             args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
     (args.out / "device_check.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {args.out / 'device_check.json'}")

@@ -24,7 +24,8 @@ class RoundMetrics:
     output this round = accepted + 1 (the bonus), or = accepted when the output ended inside the
     draft (`ended_in_draft`). The paper's "accepted tokens
     per speculative step" is the mean of `emitted`. draft_ms / verify_ms: the propose / verify
-    calls; other_ms: from the end of the previous round (or prefill) to this round's propose.
+    calls (batched: the whole calls, which every row of the batch waited for); other_ms: from the
+    end of the row's previous round (or prefill) to this round's propose.
     """
 
     proposed: int
