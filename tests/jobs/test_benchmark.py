@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
-from peftbd.analysis.report import FIGURE_1, REPORT
+from peftbd.analysis.report import FIGURE_1, FIGURE_3, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
+from peftbd.benchmarking.schema import concurrency_rows as typed_rows
 from peftbd.config import Config, apply_override
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
@@ -160,6 +161,12 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     report = (out / REPORT).read_text()
     assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
+    sizes = list(small_cfg.decoding.batch_sizes)
+    rows = typed_rows(results)
+    assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in ARMS for b in sizes]
+    assert all(r.exact for r in rows) and results["timing"]["batch_sizes"] == sizes
+    assert "Table 8" in report and "Engine goal: AR at batch 16" in report
+    assert mpimg.imread(out / FIGURE_3).shape[0] > 200
     manifest = read_manifest(out)
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
     assert manifest["workers"]["workers"] == 1 and manifest["workers"]["peak_rss_mib"] > 0
