@@ -63,7 +63,9 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then per batch size > 1 in `batch_sizes` the arms take turns at one `decode_many`
     pass each (after one short untimed warm-up per arm and batch size). Every pass is timed
-    whole with the device-synced clock (`peftbd.benchmarking.concurrency`)."""
+    whole with the device-synced clock (`peftbd.benchmarking.concurrency`) and kept as counts
+    only (a `BatchRun`), checked against AR's first batch-1 pass (AR goes first)."""
+    specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
                                          models.eos_ids, max_new_tokens) for s in specs}
     batched = [b for b in batch_sizes if b > 1]
@@ -74,7 +76,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
             dec.decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
-    passes: list[tuple[str, int, int, float, list[DecodeResult]]] = []
+    runs: list[BatchRun] = []
     total, done = repeats * len(specs) * len(prompts) * (1 + len(batched)), 0
     for r in range(repeats):
         for s in specs:
@@ -84,20 +86,20 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                 run.append(decoders[s.id].decode(p.prompt_ids))
                 done += 1
                 progress.report(done, total, arm=s.id)
-            passes.append((s.id, 1, r, clock.now() - start, run))
+            wall = clock.now() - start
             results[s.id].append(run)
+            if 1 in batch_sizes:
+                runs.append(batch_run(s.id, 1, r, wall, run, [x.tokens for x in results["ar"][0]]))
             log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
                      len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
         for b in batched:
             for s in specs:
                 start = clock.now()
                 run = decoders[s.id].decode_many(ids, b)
-                passes.append((s.id, b, r, clock.now() - start, run))
+                wall = clock.now() - start
+                runs.append(batch_run(s.id, b, r, wall, run, [x.tokens for x in results["ar"][0]]))
                 done += len(prompts)
                 progress.report(done, total, arm=s.id, batch_size=b)
-    reference = [res.tokens for res in results["ar"][0]]
-    runs = [batch_run(arm, b, r, wall, run, reference) for arm, b, r, wall, run in passes
-            if b in batch_sizes]
     return Timings(results, runs)
 
 
