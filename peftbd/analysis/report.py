@@ -80,7 +80,8 @@ def concurrency_section(results: dict[str, Any]) -> list[str]:
         "a finished one's place taken by the next prompt before the next round. Each pass over "
         "the prompts is timed whole (batch 1: the batch-1 pass above), aggregate tok/s = "
         "generated tokens / its wall time, median over repeats; vs AR = over AR's tok/s at the "
-        "same B; exact = every output equals AR's batch-1 output for its prompt.",
+        "same B; exact = every output equals AR's batch-1 output for its prompt (on a GPU in "
+        "bf16, batch-shape-dependent kernels can flip a near-tie, so a \"no\" there need not be a bug).",
         concurrency.concurrency_table(results),
         *filter(None, [concurrency.short_passes_note(results, MIN_TIMED_S)]),
         f"![Figure 3]({FIGURE_3})",
