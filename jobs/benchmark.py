@@ -13,7 +13,10 @@ split gives the prompts; its train split, the head's draft vocabulary), `peftbd_
 the heads in `mtp_head/mtp_head/` and `bd_head/bd_head/`) and, when it exists,
 `cost_profile/` (jobs.cost_profile: the report projects its cost at scale with this run's
 acceptance). Greedy, batch 1,
-`decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times.
+`decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
+and the concurrency sweep: every arm again at each `decoding.batch_sizes` entry B > 1 (continuous
+batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`), aggregate tok/s =
+tokens / wall time of the whole pass.
 
 Timing placement: the prompts are split round-robin over `decoding.workers` Ray tasks, each with
 `decoding.worker_num_gpus` GPUs / `worker_num_cpus` CPUs and `decoding.torch_threads` torch
@@ -74,7 +77,11 @@ log = logging.getLogger(__name__)
 RESULTS = "results.json"
 PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
-             "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time.")
+             "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
+             "Concurrency sweep: per repeat and batch size the arms take turns at one pass over "
+             "the worker's prompts with continuous batching (batch 1: the batch-1 pass); "
+             "aggregate throughput = tokens / wall time of the pass (summed over workers), median "
+             "over repeats.")
 
 
 class BenchmarkInputError(ValueError):

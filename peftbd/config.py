@@ -196,6 +196,9 @@ class DecodingConfig:
     # Intra-op threads per timing actor (0 = torch's default). 1 on CPU: on the 2-core box with
     # other work running, tiny-model AR at 2 threads measured 5-8x slower than at 1.
     torch_threads: int = 1
+    # Concurrency sweep: every arm also decodes the same prompts with continuous batching at each
+    # of these batch sizes (at most B requests at once); results.json `concurrency`.
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,11 @@ _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
 # list fields whose every item must lie within bounds.
 _ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
     MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
+    DecodingConfig: {"batch_sizes": _POSITIVE},
+}
+# list fields that must hold at least one item, none twice.
+_DISTINCT: dict[type, tuple[str, ...]] = {
+    DecodingConfig: ("batch_sizes",),  # one concurrency row per (arm, batch size)
 }
 # (list field, count field): the list must hold exactly count items.
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
@@ -430,7 +438,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _check_values(obj: Any, prefix: str = "") -> None:
-    """Check a finished config (section) against `_RANGES`, `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
+    """Check a finished config (section) against `_RANGES`, `_ITEM_RANGES`, `_DISTINCT`,
+    `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
     bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
     for name, (low, high) in _ITEM_RANGES.get(type(obj), {}).items():
         bad = [v for v in getattr(obj, name) if (low is not None and v < low) or (high is not None and v > high)]
@@ -438,6 +447,11 @@ def _check_values(obj: Any, prefix: str = "") -> None:
             allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"config key '{prefix}{name}': value {list(getattr(obj, name))!r} holds "
                               f"{bad[0]!r}; expected every entry {allowed}")
+    for name in _DISTINCT.get(type(obj), ()):
+        value = list(getattr(obj, name))
+        if not value or len(set(value)) != len(value):
+            raise ConfigError(f"config key '{prefix}{name}': value {value!r} must hold at least one "
+                              "entry and none twice, e.g. [1, 4, 16]")
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value):

@@ -1,7 +1,8 @@
 """The report's figures (PNG, Agg backend), each a pure function of results.json.
 
 Figure 1: throughput vs mean accepted tokens per round, one point per arm. Figure 2: acceptance
-rate vs draft position, one line per speculative arm, beside the loss's gamma^j.
+rate vs draft position, one line per speculative arm, beside the loss's gamma^j. Figure 3:
+aggregate throughput and speedup vs AR against the batch size, one line per arm.
 
 Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
 another: each arm has its own colour and shape, all markers are hollow and each is smaller than
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from peftbd.analysis.acceptance import prefix_gamma  # noqa: E402
-from peftbd.benchmarking.schema import arm_items, is_speculative  # noqa: E402
+from peftbd.benchmarking.schema import arm_items, concurrency_rows, is_speculative  # noqa: E402
 
 MARKERS = "osD^vP*Xh"
 LARGEST_MARKER, MARKER_STEP = 16.0, 1.5
@@ -110,6 +111,37 @@ def acceptance_by_position(results: dict[str, Any]) -> Figure:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def throughput_vs_batch(results: dict[str, Any]) -> Figure:
+    """Figure 3: per arm (results.json `concurrency`), aggregate tok/s (left, log scale) and
+    speedup vs AR (right; dashed: 1.0, where drafting stops paying) against the batch size."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.4), dpi=120)
+    rows = concurrency_rows(results)
+    for i, (arm_id, arm) in enumerate(arm_items(results)):
+        mine = sorted((r for r in rows if r.arm == arm_id), key=lambda r: r.batch_size)
+        if not mine:
+            continue
+        style = _marker_style(i)
+        sizes = [r.batch_size for r in mine]
+        left.plot(sizes, [r.tokens_per_s for r in mine], label=arm["label"], **style)
+        if is_speculative(arm):
+            right.plot(sizes, [r.speedup_vs_ar for r in mine], label=arm["label"], **style)
+    right.axhline(1.0, color="k", linestyle="--", linewidth=1, zorder=2, label="AR (1.0)")
+    sizes = sorted({r.batch_size for r in rows})
+    for ax, ylabel in ((left, "aggregate output tokens / s"), (right, "speedup vs AR (same batch)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size (requests decoding at once)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best", markerscale=0.6)
+    left.set_yscale("log")
+    mo = results["measured_on"]
+    fig.suptitle(f"Throughput and speedup vs batch size · {mo['model']} · {mo['hardware']}",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 

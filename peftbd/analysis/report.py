@@ -1,5 +1,5 @@
-"""The benchmark report: `report.md` + Figures 1 and 2, built only from `results.json` and stage
-manifests.
+"""The benchmark report: `report.md` + Figures 1, 2 and 3, built only from `results.json` and
+stage manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
 numbers and the findings' tolerances), so rebuilding from the same artifacts gives the same report
@@ -14,8 +14,13 @@ from typing import Any
 
 from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
-from peftbd.analysis.figures import acceptance_by_position, save_png, throughput_vs_accepted
-from peftbd.analysis import cost_at_scale, head_goals
+from peftbd.analysis.figures import (
+    acceptance_by_position,
+    save_png,
+    throughput_vs_accepted,
+    throughput_vs_batch,
+)
+from peftbd.analysis import concurrency, cost_at_scale, head_goals
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
@@ -25,6 +30,7 @@ from peftbd.stage import lineage
 REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
 FIGURE_2 = "figure2_acceptance_by_position.png"
+FIGURE_3 = "figure3_concurrency.png"
 BENCHMARK_STAGE = BENCHMARK.title
 
 
@@ -62,21 +68,52 @@ def untrained_note(results: dict[str, Any]) -> str | None:
             f"{', '.join(untrained)}; their acceptance is not a trained drafter's.")
 
 
+def concurrency_section(results: dict[str, Any]) -> list[str]:
+    """The report's concurrency section: how it was timed, Table 8, Figure 3, each speculative
+    arm's crossing of 1.0 and the engine goal (just a note when the run has no sweep)."""
+    title = "## Table 8 and Figure 3: aggregate throughput and speedup vs AR per batch size"
+    if not concurrency.batch_sizes(results):
+        return [title, concurrency.NO_SWEEP]
+    return [
+        title,
+        "Every arm decodes the same prompts with continuous batching: at most B requests at once, "
+        "a finished one's place taken by the next prompt before the next round. Each pass over "
+        "the prompts is timed whole (batch 1: the batch-1 pass above), aggregate tok/s = "
+        "generated tokens / its wall time, median over repeats; vs AR = over AR's tok/s at the "
+        "same B; exact = every output equals AR's batch-1 output for its prompt (on a GPU in "
+        "bf16, batch-shape-dependent kernels can flip a near-tie, so a \"no\" there need not be a bug).",
+        concurrency.concurrency_table(results),
+        *filter(None, [concurrency.short_passes_note(results, MIN_TIMED_S)]),
+        f"![Figure 3]({FIGURE_3})",
+        "\n".join(f"- {line}" for line in
+                  [*concurrency.crossovers(results), concurrency.engine_goal_sentence(results)]),
+    ]
+
+
+def _sweep_words(results: dict[str, Any]) -> str:
+    sizes = concurrency.batch_sizes(results)
+    return f" (and batch sizes {', '.join(map(str, sizes))}: Table 8)" if sizes else ""
+
+
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
-    """Write `report.md` and Figures 1 and 2 into `out_dir` from `results` (the benchmark's
-    results.json) and `manifests` ({stage name: manifest.json}); return the report's path."""
+    """Write `report.md` and Figures 1, 2 (and 3, with a concurrency sweep) into `out_dir` from
+    `results` (the benchmark's results.json) and `manifests` ({stage name: manifest.json});
+    return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
     save_png(acceptance_by_position(results), out_dir / FIGURE_2)
+    if concurrency.batch_sizes(results):
+        save_png(throughput_vs_batch(results), out_dir / FIGURE_3)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
         f"Measured on: **{mo['model']}** ({mo['dtype']}), engine: {mo['engine']}, "
         f"hardware: {mo['hardware']}.",
-        f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1, "
-        f"at most {pr['max_new_tokens']} new tokens; {tm['repeats']} repeated runs per arm. "
+        f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1"
+        f"{_sweep_words(results)}, at most {pr['max_new_tokens']} new tokens; "
+        f"{tm['repeats']} repeated runs per arm. "
         f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
         *filter(None, [untrained_note(results)]),
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
@@ -126,6 +163,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         f"## Table 7: cost at the paper's architecture ({cost_at_scale.LABEL})",
         cost_at_scale.describe(results),
         *([table] if (table := cost_at_scale.cost_table(results)) else []),
+        *concurrency_section(results),
     ]
     per_category = tables.category_table(results)
     if per_category:

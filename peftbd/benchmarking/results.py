@@ -3,12 +3,14 @@ the timing workers' shards."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 from typing import Any
 
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import PromptSet
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.schema import SCHEMA
@@ -20,7 +22,9 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
                   drafters: dict[str, Any], how: str) -> dict[str, Any]:
     """results.json from the workers' measurements; `drafters` describes the drafter artifacts,
     `how` the timing placement."""
-    d, first = cfg.decoding, shards[0]
+    d, first, specs = cfg.decoding, shards[0], arm_specs(cfg)
+    rows = concurrency_rows([run for s in shards for run in s.batch_runs], [s.id for s in specs],
+                            d.batch_sizes)
     results = {
         "schema": SCHEMA, "preset": cfg.preset,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -32,12 +36,13 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
         "timing": {
             "workers": len(shards), "torch_threads": d.torch_threads, "repeats": repeats,
             "worker_num_cpus": d.worker_num_cpus, "worker_num_gpus": d.worker_num_gpus,
-            "how": how,
+            "batch_sizes": list(d.batch_sizes), "how": how,
             "per_worker_hardware": [s.hardware for s in shards],
             "per_worker_peak_rss_mib": [s.peak_rss_mib for s in shards],
         },
         "drafters": drafters,
-        "arms": arm_entries(arm_specs(cfg), shards, {p.id: p.category for p in prompt_set.prompts}),
+        "arms": arm_entries(specs, shards, {p.id: p.category for p in prompt_set.prompts}),
+        "concurrency": [dataclasses.asdict(row) for row in rows],
         "config": cfg.to_dict(),
     }
     add_oracles(results)

@@ -1,9 +1,11 @@
-"""Time every arm over a shard of prompts in this process: batch 1, greedy, one prompt at a time.
+"""Time every arm over a shard of prompts in this process, greedy: batch 1 (one prompt at a
+time), and the concurrency sweep (`decoding.batch_sizes`: continuous batching, at most B at once).
 
 A shard is what one timing worker does. Per repeat, the arms take turns over the whole shard
-(AR, PEFT-BD, ..., then the next repeat), so slow drifts of the machine spread over every arm
-instead of landing on one. Each arm first decodes one prompt untimed (warm-up: allocator, kernels,
-lazy init). The greedy audit compares each speculative arm's first-repeat output with AR's.
+(AR, PEFT-BD, ..., then the next repeat; at each batch size likewise), so slow drifts of the
+machine spread over every arm instead of landing on one. Each arm first decodes one prompt
+untimed (warm-up: allocator, kernels, lazy init), and a few tokens at each batch size. The greedy
+audit compares each speculative arm's first-repeat batch-1 output with AR's.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import torch
 
 from peftbd import progress
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, DrafterDirs, load_arm_models
+from peftbd.benchmarking.concurrency import WARMUP_TOKENS, BatchRun, batch_run
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
+from peftbd.decoding.clock import Clock
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.progress import Sink
 
@@ -28,11 +32,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ShardResult:
-    """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]`;
+    """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]` (batch 1);
+    `batch_runs` are its timed passes of the concurrency sweep (batch 1 included);
     `mismatches[arm]` are the audit's findings (empty: every output equals AR's)."""
 
     prompt_ids: list[str]
     results: dict[str, list[list[DecodeResult]]]
+    batch_runs: list[BatchRun] = field(default_factory=list)
     mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
     device: str = ""
     hardware: str = ""
@@ -42,27 +48,59 @@ class ShardResult:
     peak_gpu_mib: float | None = None
 
 
+@dataclass
+class Timings:
+    """What `time_arms` measured: the batch-1 decodes (`results[arm][repeat][i]`) and every
+    timed pass of the concurrency sweep."""
+
+    results: dict[str, list[list[DecodeResult]]]
+    batch_runs: list[BatchRun]
+
+
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
-              repeats: int, max_new_tokens: int) -> dict[str, list[list[DecodeResult]]]:
-    """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm."""
+              repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,)) -> Timings:
+    """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
+    per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
+    time), then per batch size > 1 in `batch_sizes` the arms take turns at one `decode_many`
+    pass each (after one short untimed warm-up per arm and batch size). Every pass is timed
+    whole with the device-synced clock (`peftbd.benchmarking.concurrency`) and kept as counts
+    only (a `BatchRun`), checked against AR's first batch-1 pass (AR goes first)."""
+    specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
                                          models.eos_ids, max_new_tokens) for s in specs}
+    batched = [b for b in batch_sizes if b > 1]
+    ids = [p.prompt_ids for p in prompts]
     for dec in decoders.values():
-        dec.decode(prompts[0].prompt_ids)
+        dec.decode(ids[0])
+        for b in batched:
+            dec.decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
+    clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
-    total, done = repeats * len(specs) * len(prompts), 0
+    runs: list[BatchRun] = []
+    total, done = repeats * len(specs) * len(prompts) * (1 + len(batched)), 0
     for r in range(repeats):
         for s in specs:
-            run = results[s.id]
-            run.append([])
+            run: list[DecodeResult] = []
+            start = clock.now()
             for p in prompts:
-                run[-1].append(decoders[s.id].decode(p.prompt_ids))
+                run.append(decoders[s.id].decode(p.prompt_ids))
                 done += 1
                 progress.report(done, total, arm=s.id)
-            run = run[-1]
+            wall = clock.now() - start
+            results[s.id].append(run)
+            if 1 in batch_sizes:
+                runs.append(batch_run(s.id, 1, r, wall, run, [x.tokens for x in results["ar"][0]]))
             log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
                      len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
-    return results
+        for b in batched:
+            for s in specs:
+                start = clock.now()
+                run = decoders[s.id].decode_many(ids, b)
+                wall = clock.now() - start
+                runs.append(batch_run(s.id, b, r, wall, run, [x.tokens for x in results["ar"][0]]))
+                done += len(prompts)
+                progress.report(done, total, arm=s.id, batch_size=b)
+    return Timings(results, runs)
 
 
 def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
@@ -95,10 +133,11 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     if not any(s.method == "ar" for s in specs):
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
     models = load_arm_models(cfg, dirs)
-    results = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens)
+    timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
+                        cfg.decoding.batch_sizes)
     return ShardResult(
-        prompt_ids=[p.id for p in prompts], results=results,
-        mismatches=audit(models, specs, prompts, results),
+        prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,
+        mismatches=audit(models, specs, prompts, timings.results),
         device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),

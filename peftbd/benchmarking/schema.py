@@ -2,18 +2,20 @@
 
 ```
 {
-  "schema": "peftbd-benchmark/2",
+  "schema": "peftbd-benchmark/3",
   "preset": "tiny",
   "created": "2025-01-01T00:00:00+00:00",
   "measured_on": {"model": str, "engine": str, "hardware": str, "device": str, "dtype": str},
   "prompts": {"source": "test" | "spec-bench", "path": str, "count": int, "max_new_tokens": int,
               "categories": {category: count} | null, "dropped": {reason: count}},
   "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str,
+             "batch_sizes": [int],                                # decoding.batch_sizes
              "worker_num_cpus": float, "worker_num_gpus": float,
              "per_worker_hardware": [str], "per_worker_peak_rss_mib": [float]},
   "drafters": {"peftbd_adapter": {"path": str, "untrained": bool, "untrained_reasons": [str], ...},
                "mtp_head": {...}},   # each: its training manifest (config, versions, contract left out)
   "arms": {arm_id: ARM, ...},         # ordered as ARMS
+  "concurrency": [ROW, ...],           # per arm (ARMS order), per decoding.batch_sizes entry
   "config": {...},                     # the whole config tree
   "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json
 }                                      #   (peftbd.benchmarking.cost_profile.CostProfile)
@@ -37,21 +39,28 @@ ARM = {
              "needed_accepted": {target_arm: float}} | null,  # peftbd.cost_model's output
   "by_category": {category: {"prompts": int, "tokens_per_s": STAT, "mean_accepted": STAT}}
 }
+ROW = {"arm": arm_id, "batch_size": int, "tokens_per_s": float, "mean_accepted": float,
+       "exact": bool, "speedup_vs_ar": float | null, "wall_s": float}   # ConcurrencyRow
 ```
 
 Throughput is output tokens over the summed per-prompt decode time (batch 1, prompts timed one
 after another), so it does not depend on how many workers shared the prompts. `per_position` is
 the engine's (`peftbd.decoding.metrics`): rate = accepted / proposed, conditional = accepted /
 reached = P(accept j | accepted j - 1).
+
+`concurrency` is the batch sweep (`peftbd.benchmarking.concurrency`): aggregate throughput with
+at most B requests decoding at once = generated tokens / wall time of the whole pass over the
+prompts (median over repeats), so unlike the arms' per-prompt tok/s it counts rows in parallel.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-SCHEMA = "peftbd-benchmark/2"
+SCHEMA = "peftbd-benchmark/3"
 
 ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                          "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab")
@@ -73,6 +82,27 @@ def stat(values: Sequence[float]) -> dict[str, float]:
     mean = sum(values) / n
     var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
     return {"mean": mean, "std": math.sqrt(var)}
+
+
+@dataclass(frozen=True)
+class ConcurrencyRow:
+    """One arm at one batch size: aggregate tok/s (median over repeats), accepted tokens per
+    round (bonus included), whether every output equals greedy AR's batch-1 output for its
+    prompt, tok/s over AR's at the same batch size (None without AR), and the median repeat's
+    wall seconds (summed over workers)."""
+
+    arm: str
+    batch_size: int
+    tokens_per_s: float
+    mean_accepted: float | None
+    exact: bool
+    speedup_vs_ar: float | None
+    wall_s: float
+
+
+def concurrency_rows(results: dict[str, Any]) -> list[ConcurrencyRow]:
+    """results.json's `concurrency` rows, typed (empty for results written before the sweep)."""
+    return [ConcurrencyRow(**row) for row in results.get("concurrency", [])]
 
 
 def arm_items(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

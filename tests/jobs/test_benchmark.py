@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
-from peftbd.analysis.report import FIGURE_1, REPORT
+from peftbd.analysis.report import FIGURE_1, FIGURE_3, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
+from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
+from peftbd.benchmarking.schema import concurrency_rows as typed_rows
 from peftbd.config import Config, apply_override
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
@@ -124,6 +126,21 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
+    # the concurrency sweep: every arm at every batch size, each pass the same tokens as AR's
+    sizes = small_cfg.decoding.batch_sizes
+    assert sorted({(r.arm, r.batch_size, r.repeat) for r in shard.batch_runs}) == sorted(
+        (a, b, k) for a in ARMS for b in sizes for k in range(2))
+    assert all(r.new_tokens == sum(map(len, ar_tokens)) and r.exact == r.prompts == N_PROMPTS
+               and r.wall_s > 0 for r in shard.batch_runs)
+    batch_1 = {r.arm: r for r in shard.batch_runs if r.batch_size == 1 and r.repeat == 0}
+    assert all(batch_1[a].wall_s >= sum(x.decode_s for x in shard.results[a][0]) for a in ARMS)
+    rows = concurrency_rows(shard.batch_runs, list(ARMS), sizes)
+    assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in ARMS for b in sizes]
+    assert all(r.exact and r.tokens_per_s > 0 for r in rows)
+    assert all(r.speedup_vs_ar == 1.0 for r in rows if r.arm == "ar")
+    ar_1 = next(r for r in rows if r.arm == "ar" and r.batch_size == 1)
+    assert ar_1.mean_accepted == 1.0
+
 
 @pytest.mark.integration
 @pytest.mark.slow
@@ -144,6 +161,12 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     report = (out / REPORT).read_text()
     assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
+    sizes = list(small_cfg.decoding.batch_sizes)
+    rows = typed_rows(results)
+    assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in ARMS for b in sizes]
+    assert all(r.exact for r in rows) and results["timing"]["batch_sizes"] == sizes
+    assert "Table 8" in report and "Engine goal: AR at batch 16" in report
+    assert mpimg.imread(out / FIGURE_3).shape[0] > 200
     manifest = read_manifest(out)
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
     assert manifest["workers"]["workers"] == 1 and manifest["workers"]["peak_rss_mib"] > 0

@@ -226,12 +226,25 @@ def test_device_pattern_rejects(device):
     ("drafter.lora_alpha=0", "config key 'drafter.lora_alpha': value 0 is out of range; expected >= 1"),
     ("mtp.loss_weights=[1.0]", "config key 'mtp.loss_weights': value [1.0] has 1 entries; "
      "expected one per 'mtp.num_steps' (3)"),
+    ("decoding.batch_sizes=[1, 0, 4]", "config key 'decoding.batch_sizes': value [1, 0, 4] holds 0; "
+     "expected every entry >= 1"),
+    ("decoding.batch_sizes=[]", "config key 'decoding.batch_sizes': value [] must hold at least one "
+     "entry and none twice, e.g. [1, 4, 16]"),
+    ("decoding.batch_sizes=[4, 4]", "config key 'decoding.batch_sizes': value [4, 4] must hold"),
+    ("decoding.batch_sizes=[1, 2.5]", "config key 'decoding.batch_sizes[1]': value 2.5 is not valid; "
+     "expected an integer"),
 ])
 def test_ranges_name_key_value_and_range(override, message):
     overrides = [override] + (["drafter.mask_ratio_max=0.5"] if "0.8" in override else [])
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides=overrides)
     assert message in str(err.value)
+
+
+def test_batch_sizes_are_a_list_override() -> None:
+    assert load_config("tiny").decoding.batch_sizes == (1, 4, 16)
+    assert load_config("tiny", overrides=["decoding.batch_sizes=[1,4,16]"]).decoding.batch_sizes == (1, 4, 16)
+    assert load_config("tiny", overrides=["decoding.batch_sizes=[8]"]).decoding.batch_sizes == (8,)
 
 
 def test_ranges_accept_bounds_and_are_checked_once_at_the_end(tmp_path: Path):
