@@ -208,6 +208,8 @@ class ServingConfig:
     max_tokens_cap: int = 256  # also the default max_tokens
     max_body_bytes: int = 1_000_000
     max_sessions: int = 64  # per-request KV states a replica keeps (least recently used go)
+    max_batch: int = 16  # requests one replica steps together per method (one batched call)
+    batch_wait_ms: float = 2.0  # how long a batch that is not full waits for more requests
     round_retries: int = 2  # a round whose replica died is retried this often elsewhere
     recovery_timeout_s: float = 120.0  # how long a retried round waits for a live replica
     replica_num_cpus: float = 1.0
@@ -313,6 +315,7 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                      "torch_threads": _NON_NEGATIVE},
     ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
                     "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
+                    "max_batch": _POSITIVE, "batch_wait_ms": _NON_NEGATIVE,
                     "round_retries": _NON_NEGATIVE, "recovery_timeout_s": _NON_NEGATIVE,
                     "replica_num_cpus": _NON_NEGATIVE, "drafter_replicas": _POSITIVE,
                     "verifier_replicas": _POSITIVE, "drafter_num_gpus": _NON_NEGATIVE,

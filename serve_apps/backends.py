@@ -9,13 +9,16 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from peftbd.config import ServingConfig
+from peftbd.serving.gather import Gather
+from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
 from peftbd.serving.validation import GenerationSpec
 
@@ -88,42 +91,101 @@ class ColocatedBackend:
                 self.retry.failed("Engine", attempt, exc)
 
 
+class _Shards:
+    """A split deployment's handle with its shard keys: a request's batched calls are routed by
+    the key of its session id's shard (`serving.drafter_replicas` / `verifier_replicas` shards),
+    so they keep reaching the replica that holds its session (Ray's consistent hashing of the
+    key), while the requests of one shard share one call."""
+
+    def __init__(self, handle: DeploymentHandle, name: str, shards: int) -> None:
+        self.handle, self.name, self.shards = handle, name, shards
+
+    def key(self, session_id: str) -> str:
+        return f"{self.name}-{zlib.crc32(session_id.encode()) % self.shards}"
+
+    def to(self, session_id: str) -> DeploymentHandle:
+        """The handle routed as `session_id`'s batched calls are."""
+        return self.handle.options(session_id=self.key(session_id))
+
+
+Reply = tuple[dict[str, Any], float, int]
+"""A batched call's reply for one item: (the reply, the item's share of the call's transport
+ms, the items the call carried)."""
+
+
 class SplitBackend:
-    """Runs the rounds: Drafter.propose then Verifier.verify, pinned to the request's replicas
-    by `session_id`; each call carries the committed tokens, and each propose the verifier
-    features of the last prefill / verify reply (a `FeatureBlock` for the block-diffusion head,
-    else None)."""
+    """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. The concurrent
+    requests' items are gathered per call kind (`peftbd.serving.gather.Gather`: at most
+    `serving.max_batch`, waiting up to `serving.batch_wait_ms`) into one call per shard, so
+    transport is paid per batch; each item carries the committed tokens, and each propose the
+    verifier features of its last prefill / verify reply (a `FeatureBlock` for the
+    block-diffusion head, else None). A request's transport is its share of its calls'."""
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
-        self.drafter, self.verifier = drafter, verifier
+        self.drafter = _Shards(drafter, "Drafter", serving.drafter_replicas)
+        self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
         self.retry = _Retrying(serving)
+        batch, wait = serving.max_batch, serving.batch_wait_ms
+        self._prefill = Gather(lambda items: self._send(self.verifier, "prefill_batch", items),
+                               batch, wait)
+        self._propose = Gather(lambda items: self._send(self.drafter, "propose_batch", items),
+                               batch, wait)
+        self._verify = Gather(lambda items: self._send(self.verifier, "verify_batch", items),
+                              batch, wait)
+
+    async def _send(self, target: _Shards, method: str,
+                    items: Sequence[Any]) -> list[Reply | BaseException]:
+        """One call per shard, concurrently; a shard whose replica kept dying fails only its
+        own items."""
+        groups: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(target.key(item.session_id), []).append(i)
+
+        async def shard(key: str, idx: list[int]) -> list[Reply]:
+            handle, batch = target.handle.options(session_id=key), [items[i] for i in idx]
+            replies, wall = await self.retry.call(
+                target.name, lambda: getattr(handle, method).remote(batch))
+            share = max(wall - replies[0]["handler_ms"], 0.0) / len(idx)
+            return [(reply, share, len(idx)) for reply in replies]
+
+        out: list[Reply | BaseException] = [None] * len(items)  # type: ignore[list-item]
+        done = await asyncio.gather(*(shard(k, idx) for k, idx in groups.items()),
+                                    return_exceptions=True)
+        for idx, result in zip(groups.values(), done):
+            for n, i in enumerate(idx):
+                out[i] = result if isinstance(result, BaseException) else result[n]
+        return out
+
+    async def _call(self, gather: Gather, item: Any) -> Reply:
+        result = await gather.call(item)
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
-        drafter = self.drafter.options(session_id=sid)
-        verifier = self.verifier.options(session_id=sid)
         try:
-            reply, wall = await self.retry.call(
-                "Verifier", lambda: verifier.prefill.remote(sid, prompt, budget, spec.method))
-            event = prefill_event(reply, wall)
+            reply, share, n = await self._call(
+                self._prefill, PrefillItem(sid, prompt, budget, spec.method))
+            event = prefill_event(reply, share, n)
             committed = prompt + event.tokens
             yield event
             while not event.done:
-                proposal, draft_wall, features = None, 0.0, reply["features"]
+                proposal, draft_share, features = None, 0.0, reply["features"]
                 if spec.method != "ar":
-                    proposal, draft_wall = await self.retry.call("Drafter", lambda: drafter.propose.remote(
+                    proposal, draft_share, _ = await self._call(self._propose, ProposeItem(
                         sid, committed, len(prompt), budget, spec.method, features))
                 draft = proposal["draft"] if proposal else []
-                reply, verify_wall = await self.retry.call("Verifier", lambda: verifier.verify.remote(
+                reply, verify_share, n = await self._call(self._verify, VerifyItem(
                     sid, committed, len(prompt), budget, draft, spec.method))
-                event = split_round(proposal, draft_wall, reply, verify_wall)
+                event = split_round(proposal, draft_share, reply, verify_share, n)
                 committed = committed + event.tokens
                 yield event
         finally:  # also when the client left: see `_detached`
             if spec.method != "ar":
-                _detached(lambda: drafter.release.remote(sid))
-            _detached(lambda: verifier.release.remote(sid))
+                _detached(lambda: self.drafter.to(sid).release.remote(sid))
+            _detached(lambda: self.verifier.to(sid).release.remote(sid))
 
 
 def _detached(call: Callable[[], Any]) -> None:

@@ -96,7 +96,7 @@ def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
 @pytest.mark.parametrize("method", ["peft-bd", "fastmtp", "peft-bd-head"])
 def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
     models, prompt, expected = setup
-    drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose", deaths=1)
+    drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose_batch", deaths=1)
     backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
     tokens, resumes = _collect(backend, _spec(prompt, method))
     assert tokens == expected and resumes == 1 and drafter.deaths == 0
@@ -129,7 +129,7 @@ def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):
 
 def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
     models, prompt, _ = setup
-    verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify", deaths=99)
+    verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify_batch", deaths=99)
     backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
     with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
         _collect(backend, _spec(prompt, "peft-bd"))
