@@ -218,6 +218,7 @@ class ServingConfig:
     drafter_num_gpus: float = 0.0
     verifier_num_gpus: float = 0.0  # also the colocated engine's
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
+    client_concurrency: tuple[int, ...] = (1, 4, 16)  # jobs/placement.py: requests in flight
 
 
 RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS
@@ -336,6 +337,7 @@ _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
 # list fields whose every item must lie within bounds.
 _ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
     MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
+    ServingConfig: {"client_concurrency": _POSITIVE},
 }
 # (list field, count field): the list must hold exactly count items.
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {

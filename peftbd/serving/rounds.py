@@ -75,6 +75,7 @@ class RequestStats:
     emitted: int = 0
     resumes: int = 0
     feature_bytes: int = 0
+    batch_size_sum: int = 0
     times_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
@@ -94,6 +95,7 @@ class RequestStats:
         self.times_ms["sync"] += event.sync_ms
         self.times_ms["other"] += event.other_ms
         self.rounds += 1
+        self.batch_size_sum += event.batch_size
         self.proposed += event.proposed
         self.accepted += event.accepted
         self.emitted += len(event.tokens)
@@ -110,6 +112,7 @@ class RequestStats:
             verify_ms=round(t["verify"], 3), sync_ms=round(t["sync"], 3),
             other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
             resumes=self.resumes, feature_bytes=self.feature_bytes,
+            mean_batch_size=round(self.batch_size_sum / self.rounds, 4) if self.rounds else 0.0,
         )
 
 
