@@ -175,4 +175,6 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
 def _fmt(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if isinstance(value, int):
+        return str(value)
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
