@@ -2,8 +2,8 @@
 
 The ingress owns the truth: it sends the committed tokens with every call. A replica reuses its
 state only when that state is consistent with them and otherwise rebuilds it from the committed
-tokens (`resume`, one verifier forward), so a lost, evicted or stale state costs a re-prefill
-but never changes the output.
+tokens (`resume_many`: one verifier forward, batched over the requests being rebuilt), so a
+lost, evicted or stale state costs a re-prefill but never changes the output.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ class Session:
     proposed_at: int = -1
 
 
-def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
-           max_new_tokens: int) -> DecodeState:
-    """A state whose committed tokens are exactly `committed` (prompt + generated so far).
+def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
+                prompt_lens: Sequence[int], max_new_tokens: Sequence[int]) -> list[DecodeState]:
+    """States whose committed tokens are exactly `committed` (prompt + generated so far), one per
+    request, with one batched prefill.
 
     Adapter over the engine's `prefill` (which would commit its own next token): prefill over
     `committed[:-1]`, put the ingress's last token in place of the one prefill chose, and restore
@@ -35,12 +36,6 @@ def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: in
     `committed[:-1]` and `hidden` the states that predicted `committed[1:]`, the engine's
     between-rounds invariant; `start` set the drafter's state up for it.
     """
-    return resume_many(decoder, [committed], [prompt_len], [max_new_tokens])[0]
-
-
-def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
-                prompt_lens: Sequence[int], max_new_tokens: Sequence[int]) -> list[DecodeState]:
-    """`resume` of several requests with one batched prefill."""
     for c, n in zip(committed, prompt_lens):
         if not 0 < n < len(c):
             raise ValueError(
