@@ -6,7 +6,9 @@ then a clear `BackendUnavailable`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
+import functools
 import logging
 import time
 import zlib
@@ -113,11 +115,27 @@ Reply = tuple[dict[str, Any], float, int]
 ms, the items the call carried)."""
 
 
+class _Course:
+    """Where one request goes next (`prefill`, `propose`, `verify`, or None), counted in
+    `heading`: a gather waits for the requests heading to it (`Gather.expected`)."""
+
+    def __init__(self, heading: collections.Counter) -> None:
+        self.heading, self.next = heading, None
+
+    def to(self, kind: str | None) -> None:
+        if self.next is not None:
+            self.heading[self.next] -= 1
+        self.next = kind
+        if kind is not None:
+            self.heading[kind] += 1
+
+
 class SplitBackend:
     """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. The concurrent
     requests' items are gathered per call kind (`peftbd.serving.gather.Gather`: at most
     `serving.max_batch`, waiting up to `serving.batch_wait_ms`) into one call per shard, so
-    transport is paid per batch; each item carries the committed tokens, and each propose the
+    transport is paid per batch (a batch waits only for requests heading to it: `_Course`);
+    each item carries the committed tokens, and each propose the
     verifier features of its last prefill / verify reply (a `FeatureBlock` for the
     block-diffusion head, else None). A request's transport is its share of its calls'."""
 
@@ -126,13 +144,14 @@ class SplitBackend:
         self.drafter = _Shards(drafter, "Drafter", serving.drafter_replicas)
         self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
         self.retry = _Retrying(serving)
-        batch, wait = serving.max_batch, serving.batch_wait_ms
-        self._prefill = Gather(lambda items: self._send(self.verifier, "prefill_batch", items),
-                               batch, wait)
-        self._propose = Gather(lambda items: self._send(self.drafter, "propose_batch", items),
-                               batch, wait)
-        self._verify = Gather(lambda items: self._send(self.verifier, "verify_batch", items),
-                              batch, wait)
+        self._heading: collections.Counter = collections.Counter()
+        self._gathers = {
+            kind: Gather(functools.partial(self._send, target, f"{kind}_batch"),
+                         serving.max_batch, serving.batch_wait_ms,
+                         functools.partial(self._heading.__getitem__, kind))
+            for kind, target in (("prefill", self.verifier), ("propose", self.drafter),
+                                 ("verify", self.verifier))
+        }
 
     async def _send(self, target: _Shards, method: str,
                     items: Sequence[Any]) -> list[Reply | BaseException]:
@@ -157,32 +176,40 @@ class SplitBackend:
                 out[i] = result if isinstance(result, BaseException) else result[n]
         return out
 
-    async def _call(self, gather: Gather, item: Any) -> Reply:
-        result = await gather.call(item)
+    async def _call(self, kind: str, item: Any, course: _Course) -> Reply:
+        course.to(None)
+        result = await self._gathers[kind].call(item)
         if isinstance(result, BaseException):
             raise result
         return result
 
     async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
+        first = "verify" if spec.method == "ar" else "propose"  # of each round
+        course = _Course(self._heading)
+        course.to("prefill")
         try:
             reply, share, n = await self._call(
-                self._prefill, PrefillItem(sid, prompt, budget, spec.method))
+                "prefill", PrefillItem(sid, prompt, budget, spec.method), course)
             event = prefill_event(reply, share, n)
             committed = prompt + event.tokens
+            course.to(None if event.done else first)
             yield event
             while not event.done:
                 proposal, draft_share, features = None, 0.0, reply["features"]
                 if spec.method != "ar":
-                    proposal, draft_share, _ = await self._call(self._propose, ProposeItem(
-                        sid, committed, len(prompt), budget, spec.method, features))
+                    proposal, draft_share, _ = await self._call("propose", ProposeItem(
+                        sid, committed, len(prompt), budget, spec.method, features), course)
+                    course.to("verify")
                 draft = proposal["draft"] if proposal else []
-                reply, verify_share, n = await self._call(self._verify, VerifyItem(
-                    sid, committed, len(prompt), budget, draft, spec.method))
+                reply, verify_share, n = await self._call("verify", VerifyItem(
+                    sid, committed, len(prompt), budget, draft, spec.method), course)
                 event = split_round(proposal, draft_share, reply, verify_share, n)
                 committed = committed + event.tokens
+                course.to(None if event.done else first)
                 yield event
         finally:  # also when the client left: see `_detached`
+            course.to(None)
             if spec.method != "ar":
                 _detached(lambda: self.drafter.to(sid).release.remote(sid))
             _detached(lambda: self.verifier.to(sid).release.remote(sid))

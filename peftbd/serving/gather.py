@@ -1,10 +1,12 @@
 """Gather concurrent asyncio callers' items into batched calls (the split ingress's step loop).
 
-`Gather(send, max_batch, wait_ms)`: each `await gather.call(item)` joins the pending batch; one
-flusher task sends at most `max_batch` items per `send(items) -> results` (results in item
-order), waiting up to `wait_ms` for a batch that is not full, and one batch at a time (as Ray
-Serve's `@serve.batch` with `max_concurrent_batches=1`): callers that arrive while a batch is in
-flight form the next one. An exception of `send` is every caller's of that batch. The flusher
+`Gather(send, max_batch, wait_ms, expected)`: each `await gather.call(item)` joins the pending
+batch; one flusher task sends at most `max_batch` items per `send(items) -> results` (results in
+item order), one batch at a time (as Ray Serve's `@serve.batch` with `max_concurrent_batches=1`):
+callers that arrive while a batch is in flight form the next one. A batch that is not full
+waits up to `wait_ms` for more, but only while `expected()` (how many callers are on their way
+here: between two calls, heading to this one) is > 0, so a lone request never waits and a batch
+whose other members are still in another call does not wait for them. An exception of `send` is every caller's of that batch. The flusher
 runs in an empty `contextvars` context: calls it makes must not belong to (and be cancelled with)
 whichever request happened to start it.
 """
@@ -24,12 +26,13 @@ class Gather(Generic[T, R]):
     """Batches the items of concurrent `call`s into `send` calls (see module doc)."""
 
     def __init__(self, send: Callable[[Sequence[T]], Awaitable[Sequence[R]]], max_batch: int,
-                 wait_ms: float) -> None:
+                 wait_ms: float, expected: Callable[[], int] = lambda: 0) -> None:
         if max_batch < 1:
             raise ValueError(f"serving.max_batch={max_batch}; must be >= 1")
         self.send, self.max_batch, self.wait_s = send, max_batch, wait_ms / 1e3
+        self.expected = expected
         self._pending: list[tuple[T, asyncio.Future]] = []
-        self._full = asyncio.Event()
+        self._arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     async def call(self, item: T) -> R:
@@ -37,20 +40,24 @@ class Gather(Generic[T, R]):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((item, future))
-        if len(self._pending) >= self.max_batch:
-            self._full.set()
+        self._arrived.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._flush(), context=contextvars.Context())
         return await future
 
     async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
-            if len(self._pending) < self.max_batch and self.wait_s > 0:
-                self._full.clear()
+            deadline = loop.time() + self.wait_s
+            while len(self._pending) < self.max_batch and self.expected() > 0:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                self._arrived.clear()
                 try:
-                    await asyncio.wait_for(self._full.wait(), self.wait_s)
+                    await asyncio.wait_for(self._arrived.wait(), left)
                 except asyncio.TimeoutError:
-                    pass
+                    break
             batch = self._pending[: self.max_batch]
             self._pending = self._pending[self.max_batch:]
             live = [(item, f) for item, f in batch if not f.done()]  # a cancelled caller left

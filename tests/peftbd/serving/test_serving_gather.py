@@ -1,0 +1,53 @@
+"""The split ingress's gathering of concurrent calls into batched ones (asyncio only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from peftbd.serving.gather import Gather
+
+
+def _recorder(batches: list):
+    async def send(items):
+        batches.append(list(items))
+        await asyncio.sleep(0.01)
+        if "boom" in items:
+            raise RuntimeError("replica bug")
+        return [f"r{item}" for item in items]
+
+    return send
+
+
+def test_concurrent_callers_share_batches_capped_at_max_batch():
+    batches: list = []
+    gather = Gather(_recorder(batches), max_batch=4, wait_ms=50, expected=lambda: 1)
+
+    async def run():
+        return await asyncio.gather(*(gather.call(i) for i in range(10)))
+
+    assert asyncio.run(run()) == [f"r{i}" for i in range(10)]  # each its own result
+    assert [len(b) for b in batches] == [4, 4, 2]
+
+
+def test_a_lone_caller_does_not_wait_when_nobody_is_expected():
+    gather = Gather(_recorder([]), max_batch=16, wait_ms=1000)
+    start = time.perf_counter()
+    assert asyncio.run(gather.call(1)) == "r1"
+    assert time.perf_counter() - start < 0.5
+
+
+def test_an_error_is_every_caller_of_its_batch():
+    gather = Gather(_recorder([]), max_batch=2, wait_ms=50, expected=lambda: 1)
+
+    async def run():
+        return await asyncio.gather(gather.call("boom"), gather.call("x"), gather.call("y"),
+                                    return_exceptions=True)
+
+    first, second, third = asyncio.run(run())
+    assert isinstance(first, RuntimeError) and isinstance(second, RuntimeError)
+    assert third == "ry"  # the next batch is not affected
+    with pytest.raises(ValueError, match="serving.max_batch"):
+        Gather(_recorder([]), max_batch=0, wait_ms=1)
