@@ -6,7 +6,9 @@ item order), one batch at a time (as Ray Serve's `@serve.batch` with `max_concur
 callers that arrive while a batch is in flight form the next one. A batch that is not full
 waits up to `wait_ms` for more, but only while `expected()` (how many callers are on their way
 here: between two calls, heading to this one) is > 0, so a lone request never waits and a batch
-whose other members are still in another call does not wait for them. An exception of `send` is every caller's of that batch. The flusher
+whose other members are still in another call does not wait for them. After each batch the
+flusher lets the callers it answered resume before it cuts the next one, so requests in lockstep
+stay in one batch instead of splitting into two that alternate. An exception of `send` is every caller's of that batch. The flusher
 runs in an empty `contextvars` context: calls it makes must not belong to (and be cancelled with)
 whichever request happened to start it.
 """
@@ -73,3 +75,6 @@ class Gather(Generic[T, R]):
             for (_, f), result in zip(live, results, strict=True):
                 if not f.done():
                     f.set_result(result)
+            # let the callers just answered resume first: those that call again join the
+            # next batch (or say they are heading here) before it is cut
+            await asyncio.sleep(0)

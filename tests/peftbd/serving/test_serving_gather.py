@@ -51,3 +51,21 @@ def test_an_error_is_every_caller_of_its_batch():
     assert third == "ry"  # the next batch is not affected
     with pytest.raises(ValueError, match="serving.max_batch"):
         Gather(_recorder([]), max_batch=0, wait_ms=1)
+
+
+def test_callers_out_of_phase_merge_into_one_batch():
+    """B arrives while A's first batch is in flight; once A is answered it calls again before
+    the next batch is cut, so from then on A and B share every batch."""
+    batches: list = []
+    gather = Gather(_recorder(batches), max_batch=16, wait_ms=0)
+
+    async def caller(name: str, delay: float):
+        await asyncio.sleep(delay)
+        for i in range(4):
+            await gather.call(f"{name}{i}")
+
+    async def run():
+        await asyncio.gather(caller("a", 0), caller("b", 0.002))
+
+    asyncio.run(run())
+    assert [len(b) for b in batches] == [1, 2, 2, 2, 1]  # not [1, 1, 1, ...] alternating
