@@ -116,25 +116,28 @@ ms, the items the call carried)."""
 
 
 class _Course:
-    """Where one request goes next (`prefill`, `propose`, `verify`, or None), counted in
-    `heading`: a gather waits for the requests heading to it (`Gather.expected`)."""
+    """Where one request is: heading to a call (`("to", kind)`, between two calls) or in one
+    (`("in", kind)`, pending or sent), counted in `counts`; `changed` runs on every move (the
+    gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
 
-    def __init__(self, heading: collections.Counter) -> None:
-        self.heading, self.next = heading, None
+    def __init__(self, counts: collections.Counter, changed: Callable[[], None]) -> None:
+        self.counts, self.changed, self.where = counts, changed, None
 
-    def to(self, kind: str | None) -> None:
-        if self.next is not None:
-            self.heading[self.next] -= 1
-        self.next = kind
-        if kind is not None:
-            self.heading[kind] += 1
+    def move(self, where: tuple[str, str] | None) -> None:
+        if self.where is not None:
+            self.counts[self.where] -= 1
+        self.where = where
+        if where is not None:
+            self.counts[where] += 1
+        self.changed()
 
 
 class SplitBackend:
     """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. The concurrent
     requests' items are gathered per call kind (`peftbd.serving.gather.Gather`: at most
     `serving.max_batch`, waiting up to `serving.batch_wait_ms`) into one call per shard, so
-    transport is paid per batch (a batch waits only for requests heading to it: `_Course`);
+    transport is paid per batch (a batch waits only for requests heading to it, and a verify
+    for its round's requests still proposing: `_Course`);
     each item carries the committed tokens, and each propose the
     verifier features of its last prefill / verify reply (a `FeatureBlock` for the
     block-diffusion head, else None). A request's transport is its share of its calls'."""
@@ -144,11 +147,15 @@ class SplitBackend:
         self.drafter = _Shards(drafter, "Drafter", serving.drafter_replicas)
         self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
         self.retry = _Retrying(serving)
-        self._heading: collections.Counter = collections.Counter()
+        self._where: collections.Counter = collections.Counter()
+        count = self._where.__getitem__
         self._gathers = {
             kind: Gather(functools.partial(self._send, target, f"{kind}_batch"),
                          serving.max_batch, serving.batch_wait_ms,
-                         functools.partial(self._heading.__getitem__, kind))
+                         functools.partial(count, ("to", kind)),
+                         # a verify waits for its round's requests still proposing
+                         functools.partial(count, ("in", "propose")) if kind == "verify"
+                         else lambda: 0)
             for kind, target in (("prefill", self.verifier), ("propose", self.drafter),
                                  ("verify", self.verifier))
         }
@@ -176,8 +183,12 @@ class SplitBackend:
                 out[i] = result if isinstance(result, BaseException) else result[n]
         return out
 
+    def _changed(self) -> None:
+        for gather in self._gathers.values():
+            gather.poke()
+
     async def _call(self, kind: str, item: Any, course: _Course) -> Reply:
-        course.to(None)
+        course.move(("in", kind))
         result = await self._gathers[kind].call(item)
         if isinstance(result, BaseException):
             raise result
@@ -186,30 +197,30 @@ class SplitBackend:
     async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
         first = "verify" if spec.method == "ar" else "propose"  # of each round
-        course = _Course(self._heading)
-        course.to("prefill")
+        course = _Course(self._where, self._changed)
+        course.move(("to", "prefill"))
         try:
             reply, share, n = await self._call(
                 "prefill", PrefillItem(sid, prompt, budget, spec.method), course)
             event = prefill_event(reply, share, n)
             committed = prompt + event.tokens
-            course.to(None if event.done else first)
+            course.move(None if event.done else ("to", first))
             yield event
             while not event.done:
                 proposal, draft_share, features = None, 0.0, reply["features"]
                 if spec.method != "ar":
                     proposal, draft_share, _ = await self._call("propose", ProposeItem(
                         sid, committed, len(prompt), budget, spec.method, features), course)
-                    course.to("verify")
+                    course.move(("to", "verify"))
                 draft = proposal["draft"] if proposal else []
                 reply, verify_share, n = await self._call("verify", VerifyItem(
                     sid, committed, len(prompt), budget, draft, spec.method), course)
                 event = split_round(proposal, draft_share, reply, verify_share, n)
                 committed = committed + event.tokens
-                course.to(None if event.done else first)
+                course.move(None if event.done else ("to", first))
                 yield event
         finally:  # also when the client left: see `_detached`
-            course.to(None)
+            course.move(None)
             if spec.method != "ar":
                 _detached(lambda: self.drafter.to(sid).release.remote(sid))
             _detached(lambda: self.verifier.to(sid).release.remote(sid))

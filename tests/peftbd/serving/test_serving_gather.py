@@ -69,3 +69,28 @@ def test_callers_out_of_phase_merge_into_one_batch():
 
     asyncio.run(run())
     assert [len(b) for b in batches] == [1, 2, 2, 2, 1]  # not [1, 1, 1, ...] alternating
+
+
+def test_a_batch_waits_for_its_round_still_in_an_earlier_call(monkeypatch):
+    """`behind`: a verify waits (past `wait_ms`) for a request still proposing, up to
+    ROUND_WAIT_S; then it goes without it."""
+    import peftbd.serving.gather as gather_module
+
+    batches: list = []
+    proposing = {"n": 1}
+    gather = Gather(_recorder(batches), max_batch=16, wait_ms=0, behind=lambda: proposing["n"])
+
+    async def late():
+        await asyncio.sleep(0.03)  # its propose takes 30 ms
+        proposing["n"] = 0
+        return await gather.call("late")
+
+    async def run():
+        return await asyncio.gather(gather.call("early"), late())
+
+    assert asyncio.run(run()) == ["rearly", "rlate"] and [len(b) for b in batches] == [2]
+    monkeypatch.setattr(gather_module, "ROUND_WAIT_S", 0.05)
+    proposing["n"], batches[:] = 1, []  # never comes: the batch leaves after the cap
+    start = time.perf_counter()
+    asyncio.run(Gather(_recorder(batches), 16, 0, behind=lambda: 1).call("x"))
+    assert 0.04 < time.perf_counter() - start < 0.5 and batches == [["x"]]
