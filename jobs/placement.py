@@ -5,9 +5,11 @@ peft-bd-head).
     python -m jobs.placement --preset tiny --out outputs/tiny/placement
     python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --head-dir H --out ...
 
-Reports per placement and method: tokens/s, tokens per round and, per round, draft / verify /
-sync / other ms (replica-side) and transport ms (ingress wall time of the remote calls minus the
-replica-side time), draft cost / verify cost, verifier feature bytes per token (split head);
+Reports per placement and method, one request at a time: tokens/s, tokens per round and, per
+round, draft / verify / sync / other ms (replica-side) and transport ms (ingress wall time of the
+remote calls minus the replica-side time), draft cost / verify cost, verifier feature bytes per
+token (split head); and per client concurrency (`serving.client_concurrency`, `--concurrency
+1,4,16`): requests/s, tokens/s, p50 / p95 latency, transport per generated token, mean batch;
 as placement.json and placement.md.
 """
 
@@ -20,11 +22,19 @@ import json
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from jobs.ray_env import shutdown
-from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
+from peftbd.analysis.placement import (
+    RequestRecord,
+    concurrency_summary,
+    markdown,
+    one_at_a_time,
+    outputs_identical,
+    summarize,
+)
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
@@ -84,21 +94,28 @@ def _free_port() -> int:
 
 def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
              model: str) -> list[RequestRecord]:
+    """Every method's requests (the prompts x `decoding.repeats`) at each client concurrency
+    of `serving.client_concurrency` in turn: that many requests in flight at all times."""
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
+    jobs = [i for _ in range(cfg.decoding.repeats) for i in range(len(prompts))]
     records = []
     for method in METHODS:
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
-        for _ in range(cfg.decoding.repeats):
-            for i, ids in enumerate(prompts):
+        for concurrency in cfg.serving.client_concurrency:
+            def one(i: int, method: str = method, concurrency: int = concurrency) -> RequestRecord:
                 start = time.perf_counter()
-                resp = client.completions.create(model=f"{model}:{method}", prompt=ids,
+                resp = client.completions.create(model=f"{model}:{method}", prompt=prompts[i],
                                                  max_tokens=cfg.decoding.max_new_tokens)
-                wall_ms = (time.perf_counter() - start) * 1e3
-                records.append(RequestRecord(
+                end = time.perf_counter()
+                return RequestRecord(
                     placement, method, i, resp.choices[0].text, resp.usage.completion_tokens,
-                    wall_ms, resp.usage.model_extra["speculative"]))
+                    (end - start) * 1e3, resp.usage.model_extra["speculative"], concurrency,
+                    start, end)
+
+            with ThreadPoolExecutor(concurrency) as pool:
+                records += list(pool.map(one, jobs))
     return records
 
 
@@ -156,19 +173,23 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
                             cfg.serving.model_name)
         serve.delete("placement")
     serve.shutdown()
-    summary = summarize(records)
+    summary = summarize(one_at_a_time(records))
+    by_concurrency = concurrency_summary(records)
     notes = [
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
-        f"{cfg.decoding.max_new_tokens}, requests one at a time; preset {cfg.preset}",
+        f"{cfg.decoding.max_new_tokens}, client concurrency "
+        f"{list(cfg.serving.client_concurrency)} (the first table: the lowest); serving.max_batch "
+        f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
         f"adapter: {dirs['adapter_dir'] or 'untrained'}; MTP head: {dirs['mtp_dir'] or 'untrained'}; "
         f"block-diffusion head: {dirs['head_dir'] or 'untrained'}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
-    result = {"summary": summary, "skipped": skipped, "notes": notes,
+    result = {"summary": summary, "concurrency": by_concurrency, "skipped": skipped,
+              "notes": notes,
               "outputs_identical": outputs_identical(records),
               "requests": [dataclasses.asdict(r) for r in records]}
     (tmp / "placement.json").write_text(json.dumps(result, indent=2))
-    (tmp / "placement.md").write_text(markdown(summary, skipped, notes))
+    (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency))
     return {"counts": {"prompts": len(prompts), "requests": len(records)},
             "skipped": skipped, "outputs_identical": result["outputs_identical"]}
 
@@ -197,7 +218,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtp-dir", default=None, help="a trained MTP head: the output dir of train_mtp")
     parser.add_argument("--head-dir", default=None,
                         help="a trained block-diffusion head: the output dir of train_head")
+    parser.add_argument("--concurrency", default=None,
+                        help="client concurrencies to measure, e.g. 1,4,16 (sets "
+                             "serving.client_concurrency)")
     args = parser.parse_args(argv)
+    if args.concurrency:
+        args.overrides.append(f"serving.client_concurrency=[{args.concurrency}]")
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
     call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731

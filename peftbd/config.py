@@ -211,6 +211,8 @@ class ServingConfig:
     max_tokens_cap: int = 256  # also the default max_tokens
     max_body_bytes: int = 1_000_000
     max_sessions: int = 64  # per-request KV states a replica keeps (least recently used go)
+    max_batch: int = 16  # requests one replica steps together per method (one batched call)
+    batch_wait_ms: float = 2.0  # how long a batch that is not full waits for more requests
     round_retries: int = 2  # a round whose replica died is retried this often elsewhere
     recovery_timeout_s: float = 120.0  # how long a retried round waits for a live replica
     replica_num_cpus: float = 1.0
@@ -219,6 +221,7 @@ class ServingConfig:
     drafter_num_gpus: float = 0.0
     verifier_num_gpus: float = 0.0  # also the colocated engine's
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
+    client_concurrency: tuple[int, ...] = (1, 4, 16)  # jobs/placement.py: requests in flight
 
 
 RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS
@@ -316,6 +319,7 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
                      "torch_threads": _NON_NEGATIVE},
     ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
                     "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
+                    "max_batch": _POSITIVE, "batch_wait_ms": _NON_NEGATIVE,
                     "round_retries": _NON_NEGATIVE, "recovery_timeout_s": _NON_NEGATIVE,
                     "replica_num_cpus": _NON_NEGATIVE, "drafter_replicas": _POSITIVE,
                     "verifier_replicas": _POSITIVE, "drafter_num_gpus": _NON_NEGATIVE,
@@ -337,10 +341,12 @@ _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
 _ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
     MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
     DecodingConfig: {"batch_sizes": _POSITIVE},
+    ServingConfig: {"client_concurrency": _POSITIVE},
 }
 # list fields that must hold at least one item, none twice.
 _DISTINCT: dict[type, tuple[str, ...]] = {
     DecodingConfig: ("batch_sizes",),  # one concurrency row per (arm, batch size)
+    ServingConfig: ("client_concurrency",),  # one placement row per concurrency
 }
 # (list field, count field): the list must hold exactly count items.
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {

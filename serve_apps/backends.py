@@ -6,16 +6,21 @@ then a clear `BackendUnavailable`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from peftbd.config import ServingConfig
+from peftbd.serving.gather import Gather
+from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
 from peftbd.serving.validation import GenerationSpec
 
@@ -88,42 +93,137 @@ class ColocatedBackend:
                 self.retry.failed("Engine", attempt, exc)
 
 
+class _Shards:
+    """A split deployment's handle with its shard keys: a request's batched calls are routed by
+    the key of its session id's shard (`serving.drafter_replicas` / `verifier_replicas` shards),
+    so they keep reaching the replica that holds its session (Ray's consistent hashing of the
+    key), while the requests of one shard share one call."""
+
+    def __init__(self, handle: DeploymentHandle, name: str, shards: int) -> None:
+        self.handle, self.name, self.shards = handle, name, shards
+
+    def key(self, session_id: str) -> str:
+        return f"{self.name}-{zlib.crc32(session_id.encode()) % self.shards}"
+
+    def to(self, session_id: str) -> DeploymentHandle:
+        """The handle routed as `session_id`'s batched calls are."""
+        return self.handle.options(session_id=self.key(session_id))
+
+
+Reply = tuple[dict[str, Any], float, int]
+"""A batched call's reply for one item: (the reply, the item's share of the call's transport
+ms, the items the call carried)."""
+
+
+class _Course:
+    """Where one request is: heading to a call (`("to", kind)`, between two calls) or in one
+    (`("in", kind)`, pending or sent), counted in `counts`; `changed` runs on every move (the
+    gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
+
+    def __init__(self, counts: collections.Counter, changed: Callable[[], None]) -> None:
+        self.counts, self.changed, self.where = counts, changed, None
+
+    def move(self, where: tuple[str, str] | None) -> None:
+        if self.where is not None:
+            self.counts[self.where] -= 1
+        self.where = where
+        if where is not None:
+            self.counts[where] += 1
+        self.changed()
+
+
 class SplitBackend:
-    """Runs the rounds: Drafter.propose then Verifier.verify, pinned to the request's replicas
-    by `session_id`; each call carries the committed tokens, and each propose the verifier
-    features of the last prefill / verify reply (a `FeatureBlock` for the block-diffusion head,
-    else None)."""
+    """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. The concurrent
+    requests' items are gathered per call kind (`peftbd.serving.gather.Gather`: at most
+    `serving.max_batch`, waiting up to `serving.batch_wait_ms`) into one call per shard, so
+    transport is paid per batch (a batch waits only for requests heading to it, and a verify
+    for its round's requests still proposing: `_Course`);
+    each item carries the committed tokens, and each propose the
+    verifier features of its last prefill / verify reply (a `FeatureBlock` for the
+    block-diffusion head, else None). A request's transport is its share of its calls'."""
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
-        self.drafter, self.verifier = drafter, verifier
+        self.drafter = _Shards(drafter, "Drafter", serving.drafter_replicas)
+        self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
         self.retry = _Retrying(serving)
+        self._where: collections.Counter = collections.Counter()
+        count = self._where.__getitem__
+        self._gathers = {
+            kind: Gather(functools.partial(self._send, target, f"{kind}_batch"),
+                         serving.max_batch, serving.batch_wait_ms,
+                         functools.partial(count, ("to", kind)),
+                         # a verify waits for its round's requests still proposing
+                         functools.partial(count, ("in", "propose")) if kind == "verify"
+                         else lambda: 0)
+            for kind, target in (("prefill", self.verifier), ("propose", self.drafter),
+                                 ("verify", self.verifier))
+        }
+
+    async def _send(self, target: _Shards, method: str,
+                    items: Sequence[Any]) -> list[Reply | BaseException]:
+        """One call per shard, concurrently; a shard whose replica kept dying fails only its
+        own items."""
+        groups: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(target.key(item.session_id), []).append(i)
+
+        async def shard(key: str, idx: list[int]) -> list[Reply]:
+            handle, batch = target.handle.options(session_id=key), [items[i] for i in idx]
+            replies, wall = await self.retry.call(
+                target.name, lambda: getattr(handle, method).remote(batch))
+            share = max(wall - replies[0]["handler_ms"], 0.0) / len(idx)
+            return [(reply, share, len(idx)) for reply in replies]
+
+        out: list[Reply | BaseException] = [None] * len(items)  # type: ignore[list-item]
+        done = await asyncio.gather(*(shard(k, idx) for k, idx in groups.items()),
+                                    return_exceptions=True)
+        for idx, result in zip(groups.values(), done):
+            for n, i in enumerate(idx):
+                out[i] = result if isinstance(result, BaseException) else result[n]
+        return out
+
+    def _changed(self) -> None:
+        for gather in self._gathers.values():
+            gather.poke()
+
+    async def _call(self, kind: str, item: Any, course: _Course) -> Reply:
+        course.move(("in", kind))
+        result = await self._gathers[kind].call(item)
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
-        drafter = self.drafter.options(session_id=sid)
-        verifier = self.verifier.options(session_id=sid)
+        first = "verify" if spec.method == "ar" else "propose"  # of each round
+        course = _Course(self._where, self._changed)
+        course.move(("to", "prefill"))
         try:
-            reply, wall = await self.retry.call(
-                "Verifier", lambda: verifier.prefill.remote(sid, prompt, budget, spec.method))
-            event = prefill_event(reply, wall)
+            reply, share, n = await self._call(
+                "prefill", PrefillItem(sid, prompt, budget, spec.method), course)
+            event = prefill_event(reply, share, n)
             committed = prompt + event.tokens
+            course.move(None if event.done else ("to", first))
             yield event
             while not event.done:
-                proposal, draft_wall, features = None, 0.0, reply["features"]
+                proposal, draft_share, features = None, 0.0, reply["features"]
                 if spec.method != "ar":
-                    proposal, draft_wall = await self.retry.call("Drafter", lambda: drafter.propose.remote(
-                        sid, committed, len(prompt), budget, spec.method, features))
+                    proposal, draft_share, _ = await self._call("propose", ProposeItem(
+                        sid, committed, len(prompt), budget, spec.method, features), course)
+                    course.move(("to", "verify"))
                 draft = proposal["draft"] if proposal else []
-                reply, verify_wall = await self.retry.call("Verifier", lambda: verifier.verify.remote(
-                    sid, committed, len(prompt), budget, draft, spec.method))
-                event = split_round(proposal, draft_wall, reply, verify_wall)
+                reply, verify_share, n = await self._call("verify", VerifyItem(
+                    sid, committed, len(prompt), budget, draft, spec.method), course)
+                event = split_round(proposal, draft_share, reply, verify_share, n)
                 committed = committed + event.tokens
+                course.move(None if event.done else ("to", first))
                 yield event
         finally:  # also when the client left: see `_detached`
+            course.move(None)
             if spec.method != "ar":
-                _detached(lambda: drafter.release.remote(sid))
-            _detached(lambda: verifier.release.remote(sid))
+                _detached(lambda: self.drafter.to(sid).release.remote(sid))
+            _detached(lambda: self.verifier.to(sid).release.remote(sid))
 
 
 def _detached(call: Callable[[], Any]) -> None:

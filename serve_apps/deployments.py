@@ -1,19 +1,21 @@
 """The model deployments: `Engine` (colocated: the whole loop), `Drafter` and `Verifier` (split).
 
-Thin wrappers over `peftbd.serving.replica.ReplicaDecoder`: plain lists and dicts in and out.
-Drafter and Verifier route by `session_id` (see `serve_apps.args.SESSION_ROUTER`), so a request's
-rounds reach the replica that holds its state; any other replica rebuilds it from the committed
-tokens the call carries.
+Thin wrappers over `peftbd.serving.replica.ReplicaDecoder`. The Engine streams each request's
+steps from its step loop (concurrent requests batched); Drafter and Verifier take batched calls
+(a list of typed items, `peftbd.serving.messages`) routed by a shard key of the items' session ids
+(see `serve_apps.args.SESSION_ROUTER` and `serve_apps.backends._Shards`), so a request's rounds
+reach the replica that holds its state; any other replica rebuilds it from the committed tokens
+the item carries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ray import serve
 
-from peftbd.serving.features import FeatureBlock
+from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.schemas import METHODS
@@ -30,18 +32,19 @@ class _ModelReplica:
         cfg = app.load()
         models = load_serving_models(cfg, self.methods, app.adapter_dir, app.mtp_dir,
                                      head_dir=app.head_dir)
-        self.decoder = ReplicaDecoder(models, cfg.serving.max_sessions)
+        s = cfg.serving
+        self.decoder = ReplicaDecoder(models, s.max_sessions, s.max_batch, s.batch_wait_ms)
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned request's state."""
         self.decoder.release(session_id)
 
     def stats(self) -> dict[str, Any]:
-        """This replica's id, its counters (prefills, resumes, rounds), open sessions (split) and
-        running loops (colocated)."""
+        """This replica's id, its counters (prefills, resumes, rounds), open sessions (split),
+        open requests (colocated) and `batch_sizes` (rows per batched step or call: count)."""
         return {"replica": serve.get_replica_context().replica_id.unique_id,
                 "sessions": len(self.decoder.sessions), "streams": self.decoder.streams,
-                **self.decoder.counters}
+                "batch_sizes": dict(self.decoder.batch_sizes), **self.decoder.counters}
 
 
 @serve.deployment(name="Engine", max_ongoing_requests=MAX_ONGOING)
@@ -51,10 +54,11 @@ class Engine(_ModelReplica):
 
     methods = METHODS
 
-    def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
-               committed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
-        """Stream one request's steps (prefill, then rounds) as `RoundEvent` dicts."""
-        for event in self.decoder.rounds(prompt_ids, max_new_tokens, method, committed):
+    async def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
+                     committed: Sequence[int] = ()) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request's steps (prefill, then rounds) as `RoundEvent` dicts; the
+        replica's step loop batches it with the other requests of its method."""
+        async for event in self.decoder.arounds(prompt_ids, max_new_tokens, method, committed):
             yield event.to_dict()
 
 
@@ -66,13 +70,10 @@ class Drafter(_ModelReplica):
 
     methods = tuple(m for m in METHODS if m != "ar")
 
-    def propose(self, session_id: str, committed: list[int], prompt_len: int,
-                max_new_tokens: int, method: str,
-                features: FeatureBlock | None = None) -> dict[str, Any]:
-        """Catch up with `committed` (the head: with the verifier's `features`, no forward) and
-        draft the next block."""
-        return self.decoder.propose(session_id, committed, prompt_len, max_new_tokens, method,
-                                    features)
+    def propose_batch(self, items: list[ProposeItem]) -> list[dict[str, Any]]:
+        """Catch each request up with its `committed` (the head: with the verifier's features,
+        no forward) and draft its next block: one batched draft per method."""
+        return self.decoder.propose_batch(items)
 
 
 @serve.deployment(name="Verifier", max_ongoing_requests=MAX_ONGOING,
@@ -82,13 +83,12 @@ class Verifier(_ModelReplica):
 
     methods = ("ar",)
 
-    def prefill(self, session_id: str, prompt_ids: list[int], max_new_tokens: int,
-                method: str = "ar") -> dict[str, Any]:
-        """Start a request; commits its first token (with the features its drafter reads)."""
-        return self.decoder.prefill(session_id, prompt_ids, max_new_tokens, method)
+    def prefill_batch(self, items: list[PrefillItem]) -> list[dict[str, Any]]:
+        """Start requests; commits each one's first token (with the features its drafter
+        reads): one batched prefill."""
+        return self.decoder.prefill_batch(items)
 
-    def verify(self, session_id: str, committed: list[int], prompt_len: int,
-               max_new_tokens: int, draft: list[int], method: str = "ar") -> dict[str, Any]:
-        """Verify `draft` after `committed`; commits the accepted prefix plus the bonus token."""
-        return self.decoder.verify(session_id, committed, prompt_len, max_new_tokens, draft,
-                                   method)
+    def verify_batch(self, items: list[VerifyItem]) -> list[dict[str, Any]]:
+        """Verify each draft after its `committed`; commits its accepted prefix plus the bonus
+        token: one batched verify."""
+        return self.decoder.verify_batch(items)

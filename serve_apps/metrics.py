@@ -11,7 +11,9 @@ rule), so a quantity that stayed 0 has no series: the dashboard reads it as 0. A
 position j = accepted_per_position / proposed_per_position of `position="j"`. Feature bytes (the
 verifier features a split block-diffusion-head drafter receives instead of running the verifier;
 0, so no series, for other methods and colocated): `peftbd_round_feature_bytes` (the rounds') and
-`peftbd_prefill_feature_bytes` (the prefill steps': every prompt position's).
+`peftbd_prefill_feature_bytes` (the prefill steps': every prompt position's). Batching:
+`peftbd_batch_size` (the requests a round's batched step, colocated, or verify call, split,
+carried) and its exact sum `peftbd_round_batch_size` (mean batch = sum / rounds).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from peftbd.serving.rounds import RoundEvent
 
 MS_BUCKETS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 TOKEN_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
 TAGS = ("placement", "method")
 POSITION_TAGS = (*TAGS, "position")
 
@@ -31,6 +34,7 @@ HISTOGRAMS = {
     "peftbd_sync_ms": ("State sync / rebuild time per round (ms)", MS_BUCKETS),
     "peftbd_transport_ms": ("Ingress wall time per round minus replica-side time (ms)", MS_BUCKETS),
     "peftbd_tokens_per_round": ("Tokens committed per speculative round", TOKEN_BUCKETS),
+    "peftbd_batch_size": ("Requests in the batched step / verify call of a round", BATCH_BUCKETS),
 }
 
 SUMS = {
@@ -40,6 +44,8 @@ SUMS = {
     "peftbd_round_transport_ms": (
         "Sum of the transport ms of the rounds (exact)", "peftbd_transport_ms"),
     "peftbd_round_tokens": ("Tokens committed by the rounds (exact)", "peftbd_tokens_per_round"),
+    "peftbd_round_batch_size": (
+        "Sum of the batch sizes of the rounds (exact; / rounds = mean batch)", "peftbd_batch_size"),
 }
 """Exact sums beside the histograms: counter name -> (description, the histogram it sums)."""
 
@@ -85,7 +91,7 @@ class RoundMetrics:
         values = {
             "peftbd_draft_ms": event.draft_ms, "peftbd_verify_ms": event.verify_ms,
             "peftbd_sync_ms": event.sync_ms, "peftbd_transport_ms": event.transport_ms,
-            "peftbd_tokens_per_round": len(event.tokens),
+            "peftbd_tokens_per_round": len(event.tokens), "peftbd_batch_size": event.batch_size,
         }
         for name, value in values.items():
             self.hist[name].observe(value, tags=tags)

@@ -14,7 +14,9 @@ from peftbd.analysis.tables import markdown_table
 
 @dataclass
 class RequestRecord:
-    """One measured request: its output and timings (client wall time and `usage.speculative`)."""
+    """One measured request: its output and timings (client wall time and `usage.speculative`);
+    `concurrency`: the clients in flight while it ran, `start_s` / `end_s`: when it was sent and
+    answered (seconds on the client's clock, for the aggregate wall time of a concurrent run)."""
 
     placement: str
     method: str
@@ -23,6 +25,9 @@ class RequestRecord:
     completion_tokens: int
     wall_ms: float
     spec: dict[str, Any]
+    concurrency: int = 1
+    start_s: float = 0.0
+    end_s: float = 0.0
 
 
 TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transport_ms")
@@ -60,6 +65,50 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
     return out
 
 
+def one_at_a_time(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The records of the lowest concurrency measured (1 normally): what `summarize` reports."""
+    low = min((r.concurrency for r in records), default=1)
+    return [r for r in records if r.concurrency == low]
+
+
+def concurrency_summary(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """One row per (placement, method, concurrency): requests/s and tokens/s over the run's
+    aggregate wall time (first request sent to last answered), p50 / p95 client latency, the
+    transport per generated token (each request's share of its batched calls, summed), the
+    mean batch size of its rounds, and tokens/s over the same placement and method at the
+    lowest concurrency (`speedup`)."""
+    key = lambda r: (r.placement, r.method, r.concurrency)  # noqa: E731
+    rows = []
+    for (placement, method, conc), group in itertools.groupby(sorted(records, key=key), key=key):
+        group = list(group)
+        wall_s = max(r.end_s for r in group) - min(r.start_s for r in group)
+        tokens = sum(r.completion_tokens for r in group)
+        latencies = sorted(r.wall_ms for r in group)
+        rounds = sum(r.spec["rounds"] for r in group)
+        rows.append({
+            "placement": placement, "method": method, "concurrency": conc,
+            "requests": len(group), "requests_per_s": _div(len(group), wall_s),
+            "tokens_per_s": _div(tokens, wall_s),
+            "p50_ms": round(_quantile(latencies, 0.5), 1),
+            "p95_ms": round(_quantile(latencies, 0.95), 1),
+            "transport_ms_per_token": _div(sum(r.spec["transport_ms"] for r in group), tokens),
+            "mean_batch": _div(sum(r.spec.get("mean_batch_size", 0.0) * r.spec["rounds"]
+                                   for r in group), rounds),
+        })
+    base = {}
+    for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
+        ref = base.setdefault((row["placement"], row["method"]), row["tokens_per_s"])
+        row["speedup"] = _div(row["tokens_per_s"] or 0.0, ref or 0.0)
+    return rows
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of non-empty sorted values."""
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
 def _div(num: float, den: float) -> float | None:
     return round(num / den, 4) if den else None
 
@@ -81,8 +130,18 @@ COLUMNS = [
 ]
 
 
-def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[str]) -> str:
-    """The placement table (ms are per round) plus skipped placements and notes."""
+CONCURRENCY_COLUMNS = [
+    ("clients", "concurrency"), ("requests", "requests"), ("requests/s", "requests_per_s"),
+    ("tokens/s", "tokens_per_s"), ("x vs lowest", "speedup"), ("p50 ms", "p50_ms"),
+    ("p95 ms", "p95_ms"), ("transport ms/token", "transport_ms_per_token"),
+    ("mean batch", "mean_batch"),
+]
+
+
+def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[str],
+             concurrency: Sequence[dict[str, Any]] = ()) -> str:
+    """The placement table (one request at a time; ms are per round), the table per client
+    concurrency when several were measured, skipped placements and notes."""
     rows = [[placement, method, *(_fmt(row[k]) for _, k in COLUMNS)]
             for placement, methods in summary.items() for method, row in methods.items()]
     table = markdown_table(["placement", "method", *(c for c, _ in COLUMNS)], rows)
@@ -95,6 +154,17 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
              "(HTTP and ingress included). feature bytes/token = the verifier features a split "
              "peft-bd-head drafter received (instead of a sync forward) per completion token, the "
              "prefill's included; 0 elsewhere."]
+    if concurrency:
+        rows = [[r["placement"], r["method"], *(_fmt(r[k]) for _, k in CONCURRENCY_COLUMNS)]
+                for r in concurrency]
+        lines += ["", "## Client concurrency", "",
+                  markdown_table(["placement", "method", *(c for c, _ in CONCURRENCY_COLUMNS)],
+                                 rows), "",
+                  "tokens/s and requests/s over each run's wall time (first request sent to "
+                  "last answered); p50 / p95 = client latency per request; transport ms/token = "
+                  "the requests' shares of their batched calls' transport over the tokens "
+                  "generated; mean batch = requests per batched step (colocated) or verify call "
+                  "(split) of a round; x vs lowest = tokens/s over the lowest concurrency's."]
     if skipped:
         lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]
     if notes:
@@ -105,4 +175,6 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
 def _fmt(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if isinstance(value, int):
+        return str(value)
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"

@@ -1,157 +1,228 @@
-"""The compute behind every serving replica, as plain-data calls (lists and dicts in and out).
+"""The compute behind every serving replica, as plain-data calls (typed items in, dicts out).
 
-- colocated: `rounds` runs one request's whole loop (prefill, then the engine's `step` until
-  done), one `RoundEvent` per step;
-- split: the drafter side calls `propose`, the verifier side `prefill` and `verify`; each call
-  carries the committed tokens, and the per-request state of the session is reused only when it
-  agrees with them (else rebuilt: a `resume`). For a drafter that reads verifier features (the
+- colocated: `rounds` / `arounds` stream one request's steps (prefill, then rounds) from the
+  replica's step loop (`peftbd.serving.batcher.StepLoop`), which decodes the concurrent requests
+  of each method as one batch;
+- split: the drafter side calls `propose_batch`, the verifier side `prefill_batch` and
+  `verify_batch`, each over a list of per-request items (`peftbd.serving.messages`): the items
+  of one method share one batched catch-up and one batched draft / verify forward. Each item
+  carries the committed tokens, and a request's session is reused only when it agrees with them
+  (else rebuilt: a `resume`, batched too). For a drafter that reads verifier features (the
   block-diffusion head), the verifier's replies carry the features of the positions it cached
-  (`FeatureBlock`) and the next `propose` takes them instead of running the verifier itself.
+  (`FeatureBlock`) and the next propose takes them instead of running the verifier itself.
 
-One lock serializes model work: the PEFT-BD adapter switch is model-wide, so two requests must
-never run forwards at the same time in one replica. Times come from the engine's clock.
+One lock serializes model work: the PEFT-BD adapter switch is model-wide, so two batched calls
+(or a call and the step loop) must never run forwards at the same time in one replica. Times
+come from the engine's clock; every item of a batched call reports the whole call's times.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from peftbd.decoding import DecodeState, SpeculativeDecoder, advance, advance_with_features
+from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_with_features
+from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.features import FeatureBlock
+from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
-from peftbd.serving.sessions import Session, SessionStore, from_features, resume
+from peftbd.serving.sessions import Session, SessionStore, from_features, resume_many
 
 
 class ReplicaDecoder:
-    """A replica's models plus its per-request sessions and counters."""
+    """A replica's models plus its per-request sessions, step loop and counters."""
 
-    def __init__(self, models: ServingModels, max_sessions: int) -> None:
+    def __init__(self, models: ServingModels, max_sessions: int, max_batch: int = 16,
+                 batch_wait_ms: float = 2.0) -> None:
         self.models = models
         self.sessions = SessionStore(max_sessions)
         self.lock = threading.Lock()
         self.counters = {"prefills": 0, "resumes": 0, "rounds": 0}
-        self.streams = 0
-        """Colocated loops running now (their state lives in the loop: it ends when it is closed)."""
+        self.batch_sizes: collections.Counter = collections.Counter()
+        """Rows of each batched step (colocated) or call (split): `batch_sizes[n]` = how many."""
+        self.loop = StepLoop(models, max_batch, batch_wait_ms, self.lock, self.counters,
+                             self.batch_sizes)
+
+    @property
+    def streams(self) -> int:
+        """Colocated requests open now (their state lives in the step loop until closed)."""
+        return self.loop.open
 
     # colocated -----------------------------------------------------------------------------
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
                committed: Sequence[int] = ()) -> Iterator[RoundEvent]:
-        """One request's loop. `committed` (prompt + tokens already sent) resumes a request whose
-        replica died: its first event then commits nothing."""
-        dec = self.models.decoder(method)
-        resumed = len(committed) > len(prompt_ids)
-        with self.lock:
-            self.streams += 1
+        """One request's steps from the step loop. `committed` (prompt + tokens already sent)
+        resumes a request whose replica died: its first event then commits nothing. Closing
+        the generator early (client gone, stop sequence) takes the request out of its batch."""
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        ticket = self._ticket(prompt_ids, max_new_tokens, method, committed, inbox.put)
         try:
-            with self.lock:
-                if resumed:
-                    state = resume(dec, committed, len(prompt_ids), max_new_tokens)
-                else:
-                    state = dec.start(prompt_ids, max_new_tokens)
-                self._count_rebuild(fresh=not resumed)
-            yield RoundEvent(
-                tokens=[] if resumed else state.new_tokens, other_ms=state.prefill_s * 1e3,
-                resumes=int(resumed), done=state.done, prefill=True, finish_reason=_finish(state),
-            )
-            while not state.done:
-                with self.lock:
-                    rec = dec.step(state)
-                    self.counters["rounds"] += 1
-                yield RoundEvent(
-                    tokens=state.tokens[len(state.tokens) - rec.emitted:], proposed=rec.proposed,
-                    accepted=rec.accepted, draft_ms=rec.draft_ms, verify_ms=rec.verify_ms,
-                    other_ms=rec.other_ms, done=state.done, finish_reason=_finish(state),
-                )
-        finally:  # also when the stream is closed early (client gone, stop sequence)
-            with self.lock:
-                self.streams -= 1
+            while True:
+                event = _event(inbox.get())
+                yield event
+                if event.done:
+                    return
+        finally:
+            self.loop.close(ticket)
+
+    async def arounds(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
+                      committed: Sequence[int] = ()) -> AsyncIterator[RoundEvent]:
+        """`rounds` for an asyncio caller (a Serve replica): waiting never blocks its loop."""
+        loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
+        ticket = self._ticket(prompt_ids, max_new_tokens, method, committed,
+                              lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item))
+        try:
+            while True:
+                event = _event(await inbox.get())
+                yield event
+                if event.done:
+                    return
+        finally:
+            self.loop.close(ticket)
+
+    def _ticket(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
+                committed: Sequence[int], deliver) -> Ticket:
+        committed = list(committed) if len(committed) > len(prompt_ids) else list(prompt_ids)
+        return self.loop.submit(Ticket(list(prompt_ids), max_new_tokens, method, committed,
+                                       deliver))
 
     # split: drafter side -------------------------------------------------------------------
 
-    def propose(self, session_id: str, committed: Sequence[int], prompt_len: int,
-                max_new_tokens: int, method: str,
-                features: FeatureBlock | None = None) -> dict[str, Any]:
-        """Catch the session up with the newly committed tokens and draft the next block:
-        {draft, draft_ms, sync_ms, handler_ms, resumed}. Catching up is one adapter-off forward,
-        or none for a drafter that reads verifier features: `features` (the last prefill /
-        verify reply's) then hold those of the newly cached positions."""
-        dec = self.models.decoder(method)
-        _check_layers(dec, features)
+    def propose_batch(self, items: Sequence[ProposeItem]) -> list[dict[str, Any]]:
+        """Per item {draft, draft_ms, sync_ms, handler_ms, resumed}: catch each session up with
+        its newly committed tokens (one batched adapter-off forward per method, `advance_rows`;
+        none for a drafter that reads verifier features, whose items carry them), then one
+        batched draft per method."""
         clock = self.models.clock
         start = clock.now()
+        replies: list[dict[str, Any]] = [{} for _ in items]
         with self.lock:
-            sess = self.sessions.get(session_id)
-            sync_start = clock.now()
-            resumed = False
-            if not _caught_up(dec, sess, committed, features):
-                # a new session (its first round), or a lost / stale one
-                if features is not None and features.covers(0, len(committed) - 1):
-                    # the prefill's features of every cached position: no forward
-                    state = from_features(dec, committed, prompt_len, max_new_tokens, features)
-                else:
-                    state = resume(dec, committed, prompt_len, max_new_tokens)
-                sess = Session(state)
-                resumed = len(committed) > prompt_len + 1
-                self._count_rebuild(fresh=not resumed)
-                self.sessions.put(session_id, sess)
-            draft_start = clock.now()
-            draft = dec.propose(sess.state)[0].tolist()
-            sess.proposed_at = len(sess.state.tokens)
-            end = clock.now()
-        return {"draft": draft, "draft_ms": (end - draft_start) * 1e3,
-                "sync_ms": (draft_start - sync_start) * 1e3, "handler_ms": (end - start) * 1e3,
-                "resumed": resumed}
+            for method, idx in _by([it.method for it in items]).items():
+                dec, group = self.models.decoder(method), [items[i] for i in idx]
+                for it in group:
+                    _check_layers(dec, it.features)
+                sync_start = clock.now()
+                sessions, resumed = self._catch_up(dec, group)
+                draft_start = clock.now()
+                drafts = dec.propose_many([s.state for s in sessions])
+                end = clock.now()
+                for i, sess, draft, r in zip(idx, sessions, drafts, resumed):
+                    sess.proposed_at = len(sess.state.tokens)
+                    replies[i] = {"draft": draft[0].tolist(), "draft_ms": (end - draft_start) * 1e3,
+                                  "sync_ms": (draft_start - sync_start) * 1e3, "resumed": r}
+            self.batch_sizes[len(items)] += 1
+        return _stamp(replies, (clock.now() - start) * 1e3)
+
+    def _catch_up(self, dec: SpeculativeDecoder,
+                  items: Sequence[ProposeItem]) -> tuple[list[Session], list[bool]]:
+        """Each item's session brought up to its `committed` (reused, or rebuilt: from the
+        prefill's features without a forward, else by one batched `resume_many`), and whether
+        it was a rebuild past the first round."""
+        sessions: list[Session | None] = [self.sessions.get(it.session_id) for it in items]
+        behind, rebuild = [], []
+        for i, (it, sess) in enumerate(zip(items, sessions)):
+            if not _reusable(dec, sess, it):
+                rebuild.append(i)
+                continue
+            state, new = sess.state, it.committed[len(sess.state.tokens):]
+            if new and dec.drafter.feature_layers:
+                advance_with_features(state, new, it.features.decode(state.device))
+            elif new:
+                behind.append(i)
+        if behind:  # early exit syncs only its k layers
+            advance_rows(dec.model, [sessions[i].state for i in behind],
+                         [items[i].committed[len(sessions[i].state.tokens):] for i in behind],
+                         layers=dec.drafter.kv_layers)
+        featured = [i for i in rebuild if items[i].features is not None
+                    and items[i].features.covers(0, len(items[i].committed) - 1)]
+        for i in featured:  # the prefill's features of every cached position: no forward
+            it = items[i]
+            sessions[i] = Session(from_features(dec, it.committed, it.prompt_len,
+                                                it.max_new_tokens, it.features))
+        resumed = [i for i in rebuild if i not in featured]
+        for i, state in zip(resumed, self._resume(dec, [items[i] for i in resumed])):
+            sessions[i] = Session(state)
+        again = [False] * len(items)
+        for i in rebuild:  # a new session (its first round), or a lost / stale one
+            it = items[i]
+            again[i] = len(it.committed) > it.prompt_len + 1
+            self._count_rebuild(fresh=not again[i])
+            self.sessions.put(it.session_id, sessions[i])
+        return sessions, again
+
+    def _resume(self, dec: SpeculativeDecoder, items: Sequence[ProposeItem | VerifyItem]
+                ) -> list[DecodeState]:
+        if not items:
+            return []
+        return resume_many(dec, [it.committed for it in items], [it.prompt_len for it in items],
+                           [it.max_new_tokens for it in items])
 
     # split: verifier side ------------------------------------------------------------------
 
-    def prefill(self, session_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
-                method: str = "ar") -> dict[str, Any]:
-        """Start a request of `method`: the prompt's forward commits its first token;
-        `features`: the prompt positions' features when its drafter reads them, else None."""
-        dec = self.models.verifier_decoder(method)
-        start = self.models.clock.now()
-        with self.lock:
-            state = dec.start(prompt_ids, max_new_tokens)
-            self.counters["prefills"] += 1
-            if not state.done:
-                self.sessions.put(session_id, Session(state))
-            features = _reply_features(state)
-        end = self.models.clock.now()
-        return {"tokens": state.new_tokens, "done": state.done, "finish_reason": _finish(state),
-                "prefill_ms": state.prefill_s * 1e3, "handler_ms": (end - start) * 1e3,
-                "features": features}
-
-    def verify(self, session_id: str, committed: Sequence[int], prompt_len: int,
-               max_new_tokens: int, draft: Sequence[int], method: str = "ar") -> dict[str, Any]:
-        """Verify `draft` after `committed`: {tokens, proposed, accepted, done, finish_reason,
-        verify_ms, sync_ms, handler_ms, resumed, features}; the session is dropped once the
-        request is done. `features`: as in `prefill`, of the positions this verify cached."""
-        dec = self.models.verifier_decoder(method)
+    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[dict[str, Any]]:
+        """Start requests (one batched prefill per verifier decoder): per item {tokens, done,
+        finish_reason, prefill_ms, handler_ms, features}; `features` are the prompt positions'
+        when the request's drafter reads them, else None."""
         clock = self.models.clock
         start = clock.now()
+        replies: list[dict[str, Any]] = [{} for _ in items]
+        decs = [self.models.verifier_decoder(it.method) for it in items]
         with self.lock:
-            sess = self.sessions.get(session_id)
-            sync_start = clock.now()
-            resumed = sess is None or sess.state.tokens != list(committed)
-            if resumed:
-                sess = Session(resume(dec, committed, prompt_len, max_new_tokens))
-                self._count_rebuild(fresh=False)
-                self.sessions.put(session_id, sess)
-            verify_start = clock.now()
-            result = dec.verify(sess.state, list(draft))
-            end = clock.now()
-            self.counters["rounds"] += 1
-            if result.done:
-                self.sessions.drop(session_id)
-            features = _reply_features(sess.state)
-        return {"tokens": result.tokens, "proposed": result.proposed, "accepted": result.accepted,
-                "done": result.done, "finish_reason": _finish(sess.state),
-                "verify_ms": (end - verify_start) * 1e3, "sync_ms": (verify_start - sync_start) * 1e3,
-                "handler_ms": (end - start) * 1e3, "resumed": resumed, "features": features}
+            for dec, idx in _by(decs).items():
+                states = dec.start_many([items[i].prompt_ids for i in idx],
+                                        [items[i].max_new_tokens for i in idx])
+                self.counters["prefills"] += len(idx)
+                for i, state in zip(idx, states):
+                    if not state.done:
+                        self.sessions.put(items[i].session_id, Session(state))
+                    replies[i] = {"tokens": state.new_tokens, "done": state.done,
+                                  "finish_reason": finish_reason(state),
+                                  "prefill_ms": state.prefill_s * 1e3,
+                                  "features": _reply_features(state)}
+            self.batch_sizes[len(items)] += 1
+        return _stamp(replies, (clock.now() - start) * 1e3)
+
+    def verify_batch(self, items: Sequence[VerifyItem]) -> list[dict[str, Any]]:
+        """Verify each item's draft after its `committed` (one batched forward per verifier
+        decoder): per item {tokens, proposed, accepted, done, finish_reason, verify_ms, sync_ms,
+        handler_ms, resumed, features}; a session is dropped once its request is done.
+        `features`: as in `prefill_batch`, of the positions this verify cached."""
+        clock = self.models.clock
+        start = clock.now()
+        replies: list[dict[str, Any]] = [{} for _ in items]
+        decs = [self.models.verifier_decoder(it.method) for it in items]
+        with self.lock:
+            for dec, idx in _by(decs).items():
+                sync_start = clock.now()
+                sessions = [self.sessions.get(items[i].session_id) for i in idx]
+                lost = [j for j, (i, s) in enumerate(zip(idx, sessions))
+                        if s is None or s.state.tokens != list(items[i].committed)]
+                for j, state in zip(lost, self._resume(dec, [items[idx[j]] for j in lost])):
+                    sessions[j] = Session(state)
+                    self._count_rebuild(fresh=False)
+                    self.sessions.put(items[idx[j]].session_id, sessions[j])
+                verify_start = clock.now()
+                results = dec.verify_many([s.state for s in sessions],
+                                          [items[i].draft for i in idx])
+                end = clock.now()
+                self.counters["rounds"] += len(idx)
+                for j, (i, sess, result) in enumerate(zip(idx, sessions, results)):
+                    if result.done:
+                        self.sessions.drop(items[i].session_id)
+                    replies[i] = {"tokens": result.tokens, "proposed": result.proposed,
+                                  "accepted": result.accepted, "done": result.done,
+                                  "finish_reason": finish_reason(sess.state),
+                                  "verify_ms": (end - verify_start) * 1e3,
+                                  "sync_ms": (verify_start - sync_start) * 1e3,
+                                  "resumed": j in lost, "features": _reply_features(sess.state)}
+            self.batch_sizes[len(items)] += 1
+        return _stamp(replies, (clock.now() - start) * 1e3)
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned session."""
@@ -162,11 +233,17 @@ class ReplicaDecoder:
         self.counters["prefills" if fresh else "resumes"] += 1
 
 
-def _finish(state: DecodeState) -> str | None:
-    """`stop` when a finished request ended on EOS, `length` when on its budget, else None."""
-    if not state.done:
-        return None
-    return "stop" if state.tokens[-1] in state.eos_ids else "length"
+def _event(item: RoundEvent | BaseException) -> RoundEvent:
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+def _stamp(replies: list[dict[str, Any]], handler_ms: float) -> list[dict[str, Any]]:
+    """Every reply of a batched call carries the whole call's handler time."""
+    for reply in replies:
+        reply["handler_ms"] = handler_ms
+    return replies
 
 
 def _reply_features(state: DecodeState) -> FeatureBlock | None:
@@ -187,22 +264,24 @@ def _check_layers(dec: SpeculativeDecoder, block: FeatureBlock | None) -> None:
         )
 
 
-def _caught_up(dec: SpeculativeDecoder, sess: Session | None, committed: Sequence[int],
-               block: FeatureBlock | None) -> bool:
-    """Bring a reusable session up to `committed` (False: it cannot be reused). A drafter that
-    reads verifier features takes `block`, which must cover exactly the positions cached since
-    the session's last round; others catch up with `advance` (the drafter's `kv_layers`)."""
-    if sess is None or not _extends(sess, committed):
+def _reusable(dec: SpeculativeDecoder, sess: Session | None, item: ProposeItem) -> bool:
+    """Whether `sess` can be caught up to `item.committed`. A drafter that reads verifier
+    features needs `item.features` to cover exactly the positions cached since the session's
+    last round (else, e.g. a session of an earlier replica several rounds behind: rebuild)."""
+    if sess is None or not _extends(sess, item.committed):
         return False
-    state, new = sess.state, committed[len(sess.state.tokens):]
-    if dec.drafter.feature_layers:
-        if block is None or not block.covers(len(state.tokens) - 1, len(committed) - 1):
-            return False  # e.g. a session of an earlier replica, several rounds behind
-        if new:
-            advance_with_features(state, new, block.decode(state.device))
-    elif new:
-        advance(dec.model, state, new, layers=dec.drafter.kv_layers)  # early exit: its k layers
-    return True
+    if not dec.drafter.feature_layers:
+        return True
+    block, n = item.features, len(sess.state.tokens)
+    return block is not None and block.covers(n - 1, len(item.committed) - 1)
+
+
+def _by(keys: Sequence[Any]) -> dict[Any, list[int]]:
+    """Indices of `keys` grouped by key, in first-seen order."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return groups
 
 
 def _extends(sess: Session, committed: Sequence[int]) -> bool:

@@ -22,7 +22,8 @@ class RoundEvent:
     those. `resumes` counts replicas that had to rebuild the request's state for this step;
     `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
     the verifier features the step's verifier reply carried for a split drafter (the
-    block-diffusion head; they cross verifier -> ingress -> drafter), else 0.
+    block-diffusion head; they cross verifier -> ingress -> drafter), else 0. `batch_size`:
+    the requests the step's batched call carried (split: its verify call's).
     """
 
     tokens: list[int]
@@ -35,6 +36,7 @@ class RoundEvent:
     transport_ms: float = 0.0
     resumes: int = 0
     feature_bytes: int = 0
+    batch_size: int = 1
     done: bool = False
     prefill: bool = False
     finish_reason: str | None = None
@@ -73,6 +75,7 @@ class RequestStats:
     emitted: int = 0
     resumes: int = 0
     feature_bytes: int = 0
+    batch_size_sum: int = 0
     times_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
@@ -92,6 +95,7 @@ class RequestStats:
         self.times_ms["sync"] += event.sync_ms
         self.times_ms["other"] += event.other_ms
         self.rounds += 1
+        self.batch_size_sum += event.batch_size
         self.proposed += event.proposed
         self.accepted += event.accepted
         self.emitted += len(event.tokens)
@@ -108,22 +112,25 @@ class RequestStats:
             verify_ms=round(t["verify"], 3), sync_ms=round(t["sync"], 3),
             other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
             resumes=self.resumes, feature_bytes=self.feature_bytes,
+            mean_batch_size=round(self.batch_size_sum / self.rounds, 4) if self.rounds else 0.0,
         )
 
 
-def prefill_event(reply: dict[str, Any], wall_ms: float) -> RoundEvent:
-    """The prefill step of a split request from the verifier's `prefill` reply."""
+def prefill_event(reply: dict[str, Any], transport_ms: float, batch_size: int = 1) -> RoundEvent:
+    """The prefill step of a split request from its verifier `prefill_batch` reply, with the
+    request's share of that call's transport."""
     return RoundEvent(
-        tokens=reply["tokens"], other_ms=reply["prefill_ms"],
-        transport_ms=max(wall_ms - reply["handler_ms"], 0.0), done=reply["done"], prefill=True,
-        finish_reason=reply["finish_reason"], feature_bytes=feature_bytes(reply["features"]),
+        tokens=reply["tokens"], other_ms=reply["prefill_ms"], transport_ms=transport_ms,
+        done=reply["done"], prefill=True, finish_reason=reply["finish_reason"],
+        feature_bytes=feature_bytes(reply["features"]), batch_size=batch_size,
     )
 
 
-def split_round(draft: dict[str, Any] | None, draft_wall_ms: float, verify: dict[str, Any],
-                verify_wall_ms: float) -> RoundEvent:
-    """One split round from the drafter's `propose` reply (None for greedy AR) and the
-    verifier's `verify` reply, with the ingress-side wall time of each call."""
+def split_round(draft: dict[str, Any] | None, draft_transport_ms: float, verify: dict[str, Any],
+                verify_transport_ms: float, batch_size: int = 1) -> RoundEvent:
+    """One split round from the drafter's `propose_batch` reply (None for greedy AR) and the
+    verifier's `verify_batch` reply, with the request's share of each call's transport (the
+    call's ingress-side wall time minus its handler time, over the items it carried)."""
     d = draft or {"draft_ms": 0.0, "sync_ms": 0.0, "handler_ms": 0.0, "resumed": False}
     handler_ms = d["handler_ms"] + verify["handler_ms"]
     compute_ms = d["draft_ms"] + d["sync_ms"] + verify["verify_ms"] + verify["sync_ms"]
@@ -131,7 +138,8 @@ def split_round(draft: dict[str, Any] | None, draft_wall_ms: float, verify: dict
         tokens=verify["tokens"], proposed=verify["proposed"], accepted=verify["accepted"],
         draft_ms=d["draft_ms"], verify_ms=verify["verify_ms"],
         sync_ms=d["sync_ms"] + verify["sync_ms"], other_ms=max(handler_ms - compute_ms, 0.0),
-        transport_ms=max(draft_wall_ms + verify_wall_ms - handler_ms, 0.0),
+        transport_ms=draft_transport_ms + verify_transport_ms,
         resumes=int(d["resumed"]) + int(verify["resumed"]), done=verify["done"],
         finish_reason=verify["finish_reason"], feature_bytes=feature_bytes(verify["features"]),
+        batch_size=batch_size,
     )

@@ -127,7 +127,9 @@ class SpecStats(BaseModel):
     the replica-side time). `tokens_per_round` = tokens emitted by the rounds / rounds;
     `resumes` = times a replica rebuilt this request's state from its committed tokens;
     `feature_bytes` = verifier features sent to a split drafter (the block-diffusion head reads
-    them instead of running the verifier; prefill included), 0 for other methods and colocated.
+    them instead of running the verifier; prefill included), 0 for other methods and colocated;
+    `mean_batch_size` = requests per batched step (colocated) or verify call (split) over its
+    rounds; `transport_ms` of a batched call is this request's share (the call's / its items).
     """
 
     method: str
@@ -144,6 +146,7 @@ class SpecStats(BaseModel):
     transport_ms: float = 0.0
     resumes: int = 0
     feature_bytes: int = 0
+    mean_batch_size: float = 0.0
 
 
 class Usage(BaseModel):

@@ -2,8 +2,8 @@
 
 The ingress owns the truth: it sends the committed tokens with every call. A replica reuses its
 state only when that state is consistent with them and otherwise rebuilds it from the committed
-tokens (`resume`, one verifier forward), so a lost, evicted or stale state costs a re-prefill
-but never changes the output.
+tokens (`resume_many`: one verifier forward, batched over the requests being rebuilt), so a
+lost, evicted or stale state costs a re-prefill but never changes the output.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ class Session:
     proposed_at: int = -1
 
 
-def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
-           max_new_tokens: int) -> DecodeState:
-    """A state whose committed tokens are exactly `committed` (prompt + generated so far).
+def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
+                prompt_lens: Sequence[int], max_new_tokens: Sequence[int]) -> list[DecodeState]:
+    """States whose committed tokens are exactly `committed` (prompt + generated so far), one per
+    request, with one batched prefill.
 
     Adapter over the engine's `prefill` (which would commit its own next token): prefill over
     `committed[:-1]`, put the ingress's last token in place of the one prefill chose, and restore
@@ -35,17 +36,19 @@ def resume(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: in
     `committed[:-1]` and `hidden` the states that predicted `committed[1:]`, the engine's
     between-rounds invariant; `start` set the drafter's state up for it.
     """
-    if not 0 < prompt_len < len(committed):
-        raise ValueError(
-            f"resume needs the prompt plus at least one generated token: prompt_len={prompt_len}, "
-            f"{len(committed)} committed tokens"
-        )
-    state = decoder.start(committed[:-1], max_new_tokens=1)
-    state.tokens[-1] = committed[-1]
-    state.prompt_len = prompt_len
-    state.max_new_tokens = max_new_tokens
-    state.done = committed[-1] in state.eos_ids or state.remaining <= 0
-    return state
+    for c, n in zip(committed, prompt_lens):
+        if not 0 < n < len(c):
+            raise ValueError(
+                f"resume needs the prompt plus at least one generated token: prompt_len={n}, "
+                f"{len(c)} committed tokens"
+            )
+    states = decoder.start_many([c[:-1] for c in committed], 1)
+    for state, c, n, budget in zip(states, committed, prompt_lens, max_new_tokens):
+        state.tokens[-1] = c[-1]
+        state.prompt_len = n
+        state.max_new_tokens = budget
+        state.done = c[-1] in state.eos_ids or state.remaining <= 0
+    return states
 
 
 def from_features(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,

@@ -4,6 +4,7 @@ the split rounds, retries after a lost replica and the clear error are checked i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ class FakeHandle:
             def remote(self, *args: Any) -> Any:
                 handle.calls += 1
                 if method == "rounds":
-                    return _stream(handle, handle.replica.rounds(*args), dying)
+                    return _stream(handle, handle.replica.arounds(*args), dying)
                 if method == "release":  # fire and forget: nobody awaits it
                     return handle.replica.release(*args)
                 if dying and handle.calls >= 3:
@@ -61,10 +62,13 @@ async def _raise(exc: Exception) -> Any:
 
 
 async def _stream(handle: FakeHandle, events: Any, dying: bool) -> Any:
-    for i, event in enumerate(events):
-        if dying and i == 3:
-            raise handle.die()
-        yield event.to_dict()
+    i = 0
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if dying and i == 3:
+                raise handle.die()
+            i += 1
+            yield event.to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +83,8 @@ def setup(tiny_cfg):
     return models, prompt, expected
 
 
-def _spec(prompt: list[int], method: str) -> GenerationSpec:
-    return GenerationSpec(request_id="r1", kind="chat", model="m", method=method,
+def _spec(prompt: list[int], method: str, request_id: str = "r1") -> GenerationSpec:
+    return GenerationSpec(request_id=request_id, kind="chat", model="m", method=method,
                           prompt_ids=prompt, max_new_tokens=MAX_NEW, stream=False,
                           include_usage=False)
 
@@ -96,7 +100,7 @@ def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
 @pytest.mark.parametrize("method", ["peft-bd", "fastmtp", "peft-bd-head"])
 def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
     models, prompt, expected = setup
-    drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose", deaths=1)
+    drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose_batch", deaths=1)
     backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
     tokens, resumes = _collect(backend, _spec(prompt, method))
     assert tokens == expected and resumes == 1 and drafter.deaths == 0
@@ -129,7 +133,7 @@ def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):
 
 def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
     models, prompt, _ = setup
-    verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify", deaths=99)
+    verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify_batch", deaths=99)
     backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
     with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
         _collect(backend, _spec(prompt, "peft-bd"))
@@ -151,3 +155,53 @@ def test_closing_split_rounds_early_releases_both_sessions(tiny_cfg, setup):
 
     asyncio.run(two_rounds())
     assert len(drafter.sessions) == len(verifier.sessions) == 0
+
+
+def _concurrent(backend: Any, specs: list[GenerationSpec]) -> list[list]:
+    async def one(spec):
+        return [e async for e in backend.rounds(spec)]
+
+    async def run():
+        return await asyncio.gather(*(one(s) for s in specs))
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("method", ["ar", "peft-bd", "fastmtp", "peft-bd-head"])
+def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, setup, method):
+    """8 concurrent requests: the ingress gathers their rounds into batched Drafter / Verifier
+    calls (fewer calls than requests x rounds), each request's transport is its share, and every
+    output is exactly the engine's."""
+    models, prompt, expected = setup
+    drafter, verifier = ReplicaDecoder(models, 16), ReplicaDecoder(models, 16)
+    dh, vh = FakeHandle(drafter), FakeHandle(verifier)
+    backend = SplitBackend(dh, vh, tiny_cfg.serving)
+    results = _concurrent(backend, [_spec(prompt, method, f"r{i}") for i in range(8)])
+    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    assert sum(e.resumes for r in results for e in r) == 0
+    assert max(verifier.batch_sizes) > 1 and max(e.batch_size for r in results for e in r) > 1
+    rounds = sum(len(r) - 1 for r in results)
+    assert sum(verifier.batch_sizes.values()) < rounds  # prefill + verify calls, batched
+    if method != "ar":
+        assert max(drafter.batch_sizes) > 1
+    assert len(drafter.sessions) == len(verifier.sessions) == 0
+
+
+@pytest.mark.parametrize("method", ["peft-bd", "peft-bd-head"])
+def test_a_drafter_killed_under_concurrent_load_leaves_every_answer_exact(tiny_cfg, setup, method):
+    models, prompt, expected = setup
+    drafter = FakeHandle(ReplicaDecoder(models, 16), dies_on="propose_batch", deaths=1)
+    backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 16)), tiny_cfg.serving)
+    results = _concurrent(backend, [_spec(prompt, method, f"r{i}") for i in range(6)])
+    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    assert sum(e.resumes for r in results for e in r) >= 1 and drafter.deaths == 0
+
+
+def test_an_engine_killed_under_concurrent_load_leaves_every_answer_exact(tiny_cfg, setup):
+    models, prompt, expected = setup
+    replica = ReplicaDecoder(models, 16)
+    engine = FakeHandle(replica, dies_on="rounds", deaths=1)
+    results = _concurrent(ColocatedBackend(engine, tiny_cfg.serving),
+                          [_spec(prompt, "fastmtp", f"r{i}") for i in range(6)])
+    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    assert sum(e.resumes for r in results for e in r) >= 1 and max(replica.batch_sizes) > 1

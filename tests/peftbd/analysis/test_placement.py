@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from peftbd.analysis.placement import RequestRecord, markdown, outputs_identical, summarize
+from peftbd.analysis.placement import (
+    RequestRecord,
+    concurrency_summary,
+    markdown,
+    one_at_a_time,
+    outputs_identical,
+    summarize,
+)
 
 
 def _record(placement: str, method: str, prompt: int, text: str = "t") -> RequestRecord:
@@ -41,3 +48,26 @@ def test_head_rows_report_the_feature_bytes_per_token():
     assert summary["split"]["fastmtp"]["feature_bytes_per_token"] == 0  # no key: none sent
     table = markdown(summary, {}, [])
     assert "| split | peft-bd-head |" in table and "feature bytes/token" in table
+
+
+def test_concurrency_rows_use_the_runs_wall_time_and_latency_quantiles():
+    """4 requests one at a time over 0.4 s vs 4 at once over 0.1 s: 4x tokens/s; transport per
+    token from the requests' shares; p50 / p95 of the client latencies."""
+    records = []
+    for conc, starts in ((1, [0.0, 0.1, 0.2, 0.3]), (4, [0.0] * 4)):
+        for i, t in enumerate(starts):
+            r = _record("colocated", "ar", i)
+            r.concurrency, r.start_s, r.end_s, r.wall_ms = conc, t, t + 0.1, 100.0 + i
+            r.spec = {**r.spec, "mean_batch_size": float(conc)}
+            records.append(r)
+    rows = concurrency_summary(records)
+    assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 4), (4, 4)]
+    low, high = rows
+    assert low["tokens_per_s"] == pytest.approx(28 / 0.4) and high["speedup"] == pytest.approx(4)
+    assert high["requests_per_s"] == pytest.approx(40)
+    assert high["transport_ms_per_token"] == pytest.approx(80 / 28, abs=1e-4)
+    assert high["p50_ms"] == 101.5 and high["p95_ms"] == pytest.approx(102.85, abs=0.06)
+    assert high["mean_batch"] == 4
+    assert one_at_a_time(records) == records[:4]
+    table = markdown(summarize(one_at_a_time(records)), {}, [], rows)
+    assert "## Client concurrency" in table and "| colocated | ar | 4 |" in table

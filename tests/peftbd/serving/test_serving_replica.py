@@ -11,6 +11,7 @@ import torch
 
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
+from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RequestStats, prefill_event, split_round
 from peftbd.serving.schemas import METHODS
@@ -68,7 +69,7 @@ def _split(models, prompt, method, lose_at: int | None = None,
     proposal, `events` every step; `oracle` (the expected tokens) is verified in place of the
     drafts (so they are accepted); `on_round(n, drafter)` runs before round n."""
     drafter, verifier = drafter or ReplicaDecoder(models, 4), verifier or ReplicaDecoder(models, 4)
-    reply = verifier.prefill("s", prompt, MAX_NEW, method)
+    reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, method)])[0]
     event = prefill_event(reply, 5.0)
     committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
     steps = [event]
@@ -79,15 +80,16 @@ def _split(models, prompt, method, lose_at: int | None = None,
             on_round(n, drafter)
         proposal = None
         if method != "ar":
-            proposal = drafter.propose("s", committed, len(prompt), MAX_NEW, method,
-                                       reply["features"])
+            proposal = drafter.propose_batch([ProposeItem(
+                "s", committed, len(prompt), MAX_NEW, method, reply["features"])])[0]
             if drafts is not None:
                 drafts.append(proposal["draft"])
         draft = proposal["draft"] if proposal else []
         if oracle is not None:
             done_n = len(committed) - len(prompt)
             draft = oracle[done_n:done_n + len(draft)]
-        reply = verifier.verify("s", committed, len(prompt), MAX_NEW, draft, method)
+        reply = verifier.verify_batch([VerifyItem("s", committed, len(prompt), MAX_NEW, draft,
+                                                  method)])[0]
         event = split_round(proposal, 5.0, reply, 5.0)
         steps.append(event)
         committed += event.tokens
@@ -116,9 +118,10 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
     replica, truncated = ReplicaDecoder(models, 4), []
     tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
     assert tokens == reference
-    cache = replica.sessions.get("s").state.cache  # the drafter replica synced 1 of 2 layers:
-    (first, _), (second, _) = cache.committed()  # the last synced position is in layer 0 only
-    assert first[0, :, -1].any() and not second[0, :, -1].any()
+    # the drafter replica synced 1 of 2 layers: past the prompt (its first prefill wrote every
+    # layer) only layer 0 holds keys
+    (k0, _), (k1, _) = replica.sessions.get("s").state.cache.committed()
+    assert k0[..., len(prompt):, :].abs().sum() > 0 and k1[..., len(prompt):, :].abs().sum() == 0
 
     monkeypatch.setattr(models.decoder("peft-bd").drafter, "kv_layers", None)  # sync every layer
     full = []
@@ -250,11 +253,12 @@ def test_split_head_resumes_exactly_after_a_lost_or_stale_drafter_session(models
 
 def test_features_of_another_head_are_a_clear_error(models, prompt):
     verifier = ReplicaDecoder(models, 4)
-    reply = verifier.prefill("s", prompt, MAX_NEW, HEAD)
+    reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, HEAD)])[0]
     block = dataclasses.replace(reply["features"], layers=(0,))
     committed = list(prompt) + reply["tokens"]
     with pytest.raises(ValueError, match="same head_dir"):
-        ReplicaDecoder(models, 4).propose("s", committed, len(prompt), MAX_NEW, HEAD, block)
+        ReplicaDecoder(models, 4).propose_batch(
+            [ProposeItem("s", committed, len(prompt), MAX_NEW, HEAD, block)])
 
 
 def test_feature_block_round_trips_in_its_dtype():
