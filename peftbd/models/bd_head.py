@@ -44,6 +44,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from peftbd.config import HeadConfig
+from peftbd.models.flat import flat
 
 WEIGHTS_FILE = "bd_head.safetensors"
 CONFIG_FILE = "bd_head.json"
@@ -205,7 +206,7 @@ class BDHead(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of `hidden` (..., d) through the verifier's LM head (training)."""
-        return self._shared[1](hidden)
+        return flat(self._shared[1], hidden)
 
     def draft_tokens(self, hidden: torch.Tensor, vocab: DraftVocabulary | None = None) -> torch.Tensor:
         """Long (...,): the greedy draft tokens of `hidden` over the whole vocabulary, or over
@@ -214,7 +215,7 @@ class BDHead(nn.Module):
             logits = self.logits(hidden).float()
             logits[..., self.shape.mask_id] = -torch.inf
             return logits.argmax(-1)
-        logits = nn.functional.linear(hidden, vocab.rows).float()
+        logits = flat(lambda h: nn.functional.linear(h, vocab.rows), hidden).float()
         logits[..., vocab.is_mask] = -torch.inf
         return vocab.ids[logits.argmax(-1)]
 

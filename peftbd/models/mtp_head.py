@@ -32,6 +32,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
+from peftbd.models.flat import flat
+
 WEIGHTS_FILE = "mtp_head.safetensors"
 CONFIG_FILE = "mtp_head.json"
 FORMAT = "peftbd-mtp-head-v1"
@@ -122,7 +124,7 @@ class MTPHead(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The verifier's final norm and LM head over step outputs `hidden` (..., d)."""
         _, final_norm, lm_head = self._shared
-        return lm_head(final_norm(hidden))
+        return flat(lm_head, final_norm(hidden))
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the head's own weights (safetensors) and the verifier shape it needs (json)."""

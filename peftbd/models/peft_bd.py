@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from peftbd.config import DrafterConfig
 from peftbd.models.early_exit import early_exit_layers
+from peftbd.models.flat import flat
 from peftbd.models.lean_lora import forget
 
 _TOGGLES = "_peftbd_adapter_toggles"
@@ -212,7 +213,7 @@ def draft_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     per-forward copy of the whole output matrix."""
     head = model.get_output_embeddings()
     layer = getattr(head, "token_adapter", None)
-    return (head if layer is None else layer.base_layer)(hidden)
+    return flat(head if layer is None else layer.base_layer, hidden)
 
 
 def adapted_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
