@@ -195,7 +195,7 @@ def _engine_draft(drafter, state, mask_id):
         proposal = PeftBDDrafter(drafter, mask_id, D).propose([state], [D])[0]
     finally:
         hook.remove()
-    return captured[0][0].float(), proposal[0].tolist()  # (D, vocab): the one draft forward
+    return captured[0].reshape(D, -1).float(), proposal[0].tolist()  # (D, vocab): the one draft forward
 
 
 def _assert_same_draft(train_logits, engine_logits, proposal, mask_id):
