@@ -3,6 +3,7 @@ drafter, at several batch sizes, rows of different lengths and budgets joining l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -57,6 +58,8 @@ def drafters(tiny_cfg, tokenizer, verifier, rows, eos):
 
     torch.manual_seed(0)
     model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    early = attach_drafter_adapter(load_verifier(tiny_cfg), dataclasses.replace(
+        tiny_cfg.drafter, draft_layers=1), tokenizer.mask_token_id)  # drafts through layer 0 only
     mask = tokenizer.mask_token_id
     head = BDHead(model, HeadShape.of(tiny_cfg.head, model.config, mask))
     ar = SpeculativeDecoder(verifier, None, eos, 64)
@@ -67,6 +70,7 @@ def drafters(tiny_cfg, tokenizer, verifier, rows, eos):
         "peftbd": PeftBDDrafter(model, mask, 8),
         "peftbd_2step": PeftBDDrafter(model, mask, 8, denoise_steps=2),
         "peftbd_anchored": PeftBDDrafter(model, mask, 8, anchored=True),
+        "peftbd_early_exit": PeftBDDrafter(early, mask, 8),
         "fastmtp": MTPDrafter(MTPHead(model), model, num_steps=3),
         "peftbd_head": BDHeadDrafter(head, model, 8),
         "peftbd_head_vocab": BDHeadDrafter(head, model, 8, vocab_ids=torch.arange(3, 400)),
@@ -74,10 +78,11 @@ def drafters(tiny_cfg, tokenizer, verifier, rows, eos):
 
 
 @pytest.mark.parametrize("name", ["ar", "perturbed", "peftbd", "peftbd_2step", "peftbd_anchored",
-                                  "fastmtp", "peftbd_head", "peftbd_head_vocab"])
+                                  "peftbd_early_exit", "fastmtp", "peftbd_head", "peftbd_head_vocab"])
 def test_every_row_decodes_its_own_batch_1_output(drafters, rows, eos, name):
     model, by_name = drafters
-    dec = SpeculativeDecoder(model, by_name[name], eos)
+    drafter = by_name[name]
+    dec = SpeculativeDecoder(getattr(drafter, "model", model), drafter, eos)
     single = [dec.decode(p, n) for p, n in zip(rows, BUDGETS)]
     for batch_size in (2, 4, 6):
         batched = dec.decode_many(rows, batch_size, BUDGETS)
