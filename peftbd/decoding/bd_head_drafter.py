@@ -7,8 +7,9 @@ cache. Each round first injects the context KV of the positions the last verify 
 cached, from their features in `state.features`; then one forward over the chunk
 `[last committed token, D masks]` (the token's input fused with the last cached position's
 context) proposes D tokens, and the chunk's KV is dropped. A batch of requests drafts in one
-forward, the rows' head caches packed (`peftbd.decoding.rows`). The drafter never reads the verifier's KV (`kv_layers = 0`): a split drafter replica needs only the
-committed tokens and the new positions' features.
+forward, the rows' head caches packed (`peftbd.decoding.ragged`). The drafter never reads the
+verifier's KV (`kv_layers = 0`): a split drafter replica needs only the committed tokens and the
+new positions' features.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A drafter is shared by all requests (it holds models, never per-request data); w
 per request lives in `state.drafter_state`. `propose` drafts for a batch of requests at once (one
 is the batch-1 engine): it may read each state's `tokens`, `cache` (the verifier's KV of
 `tokens[:-1]`), `hidden` and `features`, packs the rows it runs with
-`peftbd.decoding.rows.PackedRows`, and must leave each `state.cache` exactly as it found it. Time
+`peftbd.decoding.ragged.pack`, and must leave each `state.cache` exactly as it found it. Time
 each of its (batched) forwards with `peftbd.decoding.state.timed(states, "draft")`.
 New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement these two methods
 and join the loop unchanged.

@@ -7,7 +7,7 @@ last verify committed (the verifier's hidden states of those positions are in `s
 the last of them is step 1, whose logits give draft token 1. Steps 2..num_steps feed the head
 its own output hidden state and previous draft token; their entries are dropped afterwards, so the
 head cache only ever holds committed positions (no recomputation over a window). A batch of
-requests runs each step as one forward, the rows' head caches packed (`peftbd.decoding.rows`).
+requests runs each step as one forward, the rows' head caches packed (`peftbd.decoding.ragged`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The chunk layout, positions and attention pattern are `peftbd.models.peft_bd`'s (shared with
 training). A batch of requests drafts in one forward per denoising step, the rows' verifier
-caches packed (`peftbd.decoding.rows`); the draft's KV is dropped after every forward. An early-exit
+caches packed (`peftbd.decoding.ragged`); the draft's KV is dropped after every forward. An early-exit
 adapter (`peftbd.models.early_exit`) drafts through its first k layers only.
 
 Unmasking rule for `denoise_steps = S > 1` (MaskGIT-style, linear schedule): after step s the

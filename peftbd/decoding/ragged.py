@@ -46,10 +46,6 @@ class RaggedKV:
     def size(self) -> int:
         return len(self.lengths)
 
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return self.keys[0].dtype if self.keys else None
-
     # what attention calls -------------------------------------------------------------------
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,

@@ -50,7 +50,7 @@ class RoundMetrics:
 class DecodeState:
     """One request. Invariant between rounds: `cache` holds the verifier's (adapter-off) KV of
     `tokens[:-1]`; the last committed token (the bonus) is not in it yet. The engine steps any
-    number of states at once (`peftbd.decoding.rows` packs them); each keeps its own cache.
+    number of states at once (`peftbd.decoding.ragged.pack` packs them); each keeps its own cache.
 
     `hidden` holds the verifier's final hidden states (1, n, d) of the positions that predicted
     the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
