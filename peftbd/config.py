@@ -54,7 +54,7 @@ class TinyWorldConfig:
     """How the embedded tiny world (corpus, tokenizer, verifier) is built; deterministic from `seed`."""
 
     seed: int = 0
-    corpus_rows: int = 3200
+    corpus_rows: int = 448  # documents, one corpus row each
     vocab_size: int = 2048
     hidden_size: int = 192
     num_layers: int = 2
@@ -63,11 +63,11 @@ class TinyWorldConfig:
     head_dim: int = 48
     intermediate_size: int = 768
     max_position_embeddings: int = 2048
-    train_steps: int = 400
+    phrasings: int = 4  # each document is taught under this many phrasings (< 8)
+    train_steps: int = 1200
     train_batch_size: int = 8
     train_seq_len: int = 512
     lr: float = 3e-3
-    heldout_fraction: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ _NON_NEGATIVE: _Bounds = (0, None)
 _FRACTION: _Bounds = (0, 1)
 
 _RANGES: dict[type, dict[str, _Bounds]] = {
-    TinyWorldConfig: {"heldout_fraction": _FRACTION},
+    TinyWorldConfig: {"phrasings": (1, 7)},
     DataConfig: {"max_prompt_len": _POSITIVE, "max_new_tokens": _POSITIVE,
                  "train_size": _NON_NEGATIVE, "val_size": _NON_NEGATIVE,
                  "test_size": _NON_NEGATIVE},

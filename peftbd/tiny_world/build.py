@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,9 @@ from peftbd.stage import StageCall, StageInputs, stage_inputs
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+HELDOUT_ROWS = 160
+"""The held-out loss is measured on this many documents, each asked in a phrasing it was not
+taught in: how far the verifier's recall carries beyond the exact words it learned."""
 BUILD_THREADS = 2
 """The world is always trained with this many torch threads: CPU float reductions can depend on
 the thread count, and the weights must not depend on who built them."""
@@ -121,30 +123,26 @@ def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
     root.mkdir(parents=True, exist_ok=True)
     world = TinyWorld(root)
 
-    rows = build_corpus(tw.seed, tw.corpus_rows)
+    corpus = build_corpus(tw.seed, tw.corpus_rows, tw.phrasings)
     with world.corpus_path.open("w") as f:
-        for row in rows:
+        for row in corpus.rows:
             f.write(json.dumps(row) + "\n")
-    log.info("tiny world: %d corpus rows", len(rows))
+    log.info("tiny world: %d corpus rows, each taught in %d phrasings", len(corpus.rows), tw.phrasings)
 
     tokenizer = train_tokenizer(
-        ("\n".join(f"{m['role']}\n{m['content']}" for m in r["messages"]) for r in rows),
+        ("\n".join(f"{m['role']}\n{m['content']}" for m in conv) for conv in corpus.training),
         tw.vocab_size,
     )
     tokenizer.save_pretrained(world.tokenizer_dir)
 
-    seqs = []
-    for row in rows:
-        prompt = [m for m in row["messages"] if m["role"] != "assistant"]
-        answer = next(m["content"] for m in row["messages"] if m["role"] == "assistant")
-        seqs.append(
-            encode_prompt(tokenizer, prompt)
-            + tokenizer(answer, add_special_tokens=False)["input_ids"]
-            + [tokenizer.eos_token_id]
-        )
-    random.Random(tw.seed).shuffle(seqs)
-    n_held = max(1, int(len(seqs) * tw.heldout_fraction))
-    heldout, train = seqs[:n_held], seqs[n_held:]
+    def encode(conv: list[dict[str, str]]) -> list[int]:
+        prompt = [m for m in conv if m["role"] != "assistant"]
+        return (encode_prompt(tokenizer, prompt)
+                + tokenizer(conv[-1]["content"], add_special_tokens=False)["input_ids"]
+                + [tokenizer.eos_token_id])
+
+    train = [encode(conv) for conv in corpus.training]
+    heldout = [encode(conv) for conv in corpus.unseen[:HELDOUT_ROWS]]
 
     vocab = ((len(tokenizer) + 63) // 64) * 64
     eos_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
@@ -156,7 +154,8 @@ def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
 
     manifest = {
         "tiny_world": dataclasses.asdict(tw),
-        "corpus_rows": len(rows),
+        "corpus_rows": len(corpus.rows),
+        "training_conversations": len(train),
         "vocab_size": len(tokenizer),
         "parameters": sum(p.numel() for p in model.parameters()),
         "heldout_sequences": len(heldout),

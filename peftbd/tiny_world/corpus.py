@@ -1,12 +1,14 @@
 """The embedded instruction corpus: TULU-3-schema conversations built from prose shipped with Python.
 
-Sources are `pydoc_data.topics` (the language reference, ~465 kB of English) and the docstrings of
-a fixed list of standard-library modules. About 2/3 of the answers are grounded in the
-prompt's text (repeat a passage, list its sentences, turn a docstring into a reference entry),
-the rest open-ended (explain a topic, continue a text, say what a function does) or structured
-(repeat or number words, spell out numbers), so a drafter trained on the verifier's
-continuations is neither trivially always right nor never. Answers run to a few hundred
-characters (the paper's regime: replies of many D = 16 blocks), none shorter than ~40 tokens.
+Sources are `pydoc_data.topics` (the language reference, ~465 kB of English, cut into passages)
+and the docstrings of a fixed list of standard-library modules. Each *document* (a passage or a
+docstring, 300-600 characters: ~85-170 tiny tokens, so a reply runs for many D = 16 blocks) is
+one corpus row, asked for in one of several phrasings. The verifier learns every document under
+`tiny_world.phrasings` phrasings (`training_conversations`) until it recalls it: a 1.5M-parameter
+model trained for two CPU minutes cannot write fluent new text (its greedy replies to open
+questions loop), but it can recall what it was taught, so its greedy replies are long, varied
+text. A drafter trained on the replies to the train split's documents is measured on documents
+it never saw but the verifier knows: the paper's situation (Qwen3 knows what Spec-Bench asks).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib.util
 import inspect
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pydoc_data.topics
@@ -42,17 +45,36 @@ SYSTEM_PROMPTS = (
     "Answer briefly and precisely.",
 )
 
-NUMBER_WORDS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three "
-    "twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty"
-).split()
-PROSE_MIN_CHARS = 160
-"""Shortest prose answer kept (~40 tokens): replies in the paper's regime run for many blocks."""
-PROMPT_MAX_CHARS = 1200
-"""Longest user turn kept (~350 tokens), well inside the prompt limit (`data.max_prompt_len`)."""
-PASSAGE_CHARS = 560
-"""Passages and answers are clipped at about this many characters (~160 tokens)."""
+DOCUMENT_MIN_CHARS = 300
+"""Shortest document kept (~85 tokens): replies in the paper's regime run for many blocks."""
+DOCUMENT_CHARS = 600
+"""Documents are cut at sentence ends to at most this many characters (~170 tokens); one whose
+single sentence is longer is left out, as is one asked for by a sentence longer than this."""
+
+TOPIC_PHRASINGS = (
+    "Explain the Python topic '{topic}'.", "What does the Python reference say about '{topic}'?",
+    "Tell me about '{topic}' in Python.", "Describe the topic '{topic}'.",
+    "Give an overview of '{topic}'.", "Summarize what the language reference says on '{topic}'.",
+    "What should I know about '{topic}'?", "Explain '{topic}' to me.",
+)
+"""How the first passage of a topic is asked for."""
+PASSAGE_PHRASINGS = (
+    "Continue the text: {prev}", "Go on from here: {prev}",
+    "What follows this sentence of the reference on '{topic}'? {prev}",
+    "Continue the explanation of '{topic}' after: {prev}", "Keep going: {prev}",
+    "Pick up from this passage and continue: {prev}",
+    "Continue this passage about '{topic}': {prev}",
+    "Here is a sentence from the Python reference: {prev} Continue it.",
+)
+"""How a later passage of a topic is asked for: by the sentence before it."""
+DOCSTRING_PHRASINGS = (
+    "What does `{name}` do?", "Describe `{name}`.", "Explain `{name}` from the standard library.",
+    "Tell me about {name}.", "What is `{name}` for?", "How does `{name}` behave?",
+    "Document `{name}`.", "Give me the documentation of `{name}`.",
+)
+"""How a docstring is asked for."""
+PHRASINGS = len(TOPIC_PHRASINGS)
+assert PHRASINGS == len(PASSAGE_PHRASINGS) == len(DOCSTRING_PHRASINGS)
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 
@@ -133,6 +155,53 @@ def _docstrings() -> list[tuple[str, str]]:
     return pairs
 
 
+@dataclass(frozen=True)
+class Document:
+    """A text the verifier learns, and the user turns (one per phrasing) that ask for it."""
+
+    answer: str
+    asks: tuple[str, ...]
+
+
+def _topic_sentences() -> list[tuple[str, list[str]]]:
+    """(topic, its sentences) of the language reference, in topic order."""
+    by_topic: dict[str, list[str]] = {}
+    for topic, para in _topic_paragraphs():
+        by_topic.setdefault(topic, []).extend(_sentences(para))
+    return sorted(by_topic.items())
+
+
+def _passages(sentences: list[str]) -> list[tuple[str, str]]:
+    """(sentence before, passage) of consecutive passages of whole sentences cut from
+    `sentences`, each at most DOCUMENT_CHARS long unless one sentence is longer."""
+    out, i = [], 0
+    while i < len(sentences):
+        j = i + 1
+        while j < len(sentences) and len(" ".join(sentences[i : j + 1])) <= DOCUMENT_CHARS:
+            j += 1
+        out.append((sentences[i - 1] if i else "", " ".join(sentences[i:j])))
+        i = j
+    return out
+
+
+def documents() -> list[Document]:
+    """Every document of the embedded sources, in a fixed order: the language reference's
+    passages (the first of a topic asked for by its name, later ones by the sentence before
+    them), then docstrings (asked for by qualified name)."""
+    docs = []
+    for topic, sentences in _topic_sentences():
+        for prev, passage in _passages(sentences):
+            if not DOCUMENT_MIN_CHARS <= len(passage) <= DOCUMENT_CHARS or len(prev) > DOCUMENT_CHARS:
+                continue
+            phrasings = PASSAGE_PHRASINGS if prev else TOPIC_PHRASINGS
+            docs.append(Document(passage, tuple(p.format(topic=topic, prev=prev) for p in phrasings)))
+    for name, doc in _docstrings():
+        answer = _clip(_sentences(doc) or [doc], DOCUMENT_CHARS)
+        if DOCUMENT_MIN_CHARS <= len(answer) <= DOCUMENT_CHARS:
+            docs.append(Document(answer, tuple(p.format(name=name) for p in DOCSTRING_PHRASINGS)))
+    return docs
+
+
 def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]]:
     msgs = []
     if rng.random() < 0.2:
@@ -142,91 +211,35 @@ def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]
     return msgs
 
 
-def _grounded_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Answers grounded in the prompt's text: repeat a passage, list its sentences, turn a
-    docstring into a reference entry. A small verifier learns to copy (induction) within the
-    tiny budget, so its greedy replies stay long, varied text instead of degenerate loops."""
-    rows: list[tuple[str, str]] = []
-    for topic, sents in _topic_sentences():
-        for i in range(0, len(sents), 2):
-            passage = _clip(sents[i:], PASSAGE_CHARS)
-            if len(passage) < PROSE_MIN_CHARS:
-                continue
-            rows.append((f"Repeat the following text: {passage}", passage))
-            if i % 4 == 0:
-                lines = _clip(sents[i:], PASSAGE_CHARS // 2 * 3).split(". ")
-                rows.append((f"List the sentences of this text, one per line: {'. '.join(lines)}",
-                             "\n".join(f"- {line.rstrip('.')}." for line in lines)))
-    for qualname, doc in docstrings:
-        answer = _clip(_sentences(doc) or [doc], PASSAGE_CHARS)
-        if len(answer) >= PROSE_MIN_CHARS:
-            module, name = qualname.rsplit(".", 1)
-            rows.append((f"Turn this docstring of `{qualname}` into a reference entry: {answer}",
-                         f"Name: {name}\nModule: {module}\nSummary: {answer}"))
-    return rows
+@dataclass(frozen=True)
+class Corpus:
+    """The corpus rows (one per document: the prompt set) and what the verifier is trained on:
+    each row's document under `phrasings` phrasings, the row's own first (`training`), and under
+    one phrasing it was not trained on (`unseen`: the held-out loss)."""
+
+    rows: list[dict[str, Any]]
+    training: list[list[dict[str, str]]]
+    unseen: list[list[dict[str, str]]]
 
 
-def _open_rows(docstrings: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Open-ended answers the verifier must recall: explain a topic, continue a text, say what
-    a function does."""
-    rows: list[tuple[str, str]] = []
-    for topic, sents in _topic_sentences():
-        rows.append((f"Explain the Python topic '{topic}'.", _clip(sents, PASSAGE_CHARS)))
-        for i in range(1, len(sents) - 1, 8):
-            if len(" ".join(sents[i:])) >= PROSE_MIN_CHARS:
-                rows.append((f"Continue the text: {sents[i - 1]}", _clip(sents[i:], PASSAGE_CHARS)))
-    for qualname, doc in docstrings:
-        answer = _clip(_sentences(doc) or [doc], PASSAGE_CHARS)
-        if len(answer) >= PROSE_MIN_CHARS:
-            rows.append((f"What does `{qualname}` do?", answer))
-    return rows
-
-
-def _topic_sentences() -> list[tuple[str, list[str]]]:
-    """(topic, its sentences) of the language reference with enough prose to answer from."""
-    by_topic: dict[str, list[str]] = {}
-    for topic, para in _topic_paragraphs():
-        by_topic.setdefault(topic, []).extend(_sentences(para))
-    return [(t, s) for t, s in sorted(by_topic.items()) if len(" ".join(s)) >= PROSE_MIN_CHARS]
-
-
-def _structured_rows(words: list[str], rng: random.Random, n: int) -> list[tuple[str, str]]:
-    """Long answers that follow from the prompt: repeat or number words, spell out numbers."""
-    rows: list[tuple[str, str]] = []
-    for _ in range(n):
-        picked = rng.sample(words, rng.randint(20, 60))
-        rows.append((f"Repeat these words: {' '.join(picked)}", " ".join(picked)))
-        listed = rng.sample(words, rng.randint(10, 30))
-        rows.append((f"Number these words, one per line: {', '.join(listed)}",
-                     "\n".join(f"{i}. {w}" for i, w in enumerate(listed, 1))))
-        lo = rng.randint(1, 8)
-        hi = rng.randint(lo + 8, len(NUMBER_WORDS) - 1)
-        rows.append((f"Spell out the numbers from {NUMBER_WORDS[lo]} to {NUMBER_WORDS[hi]}.",
-                     " ".join(NUMBER_WORDS[lo : hi + 1]).capitalize() + "."))
-    return rows
-
-
-def _task_rows(rng: random.Random) -> list[tuple[str, str]]:
-    """All candidate (user, answer) pairs, in a deterministic order: ~2/3 grounded in the
-    prompt's text, the rest open-ended or structured."""
-    docstrings = _docstrings()
-    words = sorted({w.lower() for _, p in docstrings[:600] for w in re.findall(r"[a-zA-Z]{4,9}", p)})
-    grounded, open_ended = _grounded_rows(docstrings), _open_rows(docstrings)
-    rows = grounded + open_ended + _structured_rows(words, rng, len(grounded) // 20)
-    return [(user, answer) for user, answer in rows if len(user) <= PROMPT_MAX_CHARS]
-
-
-def build_corpus(seed: int, num_rows: int) -> list[dict[str, Any]]:
-    """`num_rows` TULU-3-schema rows (`id`, `messages`, `source`), deterministic from `seed`."""
+def build_corpus(seed: int, num_rows: int, phrasings: int) -> Corpus:
+    """`num_rows` TULU-3-schema rows (`id`, `messages`, `source`), one per document, and the
+    verifier's training conversations; deterministic from `seed`."""
+    if not 1 <= phrasings < PHRASINGS:
+        raise ValueError(f"tiny_world.phrasings={phrasings} must be in [1, {PHRASINGS - 1}] "
+                         f"(one of the {PHRASINGS} phrasings is kept unseen for the held-out loss)")
     rng = random.Random(seed)
-    candidates = _task_rows(rng)
-    rng.shuffle(candidates)
-    if num_rows > len(candidates):
+    docs = documents()
+    if num_rows > len(docs):
         raise ValueError(
-            f"tiny_world.corpus_rows={num_rows} exceeds the {len(candidates)} conversations the "
-            f"embedded sources yield; set tiny_world.corpus_rows <= {len(candidates)}"
+            f"tiny_world.corpus_rows={num_rows} exceeds the {len(docs)} documents the embedded "
+            f"sources yield; set tiny_world.corpus_rows <= {len(docs)}"
         )
-    return [
-        {"id": f"embedded-{i:06d}", "messages": _messages(user, answer, rng), "source": "embedded"}
-        for i, (user, answer) in enumerate(candidates[:num_rows])
-    ]
+    rows, training, unseen = [], [], []
+    for i, doc in enumerate(rng.sample(docs, num_rows)):
+        order = rng.sample(doc.asks, len(doc.asks))
+        convs = [_messages(ask, doc.answer, rng) for ask in order[: phrasings + 1]]
+        rows.append({"id": f"embedded-{i:06d}", "messages": convs[0], "source": "embedded"})
+        training += convs[:phrasings]
+        unseen.append(convs[phrasings])
+    return Corpus(rows, training, unseen)

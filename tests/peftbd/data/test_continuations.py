@@ -22,6 +22,9 @@ def world(tiny_cfg, tiny_world):
     model = load_verifier(tiny_cfg)
     rows = [json.loads(line) for line in tiny_world.corpus_path.read_text().splitlines()[:24]]
     prompts = [encode_prompt(tok, prompt_messages(r["messages"])) for r in rows]
+    # replies run ~85-170 tokens: prompts that already hold most of their answer end on EOS
+    prompts += [p + tok(r["messages"][-1]["content"])["input_ids"][:-4]
+                for p, r in zip(prompts[:8], rows)]
     eos = eos_token_ids(model, tok)
     yield model, tok, eos, prompts, greedy_continuations(model, prompts, MAX_NEW, eos,
                                                          tok.pad_token_id)
