@@ -202,6 +202,80 @@ def documents() -> list[Document]:
     return docs
 
 
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+         "fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(n: int) -> str:
+    """English words for 0 <= n <= 99 ("forty-two")."""
+    if n < 20:
+        return _ONES[n]
+    tens, ones = divmod(n, 10)
+    return _TENS[tens - 2] + (f"-{_ONES[ones]}" if ones else "")
+
+
+SPELL_PHRASINGS = (
+    "Spell out the numbers from {a} to {b}.", "Write the numbers {a} to {b} in words.",
+    "Count from {a} to {b} in words.", "List the numbers from {a} to {b}, spelled out.",
+    "In words, count from {a} up to {b}.", "Spell every number from {a} to {b}.",
+    "Write out, in English words, the numbers {a} through {b}.",
+    "Name the numbers from {a} to {b} in words.",
+)
+DOWN_PHRASINGS = (
+    "Count down from {b} to {a} in words.", "Spell out the numbers from {b} down to {a}.",
+    "Write the numbers {b} to {a}, counting down, in words.",
+    "In words, count backwards from {b} to {a}.", "List the numbers from {b} down to {a}, spelled out.",
+    "Spell every number from {b} down to {a}.", "Count backwards in English words from {b} to {a}.",
+    "Name the numbers from {b} down to {a} in words.",
+)
+TWOS_PHRASINGS = (
+    "Count by twos from {a} to {b} in words.", "Spell out every second number from {a} to {b}.",
+    "In words, count from {a} to {b} in steps of two.", "List every other number from {a} to {b}, spelled out.",
+    "Write the numbers from {a} to {b} in steps of 2, in words.",
+    "Skip-count by two from {a} to {b}, in words.", "Spell out {a}, {a} + 2, and so on up to {b}.",
+    "Name every second number from {a} to {b} in words.",
+)
+TABLE_PHRASINGS = (
+    "Write the multiplication table of {a} up to {a} x {b}.",
+    "Give the times table for {a}, from 1 to {b}.", "Multiply {a} by 1 to {b}, one line each.",
+    "List {a} x 1 through {a} x {b}.", "What is the {a} times table up to {b}?",
+    "Show the multiplication table of {a} to {b}.", "Recite the {a} times table up to {b}.",
+    "Write out {a} times each number from 1 to {b}.",
+)
+STRUCTURED_SHARE = 1 / 3
+"""Share of the corpus rows that are structured tasks (spell out a range of numbers, a
+multiplication table): replies a verifier computes rather than recalls, with the regular,
+locally predictable structure (lists, formulas, enumerations) that lets a drafter learn to
+draft in a small world, as formulaic text does in a large one; the rest are documents."""
+
+
+def structured_documents(rng: random.Random, n: int) -> list[Document]:
+    """`n` distinct structured tasks, cycling: spell out a range of numbers up, down, by twos,
+    and a multiplication table (words, not digit runs: counting in digits repeats its 4-grams
+    `, 2`, `0` ... and would read as a loop in the repetition measure)."""
+    docs: dict[str, Document] = {}
+    while len(docs) < n:
+        kind = len(docs) % 4
+        a = rng.randint(0, 60)
+        b = rng.randint(a + 12, min(a + 40, 99))
+        if kind == 0:
+            numbers, phrasings = range(a, b + 1), SPELL_PHRASINGS
+        elif kind == 1:
+            numbers, phrasings = range(b, a - 1, -1), DOWN_PHRASINGS
+        elif kind == 2:
+            b = a + 2 * ((min(99, a + 2 * (b - a)) - a) // 2)  # lands on b
+            numbers, phrasings = range(a, b + 1, 2), TWOS_PHRASINGS
+        if kind < 3:
+            answer = ", ".join(number_words(i) for i in numbers).capitalize() + "."
+        else:
+            a, b = rng.randint(2, 40), rng.randint(10, 15)
+            answer = "\n".join(f"{a} x {i} = {a * i}" for i in range(1, b + 1))
+            phrasings = TABLE_PHRASINGS
+        docs.setdefault(answer, Document(answer, tuple(p.format(a=a, b=b) for p in phrasings)))
+    return list(docs.values())
+
+
 def _messages(user: str, answer: str, rng: random.Random) -> list[dict[str, str]]:
     msgs = []
     if rng.random() < 0.2:
@@ -223,20 +297,25 @@ class Corpus:
 
 
 def build_corpus(seed: int, num_rows: int, phrasings: int) -> Corpus:
-    """`num_rows` TULU-3-schema rows (`id`, `messages`, `source`), one per document, and the
-    verifier's training conversations; deterministic from `seed`."""
+    """`num_rows` TULU-3-schema rows (`id`, `messages`, `source`), one per document or structured
+    task (STRUCTURED_SHARE of them), and the verifier's training conversations; deterministic
+    from `seed`."""
     if not 1 <= phrasings < PHRASINGS:
         raise ValueError(f"tiny_world.phrasings={phrasings} must be in [1, {PHRASINGS - 1}] "
                          f"(one of the {PHRASINGS} phrasings is kept unseen for the held-out loss)")
     rng = random.Random(seed)
     docs = documents()
-    if num_rows > len(docs):
+    structured = round(num_rows * STRUCTURED_SHARE)
+    if num_rows - structured > len(docs):
         raise ValueError(
-            f"tiny_world.corpus_rows={num_rows} exceeds the {len(docs)} documents the embedded "
-            f"sources yield; set tiny_world.corpus_rows <= {len(docs)}"
+            f"tiny_world.corpus_rows={num_rows} needs {num_rows - structured} documents but the "
+            f"embedded sources yield {len(docs)}; set tiny_world.corpus_rows <= "
+            f"{int(len(docs) / (1 - STRUCTURED_SHARE))}"
         )
+    picked = rng.sample(docs, num_rows - structured) + structured_documents(rng, structured)
+    rng.shuffle(picked)
     rows, training, unseen = [], [], []
-    for i, doc in enumerate(rng.sample(docs, num_rows)):
+    for i, doc in enumerate(picked):
         order = rng.sample(doc.asks, len(doc.asks))
         convs = [_messages(ask, doc.answer, rng) for ask in order[: phrasings + 1]]
         rows.append({"id": f"embedded-{i:06d}", "messages": convs[0], "source": "embedded"})

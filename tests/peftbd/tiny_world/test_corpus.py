@@ -1,0 +1,65 @@
+"""The embedded corpus: documents, structured tasks and the verifier's training conversations."""
+
+import random
+
+import pytest
+
+from peftbd.tiny_world.corpus import (
+    DOCUMENT_CHARS,
+    DOCUMENT_MIN_CHARS,
+    PHRASINGS,
+    STRUCTURED_SHARE,
+    build_corpus,
+    documents,
+    number_words,
+    structured_documents,
+)
+
+
+def test_number_words():
+    assert [number_words(n) for n in (0, 13, 20, 42, 99)] == [
+        "zero", "thirteen", "twenty", "forty-two", "ninety-nine"]
+
+
+def test_documents_have_bounded_length_and_every_phrasing():
+    docs = documents()
+    assert len(docs) > 700
+    assert all(DOCUMENT_MIN_CHARS <= len(d.answer) <= DOCUMENT_CHARS for d in docs)
+    assert all(len(set(d.asks)) == PHRASINGS for d in docs)
+
+
+def test_structured_tasks_answer_what_they_ask():
+    tasks = structured_documents(random.Random(0), 40)
+    assert len({t.answer for t in tasks}) == 40
+    for task in tasks[0::4]:  # "Spell out the numbers from A to B."
+        a, b = (int(w.rstrip(".")) for w in task.asks[0].split()[-3::2])
+        assert task.answer == ", ".join(number_words(i) for i in range(a, b + 1)).capitalize() + "."
+    for task in tasks[2::4]:  # by twos, ending on B
+        a, b = (int(w) for w in task.asks[0].split()[-5:-2:2])
+        assert task.answer.lower().rstrip(".").split(", ") == [number_words(i) for i in range(a, b + 1, 2)]
+    for task in tasks[3::4]:  # a multiplication table
+        lines = task.answer.splitlines()
+        assert all(eval(line.split("=")[0].replace("x", "*")) == int(line.split("=")[1]) for line in lines)
+
+
+def test_corpus_rows_are_documents_taught_in_their_phrasings():
+    corpus = build_corpus(0, 90, 3)
+    assert len(corpus.rows) == 90 and len(corpus.training) == 270 and len(corpus.unseen) == 90
+    assert len({r["messages"][-1]["content"] for r in corpus.rows}) == 90  # one row per document
+    for i, row in enumerate(corpus.rows):
+        taught = corpus.training[3 * i : 3 * i + 3]
+        assert taught[0] == row["messages"]  # the row's own phrasing is taught
+        assert {c[-1]["content"] for c in taught + [corpus.unseen[i]]} == {row["messages"][-1]["content"]}
+        assert corpus.unseen[i][-2]["content"] not in {c[-2]["content"] for c in taught}
+    numbers = {number_words(n) for n in range(100)}
+    structured = sum(a[0].isdigit() or a.split(",")[0].lower() in numbers
+                     for a in (r["messages"][-1]["content"] for r in corpus.rows))
+    assert structured == pytest.approx(90 * STRUCTURED_SHARE, abs=3)
+    assert build_corpus(0, 90, 3) == corpus  # deterministic
+
+
+def test_bad_sizes_name_the_key():
+    with pytest.raises(ValueError, match="tiny_world.phrasings=8"):
+        build_corpus(0, 10, PHRASINGS)
+    with pytest.raises(ValueError, match="tiny_world.corpus_rows=5000"):
+        build_corpus(0, 5000, 4)
