@@ -71,7 +71,10 @@ def test_prompts_and_continuations_equal_single_sequence_greedy(reference, tiny_
     eos = eos_token_ids(model, tok)
     corpus = {row["id"]: row for row in map(json.loads, tiny_world.corpus_path.open())}
     rows = [r for t in _rows(out).values() for r in t]
-    assert {r["finish_reason"] for r in rows} == {"eos", "length"}
+    # replies run ~75-170 tokens, so at 12 new tokens every row stops on length (the EOS path:
+    # tests/peftbd/data/test_continuations.py, prompts that hold most of their answer)
+    assert {r["finish_reason"] for r in rows} <= {"eos", "length"}
+    assert "length" in {r["finish_reason"] for r in rows}
     for r in rows:
         assert r["prompt_ids"] == encode_prompt(tok, prompt_messages(corpus[r["id"]]["messages"]))
         ids = torch.tensor([r["prompt_ids"]])
