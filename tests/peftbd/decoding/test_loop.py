@@ -95,10 +95,11 @@ def test_partial_acceptance_counts(scripted, verifier, prompts):
     assert pos["conditional"][2] == 0.0 and pos["conditional"][3:] == [None, None]  # never reached
 
 
-def test_eos_inside_an_accepted_block_stops_where_ar_stops(scripted, verifier, prompts, eos, ar_outputs):
-    pid, ids = prompts[0]
-    truth = ar_outputs[pid]
-    assert truth[-1] in eos and len(truth) < 32
+def test_eos_inside_an_accepted_block_stops_where_ar_stops(scripted, verifier, prompts, eos):
+    ids = prompts[0][1]
+    reply = decode(verifier, ids, None, 256, eos).tokens  # replies run ~75-170 tokens
+    assert reply[-1] in eos
+    ids, truth = ids + reply[:-10], reply[-10:]  # greedy resumes its own reply: 10 tokens to EOS
     junk = [5] * 16  # one block holds the whole reply and runs past its EOS
     result = decode(verifier, ids, scripted(truth + junk, block=len(truth) + 4), 32, eos)
     assert result.tokens == truth
