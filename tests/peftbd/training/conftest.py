@@ -64,7 +64,7 @@ ROUNDS_BUDGET = 20
 
 @pytest.fixture(scope="session")
 def greedy_rows(tiny_world) -> Callable[..., dict[str, list]]:
-    """`make(verifier, tokenizer, eos)`: artifact-like rows of 16 short corpus prompts whose
+    """`make(verifier, tokenizer, eos)`: artifact-like rows of 16 corpus prompts whose
     continuations are `verifier`'s greedy output (ROUNDS_BUDGET new tokens at most)."""
     import itertools
     import json
@@ -77,6 +77,13 @@ def greedy_rows(tiny_world) -> Callable[..., dict[str, list]]:
             records = [json.loads(line) for line in itertools.islice(f, 120)]
         prompts = [p for p in (encode_prompt(tokenizer, prompt_messages(r["messages"]))
                                for r in records) if len(p) <= 128][:16]
+        # replies run ~75-170 tokens: every other prompt resumes its own greedy reply 6 tokens
+        # before its EOS, so some rows end on EOS inside the budget
+        whole = SpeculativeDecoder(verifier, None, eos, 256)
+        for i in range(0, len(prompts), 2):
+            reply = whole.decode(prompts[i]).tokens
+            if reply[-1] in eos:
+                prompts[i] = prompts[i] + reply[:-6]
         greedy = SpeculativeDecoder(verifier, None, eos, ROUNDS_BUDGET)
         return {"id": [str(i) for i in range(len(prompts))], "prompt_ids": prompts,
                 "continuation_ids": [greedy.decode(p).tokens for p in prompts],
