@@ -4,7 +4,7 @@ Sources are `pydoc_data.topics` (the language reference, ~465 kB of English, cut
 and the docstrings of a fixed list of standard-library modules. Each *document* (a passage or a
 docstring, 300-600 characters: ~85-170 tiny tokens, so a reply runs for many D = 16 blocks) is
 one corpus row, asked for in one of several phrasings. The verifier learns every document under
-`tiny_world.phrasings` phrasings (`training_conversations`) until it recalls it: a 1.5M-parameter
+`tiny_world.phrasings` phrasings (`Corpus.training`) until it recalls it: a 1.5M-parameter
 model trained for two CPU minutes cannot write fluent new text (its greedy replies to open
 questions loop), but it can recall what it was taught, so its greedy replies are long, varied
 text. A drafter trained on the replies to the train split's documents is measured on documents
@@ -87,13 +87,12 @@ def _sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE_END.split(_clean(text)) if len(s) > 20]
 
 
-def _clip(sentences: list[str], max_chars: int) -> str:
-    out: list[str] = []
-    for s in sentences:
-        if out and len(" ".join(out + [s])) > max_chars:
-            break
-        out.append(s)
-    return " ".join(out)[: max_chars * 2]
+def _fitting(sentences: list[str], max_chars: int) -> int:
+    """How many leading `sentences` fit, joined, in `max_chars` (at least one)."""
+    n = 1
+    while n < len(sentences) and len(" ".join(sentences[: n + 1])) <= max_chars:
+        n += 1
+    return n
 
 
 def _topic_paragraphs() -> list[tuple[str, str]]:
@@ -176,9 +175,7 @@ def _passages(sentences: list[str]) -> list[tuple[str, str]]:
     `sentences`, each at most DOCUMENT_CHARS long unless one sentence is longer."""
     out, i = [], 0
     while i < len(sentences):
-        j = i + 1
-        while j < len(sentences) and len(" ".join(sentences[i : j + 1])) <= DOCUMENT_CHARS:
-            j += 1
+        j = i + _fitting(sentences[i:], DOCUMENT_CHARS)
         out.append((sentences[i - 1] if i else "", " ".join(sentences[i:j])))
         i = j
     return out
@@ -196,7 +193,8 @@ def documents() -> list[Document]:
             phrasings = PASSAGE_PHRASINGS if prev else TOPIC_PHRASINGS
             docs.append(Document(passage, tuple(p.format(topic=topic, prev=prev) for p in phrasings)))
     for name, doc in _docstrings():
-        answer = _clip(_sentences(doc) or [doc], DOCUMENT_CHARS)
+        sentences = _sentences(doc) or [doc]
+        answer = " ".join(sentences[: _fitting(sentences, DOCUMENT_CHARS)])
         if DOCUMENT_MIN_CHARS <= len(answer) <= DOCUMENT_CHARS:
             docs.append(Document(answer, tuple(p.format(name=name) for p in DOCSTRING_PHRASINGS)))
     return docs
@@ -259,19 +257,16 @@ def structured_documents(rng: random.Random, n: int) -> list[Document]:
         kind = len(docs) % 4
         a = rng.randint(0, 60)
         b = rng.randint(a + 12, min(a + 40, 99))
-        if kind == 0:
-            numbers, phrasings = range(a, b + 1), SPELL_PHRASINGS
-        elif kind == 1:
-            numbers, phrasings = range(b, a - 1, -1), DOWN_PHRASINGS
-        elif kind == 2:
-            b = a + 2 * ((min(99, a + 2 * (b - a)) - a) // 2)  # lands on b
-            numbers, phrasings = range(a, b + 1, 2), TWOS_PHRASINGS
-        if kind < 3:
-            answer = ", ".join(number_words(i) for i in numbers).capitalize() + "."
-        else:
+        if kind == 3:  # a table draws its own a, b (the range's draws above are unused)
             a, b = rng.randint(2, 40), rng.randint(10, 15)
             answer = "\n".join(f"{a} x {i} = {a * i}" for i in range(1, b + 1))
             phrasings = TABLE_PHRASINGS
+        else:
+            if kind == 2:
+                b = a + 2 * ((min(99, a + 2 * (b - a)) - a) // 2)  # lands on b
+            numbers = (range(a, b + 1), range(b, a - 1, -1), range(a, b + 1, 2))[kind]
+            answer = ", ".join(number_words(i) for i in numbers).capitalize() + "."
+            phrasings = (SPELL_PHRASINGS, DOWN_PHRASINGS, TWOS_PHRASINGS)[kind]
         docs.setdefault(answer, Document(answer, tuple(p.format(a=a, b=b) for p in phrasings)))
     return list(docs.values())
 
