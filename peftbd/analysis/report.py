@@ -155,10 +155,13 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "P(accept j | accepted j-1) = gamma at every j. Fitted gamma = accepted draft tokens / "
         "positions reached (the maximum-likelihood constant acceptance).",
         gamma_table(results),
-        "## Table 6: the engine's accepted prefix vs training's offline estimate",
-        "Accepted draft tokens per round, bonus excluded: the training run's estimate on its "
-        "eval rows (the engine's rounds replayed on the artifact, one step, unanchored) beside "
-        "what the engine accepted here on the test prompts.",
+        "## Table 6: the engine's accepted prefix vs the offline estimate",
+        "Accepted draft tokens per round, bonus excluded. The engine: what it accepted here. The "
+        "offline replay: the engine's rounds replayed from the drafter's forward on these "
+        "prompts + AR's outputs at this budget (they differ only by float noise unless the "
+        "engine drafts otherwise than training scores). Training's estimate: the same replay on "
+        "its val rows at data.max_new_tokens (one step, unanchored, whole vocabulary), so its "
+        "difference from the replay is how far the estimate carries to other rows and budgets.",
         tables.offline_table(results),
         f"## Table 7: cost at the paper's architecture ({cost_at_scale.LABEL})",
         cost_at_scale.describe(results),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
+from peftbd.benchmarking.replay import ReplaySums
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
 from peftbd.cost_model import draft_cost_oracle
@@ -43,8 +44,9 @@ def _forward(overall: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]
 
 
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
-              mismatches: Sequence[Any]) -> dict[str, Any]:
-    """The results.json entry of one arm (its oracle is filled in by `add_oracles`)."""
+              mismatches: Sequence[Any], replay: ReplaySums | None = None) -> dict[str, Any]:
+    """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
+    its rounds replayed offline on the same prompts (None: the arm has no replay)."""
     stats = _repeat_stats(runs)
     overall = summarize([res for run in runs for res in run])
     by_category: dict[str, Any] = {}
@@ -62,6 +64,7 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         "mean_accepted_prefix": overall["mean_accepted_prefix"],
         "token_acceptance": overall["token_acceptance"],
         "block_acceptance": overall["block_acceptance"],
+        "replay": None if replay is None else replay.to_dict(),
         "per_position": overall["per_position"],
         "forward": _forward(overall, len(runs)),
         "round": {k: rnd[k] for k in ("t0_s", "draft_ms", "verify_ms", "draft_share",
@@ -78,9 +81,16 @@ def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
     categories = [category_of[i] for shard in shards for i in shard.prompt_ids]
     return {
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
-                        [m for shard in shards for m in shard.mismatches.get(s.id, [])])
+                        [m for shard in shards for m in shard.mismatches.get(s.id, [])],
+                        _replay(shards, s.id))
         for s in specs
     }
+
+
+def _replay(shards: Sequence[ShardResult], arm_id: str) -> ReplaySums | None:
+    """The arm's replay summed over the shards (None when no shard replayed it)."""
+    parts = [shard.replay[arm_id] for shard in shards if arm_id in shard.replay]
+    return sum(parts, ReplaySums()) if parts else None
 
 
 def add_oracles(results: dict[str, Any]) -> None:

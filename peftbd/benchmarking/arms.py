@@ -92,6 +92,7 @@ class ArmModels:
     mtp_head: MTPHead
     eos_ids: list[int]
     mask_id: int
+    pad_id: int
     block_size: int
     device: torch.device
     adapters: dict[str, torch.nn.Module] = field(default_factory=dict)
@@ -168,6 +169,7 @@ def load_arm_models(cfg: Config, dirs: DrafterDirs) -> ArmModels:
     return ArmModels(
         verifier=verifier, mtp_head=MTPHead.from_pretrained(dirs.mtp_head, verifier).eval(),
         eos_ids=eos_token_ids(verifier, tokenizer), mask_id=tokenizer.mask_token_id,
+        pad_id=tokenizer.pad_token_id,
         block_size=cfg.drafter.block_size, device=device, adapters=adapters, bd_head=bd_head,
         draft_vocab=dirs.draft_vocab,
     )

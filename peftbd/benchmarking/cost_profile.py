@@ -195,6 +195,7 @@ def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
     spread = dataclasses.replace(cfg.head, feature_layers=())  # DFlash's: 3 over the depth
     head = BDHead(base, HeadShape.of(spread, base.config, mask_id)).eval()
     return ArmModels(verifier=base, mtp_head=MTPHead(base).eval(), eos_ids=[], mask_id=mask_id,
+                     pad_id=0,  # nothing is padded: one round of one row is timed
                      block_size=cfg.drafter.block_size, device=device,
                      adapters={TRAIN_PEFTBD.name: peft, TRAIN_OFFSETS.name: peft,
                                TRAIN_EARLY_EXIT.name: peft},

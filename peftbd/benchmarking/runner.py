@@ -5,7 +5,9 @@ A shard is what one timing worker does. Per repeat, the arms take turns over the
 (AR, PEFT-BD, ..., then the next repeat; at each batch size likewise), so slow drifts of the
 machine spread over every arm instead of landing on one. Each arm first decodes one prompt
 untimed (warm-up: allocator, kernels, lazy init), and a few tokens at each batch size. The greedy
-audit compares each speculative arm's first-repeat batch-1 output with AR's.
+audit compares each speculative arm's first-repeat batch-1 output with AR's. Last, untimed, each
+one-step drafter's rounds are replayed offline on the prompts + AR's outputs
+(`peftbd.benchmarking.replay`): the offline estimate beside the engine's acceptance.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from peftbd.benchmarking.arms import ArmModels, ArmSpec, DrafterDirs, load_arm_m
 from peftbd.benchmarking.concurrency import WARMUP_TOKENS, BatchRun, batch_run
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.prompts import Prompt
+from peftbd.benchmarking.replay import ReplaySums, replay_arms
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
@@ -34,12 +37,15 @@ log = logging.getLogger(__name__)
 class ShardResult:
     """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]` (batch 1);
     `batch_runs` are its timed passes of the concurrency sweep (batch 1 included);
-    `mismatches[arm]` are the audit's findings (empty: every output equals AR's)."""
+    `mismatches[arm]` are the audit's findings (empty: every output equals AR's); `replay`, each
+one-step drafter's offline estimate on the same prompts."""
 
     prompt_ids: list[str]
     results: dict[str, list[list[DecodeResult]]]
     batch_runs: list[BatchRun] = field(default_factory=list)
     mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
+    replay: dict[str, ReplaySums] = field(default_factory=dict)
+    """{arm: its rounds replayed offline on these prompts + AR's outputs} (`replay_arms`)."""
     device: str = ""
     hardware: str = ""
     engine: str = ""
@@ -135,9 +141,11 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
                         cfg.decoding.batch_sizes)
+    references = [r.tokens for r in timings.results["ar"][0]]
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,
         mismatches=audit(models, specs, prompts, timings.results),
+        replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),

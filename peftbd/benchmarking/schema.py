@@ -26,6 +26,9 @@ ARM = {
   "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
   "mean_accepted_prefix": float | null,            # accepted draft tokens / round, bonus excluded
   "token_acceptance": float | null, "block_acceptance": float | null,
+  "replay": {"rounds": int, "proposed": int, "accepted": int,        # the engine's rounds replayed
+             "mean_accepted_prefix": float | null,                 # offline on these prompts +
+             "token_acceptance": float | null} | null,             # AR's outputs (one-step drafters)
   "per_position": {"proposed": [int], "reached": [int], "accepted": [int],  # index j - 1, j = 1..D,
                    "rate": [float | null], "conditional": [float | null]},  # over every repeat
   "forward": {"draft": {"calls": int, "mean_ms": float | null},

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from peftbd.models.bd_head import BDHead
+from peftbd.models.bd_head import BDHead, DraftVocabulary
 from peftbd.training.block_diffusion import BlockStats, DraftBatch, block_stats
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.rounds import Drafts, round_draft_batch
@@ -76,14 +76,15 @@ def head_block_stats(head: BDHead, verifier: PreTrainedModel, draft: DraftBatch,
 
 
 def head_drafts(head: BDHead, verifier: PreTrainedModel, batch: SequenceBatch, *,
-                block_size: int, pad_id: int) -> Drafts:
-    """The head's drafts of `batch`'s replayed rounds against their context KV (computed once)."""
+                block_size: int, pad_id: int, vocab: DraftVocabulary | None = None) -> Drafts:
+    """The head's drafts of `batch`'s replayed rounds against their context KV (computed once),
+    over the whole vocabulary or `vocab` (`BDHead.draft_vocabulary`)."""
     ctx = head_context(head, verifier_features(verifier, batch.ids, head.shape.feature_layers))
 
     def drafts(starts: list[list[int]]) -> torch.Tensor:
         draft = round_draft_batch(batch, starts, block_size=block_size, mask_id=head.shape.mask_id,
                                   pad_id=pad_id, anchored=False, dtype=head.mask_embedding.dtype)
         hidden = draft.block_view(head_chunk_hidden(head, draft, ctx))[:, 0]
-        return head.draft_tokens(hidden).cpu()
+        return head.draft_tokens(hidden, vocab).cpu()
 
     return drafts

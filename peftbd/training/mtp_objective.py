@@ -14,7 +14,10 @@ sum_k w_k * CE_k with w = `cfg.mtp.loss_weights` ([0.51, 0.31, 0.18]).
 A draft round after the verifier commits y_{i+1} proposes y_{i+2}..y_{i+K+1}: steps 1..K at
 index i. Under teacher forcing the inputs equal the drafting inputs as long as every earlier
 step was right, so the leading correct steps at index i are the tokens greedy verification
-would accept from that round (`prefix_correct`).
+would accept from that round (`prefix_correct`), and eval counts them that way over every
+index. `mtp_drafts` drafts the engine's rounds themselves (`peftbd.training.rounds`): step 1 as
+above over the whole sequence, once (the engine's committed head cache), and steps 2..K per round
+from their own output and draft token against it, as `MTPDrafter` runs them.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from peftbd.models.mtp_head import MTPHead
 from peftbd.training.chunked_loss import chunked_scores
 from peftbd.training.examples import SequenceBatch
+from peftbd.training.rounds import Drafts
 
 
 @torch.no_grad()
@@ -83,3 +87,43 @@ def mtp_stats(
         "round_targets": (valid.sum(1) * rounds).sum(),
         "rounds": rounds.sum(),
     }
+
+
+@torch.no_grad()
+def mtp_drafts(head: MTPHead, verifier: PreTrainedModel, batch: SequenceBatch,
+               num_steps: int) -> Drafts:
+    """FastMTP's drafts of `batch`'s replayed rounds (`peftbd.training.rounds`; K = `num_steps`
+    tokens each). The head's step-1 entry of position j comes from (h_{j-1}, y_j), as the
+    engine's committed head cache holds it: computed once over every position. A round at c
+    (y_0..y_{c-1} committed) drafts its first token from step 1 at position c-1, then step s
+    from the previous step's output and draft token at position c-1+s, seeing the step-1 entries
+    of positions 1..c-1 and the round's own; the round's entries are dropped afterwards."""
+    ids = batch.ids
+    rows, width = ids.shape
+    device = ids.device
+    cache = DynamicCache(config=head.config)
+    positions = torch.arange(1, width, device=device).expand(rows, -1)
+    first = head.step(verifier_hidden_states(verifier, ids)[:, :-1], ids[:, 1:], positions,
+                      cache=cache)  # index i: position i + 1
+    committed = width - 1  # cache slots: slot i holds position i + 1
+    row = torch.arange(rows, device=device)
+
+    def drafts(starts: list[list[int]]) -> torch.Tensor:
+        c = torch.tensor([s[0] if s else 2 for s in starts], device=device)  # finished: a dummy
+        out = first[row, c - 2]
+        token = head.logits(out).float().argmax(-1)
+        drafted = [token]
+        for s in range(1, num_steps):
+            slot = torch.arange(committed + s, device=device)
+            seen = (slot.unsqueeze(0) < (c - 1).unsqueeze(1)) | (slot.unsqueeze(0) >= committed)
+            mask = torch.zeros(seen.shape, dtype=out.dtype, device=device)
+            mask.masked_fill_(~seen, torch.finfo(out.dtype).min)
+            out = head.step(out[:, None], token[:, None], (c - 1 + s)[:, None],
+                            attention_mask=mask[:, None, None], cache=cache)[:, 0]
+            token = head.logits(out).float().argmax(-1)
+            drafted.append(token)
+        if num_steps > 1:
+            cache.crop(1 - num_steps)  # the round's own entries
+        return torch.stack(drafted, 1).cpu()
+
+    return drafts

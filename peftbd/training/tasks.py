@@ -17,7 +17,8 @@ Eval metrics (all over the rows of the val split that are evaluated; see `docs/a
   draft. `eval_accepted_prefix_mean`: the accepted tokens per draft, bonus excluded. PEFT-BD:
   over the engine's rounds replayed on the rows (`peftbd.training.rounds`), the offline
   `token_acceptance` and `mean_accepted_prefix`; `eval_block_...` the same over t = 1 blocks at
-  the training blocks' starts. FastMTP: the K steps of a round at every position.
+  the training blocks' starts. FastMTP: the same over its replayed rounds (`mtp_drafts`);
+  `eval_teacher_forced_...` over the K steps of a round at every position, teacher forced.
 - `eval_step_accuracy` (FastMTP): teacher-forced top-1 accuracy of each step.
 """
 
@@ -47,7 +48,7 @@ from peftbd.training.block_diffusion import (
 )
 from peftbd.training.deepspeed_config import training_dtype
 from peftbd.training.examples import SequenceBatch
-from peftbd.training.mtp_objective import mtp_stats
+from peftbd.training.mtp_objective import mtp_drafts, mtp_stats
 from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
 
 EVAL_EPOCH = -1
@@ -197,7 +198,10 @@ class MTPTask:
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         sums = self._stats(module, batch)
         del sums["loss"]
-        return sums
+        k = self.cfg.mtp.num_steps
+        rounds = replay_rounds(mtp_drafts(module, self.verifier, batch, k), batch,
+                               budget=self.cfg.data.max_new_tokens, block_size=k)
+        return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()}}
 
     def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
         per_step = sums["ce_sum"] / sums["targets"].clamp_min(1)
@@ -206,9 +210,15 @@ class MTPTask:
             "eval_loss": float((weights * per_step).sum()),
             "eval_step_accuracy": [
                 ratio(c, n) for c, n in zip(sums["correct"], sums["targets"], strict=True)],
-            "eval_target_token_accuracy": ratio(sums["prefix_correct"], sums["round_targets"]),
-            "eval_accepted_prefix_mean": ratio(sums["prefix_correct"], sums["rounds"]),
-            "eval_target_tokens": int(sums["round_targets"]),
+            "eval_target_token_accuracy": ratio(sums["replayed_round_accepted"],
+                                                sums["replayed_round_proposed"]),
+            "eval_accepted_prefix_mean": ratio(sums["replayed_round_accepted"],
+                                               sums["replayed_rounds"]),
+            "eval_target_tokens": int(sums["replayed_round_proposed"]),
+            "eval_rounds": int(sums["replayed_rounds"]),
+            "eval_teacher_forced_target_token_accuracy": ratio(sums["prefix_correct"],
+                                                               sums["round_targets"]),
+            "eval_teacher_forced_accepted_prefix_mean": ratio(sums["prefix_correct"], sums["rounds"]),
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:

@@ -123,6 +123,14 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     assert arms["peftbd_head_vocab"]["settings"] == {"draft_vocab": small_cfg.head.draft_vocab}
     drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
     assert arms["peftbd_head"]["forward"]["draft"]["calls"] == len(drafting)  # one forward a round
+    # the offline replay on the same prompts: every one-step drafter, the engine's rounds exactly
+    assert {a for a, arm in arms.items() if arm["replay"]} == set(ARMS) - {"ar", "peftbd_2step"}
+    for arm_id in set(ARMS) - {"ar", "peftbd_2step"}:
+        rounds = [r for res in shard.results[arm_id][0] for r in res.rounds]
+        replay = arms[arm_id]["replay"]
+        assert (replay["rounds"], replay["proposed"], replay["accepted"]) == (
+            len(rounds), sum(r.proposed for r in rounds), sum(r.accepted for r in rounds)), arm_id
+        assert replay["mean_accepted_prefix"] == pytest.approx(arms[arm_id]["mean_accepted_prefix"])
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 

@@ -109,14 +109,19 @@ def test_markdown_table_cells(value, cell) -> None:
     assert markdown_table(["x"], [[value]]).splitlines()[2] == f"| {cell} |"
 
 
-def test_offline_estimate_sits_beside_the_engine_and_short_runs_are_flagged(tmp_path, sample_results) -> None:
+def test_offline_estimates_sit_beside_the_engine_and_short_runs_are_flagged(tmp_path, sample_results) -> None:
     results = copy.deepcopy(sample_results)
     engine = results["arms"]["peftbd"]["mean_accepted_prefix"]
-    results["drafters"] = {"peftbd_adapter": {"metrics": {"eval_accepted_prefix_mean": engine / 1.25}},
-                           "mtp_head": {"metrics": {"eval_accepted_prefix_mean": 0.0}}}
+    results["arms"]["peftbd"]["replay"] = {"mean_accepted_prefix": engine / 1.25}
+    results["arms"]["fastmtp"]["replay"] = {"mean_accepted_prefix": 0.0}
+    results["drafters"] = {"peftbd_adapter": {"metrics": {"eval_accepted_prefix_mean": engine / 1.5}},
+                           "mtp_head": {"metrics": {"eval_accepted_prefix_mean": 0.4}}}
     text = build_report(results, {}, tmp_path).read_text()
-    assert f"| PEFT-BD 1 step | {engine / 1.25:.3f} | {engine:.3f} | +25% | no |" in text
-    assert "| FastMTP | 0.000 |" in text and "| n/a | n/a |" in text  # no ratio to a zero estimate
+    assert (f"| PEFT-BD 1 step | {engine:.3f} | {engine / 1.25:.3f} | +25% | no | "
+            f"{engine / 1.5:.3f} | -17% |") in text
+    fastmtp = results["arms"]["fastmtp"]["mean_accepted_prefix"]
+    # no ratio to a zero replay
+    assert f"| FastMTP | {fastmtp:.3f} | 0.000 | n/a | n/a | 0.400 | n/a |" in text
     shortest = min(r["decode_s"] for arm in results["arms"].values() for r in arm["repeats"])
     if shortest >= 3:
         assert "Every run timed at least" in text
