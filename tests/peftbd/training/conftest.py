@@ -58,6 +58,21 @@ def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
         torch.distributed.destroy_process_group()
 
 
+def overfit(task, module: nn.Module, batch, steps: int, lr: float) -> list[float]:
+    """Train `module`'s trainable parameters on `batch` with `task`'s loss (AdamW, the epoch is
+    the step, so the noise and offsets change), leave it in eval mode; the losses."""
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = task.train_loss(module, batch, epoch=step)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    module.eval()
+    return losses
+
+
 ROUNDS_BUDGET = 20
 """New tokens of the round-replay tests' rows: short, so some end on EOS and some on the budget."""
 

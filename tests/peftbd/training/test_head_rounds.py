@@ -21,6 +21,7 @@ from peftbd.training.rounds import replay_rounds
 from peftbd.training.tasks import make_task
 
 from .conftest import ROUNDS_BUDGET as BUDGET
+from .conftest import overfit
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +33,9 @@ def trained(tiny_world, greedy_rows):
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
     rows = greedy_rows(task.verifier, tok, eos)
-    batch = collate_sequences(rows, tok.pad_token_id)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
-    losses = []
-    for step in range(60):
-        optimizer.zero_grad()
-        loss = task.train_loss(head, batch, epoch=step)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=60, lr=3e-3)
     assert losses[-1] < 0.5 * losses[0], losses[::10]  # it learns
     assert all(p.grad is None for p in task.verifier.parameters())  # the verifier stays frozen
-    head.eval()
     return task, head, rows, eos
 
 

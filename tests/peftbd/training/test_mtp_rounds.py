@@ -17,6 +17,7 @@ from peftbd.training.rounds import replay_rounds
 from peftbd.training.tasks import make_task
 
 from .conftest import ROUNDS_BUDGET as BUDGET
+from .conftest import overfit
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +29,7 @@ def trained(tiny_world, greedy_rows):
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
     rows = greedy_rows(task.verifier, tok, eos)
-    batch = collate_sequences(rows, tok.pad_token_id)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
-    for step in range(60):
-        optimizer.zero_grad()
-        task.train_loss(head, batch, epoch=step).backward()
-        optimizer.step()
-    head.eval()
+    overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=60, lr=3e-3)
     return task, head, rows, eos, tok.pad_token_id
 
 

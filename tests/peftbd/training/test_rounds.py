@@ -17,6 +17,7 @@ from peftbd.training.rounds import peftbd_drafts, replay_rounds
 from peftbd.training.tasks import PeftBDTask
 
 from .conftest import ROUNDS_BUDGET as BUDGET
+from .conftest import overfit
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +34,7 @@ def trained(request, cfg, tiny_world, greedy_rows):
     model = task.build(torch.device("cpu"))
     eos = eos_token_ids(model.get_base_model(), tok)
     rows = greedy_rows(model, tok, eos)  # the adapter is off: the verifier's greedy output
-    batch = collate_sequences(rows, tok.pad_token_id)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=6e-3)
-    for step in range(50):
-        optimizer.zero_grad()
-        task.train_loss(model, batch, epoch=step).backward()
-        optimizer.step()
-    model.eval()
+    overfit(task, model, collate_sequences(rows, tok.pad_token_id), steps=50, lr=6e-3)
     return task, model, rows, eos
 
 
