@@ -16,7 +16,9 @@ acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
 and the concurrency sweep: every arm again at each `decoding.batch_sizes` entry B > 1 (continuous
 batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`), aggregate tok/s =
-tokens / wall time of the whole pass.
+tokens / wall time of the whole pass. Last, untimed, every one-step drafter's rounds are replayed
+offline on the same prompts + AR's outputs (results.json `arms.*.replay`; the report's Table 6
+sets the engine's acceptance beside it and beside training's estimate).
 
 Timing placement: the prompts are split round-robin over `decoding.workers` Ray tasks, each with
 `decoding.worker_num_gpus` GPUs / `worker_num_cpus` CPUs and `decoding.torch_threads` torch
