@@ -126,12 +126,11 @@ def oracle_table(results: dict[str, Any]) -> str:
 
 OFFLINE_AGREES = 0.2
 """The engine's accepted prefix should be within this of the offline estimate on its prompts."""
-ARM_DRAFTER = {"peftbd": "peftbd_adapter", "peftbd_anchored": "peftbd_adapter",
-               "peftbd_early_exit": "peftbd_early_exit", "peftbd_offsets": "peftbd_offsets",
-               "fastmtp": "mtp_head", "peftbd_head": "bd_head", "peftbd_head_vocab": "bd_head"}
-"""Arms -> the drafter they decode with (a key of results.json `drafters`: the training stage's
-output subdir), whose training eval estimated the accepted prefix (one step, unanchored, over the
-whole vocabulary: for the anchored and draft-vocabulary arms an estimate of another setting)."""
+ARM_DRAFTER = {"peftbd": "peftbd_adapter", "peftbd_early_exit": "peftbd_early_exit",
+               "peftbd_offsets": "peftbd_offsets", "fastmtp": "mtp_head", "peftbd_head": "bd_head"}
+"""Arms that decode as their drafter's training eval drafts (one step, unanchored, the whole
+vocabulary) -> that drafter (a key of results.json `drafters`: the training stage's output
+subdir), whose `eval_accepted_prefix_mean` is training's estimate of the arm."""
 
 
 def _relative(value: float | None, reference: float | None) -> str | None:
