@@ -19,10 +19,11 @@ import torch
 
 from peftbd.benchmarking.arms import ArmModels, ArmSpec
 from peftbd.benchmarking.prompts import Prompt
+from peftbd.decoding import BDHeadDrafter, Drafter, MTPDrafter, PeftBDDrafter
 from peftbd.training.examples import SequenceBatch, collate_sequences
 from peftbd.training.head_objective import head_drafts
 from peftbd.training.mtp_objective import mtp_drafts
-from peftbd.training.rounds import Drafts, peftbd_drafts, replay_rounds
+from peftbd.training.rounds import Drafts, peftbd_drafts, replay_rounds, round_sums
 
 REPLAY_ROWS = 8
 """Prompts replayed together (one draft forward per round for all of them)."""
@@ -53,23 +54,19 @@ def replays(spec: ArmSpec) -> bool:
         spec.method == "peftbd" and (spec.denoise_steps or 1) == 1)
 
 
-def arm_drafts(models: ArmModels, spec: ArmSpec, batch: SequenceBatch) -> tuple[Drafts, int]:
-    """`spec`'s drafts of `batch`'s replayed rounds and the tokens a round proposes at most."""
-    if spec.method == "peftbd":
-        return peftbd_drafts(models.verifier_for(spec), batch, block_size=models.block_size,
-                             mask_id=models.mask_id, pad_id=models.pad_id,
-                             anchored=bool(spec.anchored)), models.block_size
-    if spec.method == "fastmtp":
-        k = spec.mtp_steps or 1
-        return mtp_drafts(models.mtp_head, models.verifier, batch, k), k
-    if spec.method == "peftbd_head" and models.bd_head is not None:
-        vocab = None
-        if spec.draft_vocab:
-            ids = torch.tensor((models.draft_vocab or [])[: spec.draft_vocab])
-            vocab = models.bd_head.draft_vocabulary(ids)
-        return head_drafts(models.bd_head, models.verifier, batch, block_size=models.block_size,
-                           pad_id=models.pad_id, vocab=vocab), models.block_size
-    raise ValueError(f"arm {spec.id!r} ({spec.method}, {spec.denoise_steps} steps) has no replay")
+def arm_drafts(models: ArmModels, drafter: Drafter, batch: SequenceBatch) -> tuple[Drafts, int]:
+    """The engine `drafter`'s drafts of `batch`'s replayed rounds, with its own model and settings
+    (adapter, anchoring, MTP steps, draft vocabulary), and the tokens a round proposes at most."""
+    if isinstance(drafter, PeftBDDrafter):
+        return peftbd_drafts(drafter.model, batch, block_size=drafter.block_size,
+                             mask_id=drafter.mask_id, pad_id=models.pad_id,
+                             anchored=drafter.anchored), drafter.block_size
+    if isinstance(drafter, MTPDrafter):
+        return mtp_drafts(drafter.head, models.verifier, batch, drafter.num_steps), drafter.num_steps
+    if isinstance(drafter, BDHeadDrafter):
+        return head_drafts(drafter.head, models.verifier, batch, block_size=drafter.block_size,
+                           pad_id=models.pad_id, vocab=drafter.vocab), drafter.block_size
+    raise ValueError(f"drafter {type(drafter).__name__} has no replay")
 
 
 @torch.no_grad()
@@ -80,7 +77,7 @@ def replay_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[P
     tokens (the benchmark's `decoding.max_new_tokens`)."""
     out: dict[str, ReplaySums] = {}
     for spec in (s for s in specs if replays(s)):
-        total = ReplaySums()
+        drafter, total = models.drafter_for(spec), ReplaySums()
         for i in range(0, len(prompts), REPLAY_ROWS):
             part = range(i, min(i + REPLAY_ROWS, len(prompts)))
             rows = {"id": [prompts[j].id for j in part],
@@ -88,9 +85,9 @@ def replay_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[P
                     "continuation_ids": [list(references[j]) for j in part],
                     "prompt_len": [len(prompts[j].prompt_ids) for j in part]}
             batch = collate_sequences(rows, models.pad_id).to(models.device)
-            drafts, width = arm_drafts(models, spec, batch)
-            for row in replay_rounds(drafts, batch, budget=budget, block_size=width):
-                total += ReplaySums(len(row), sum(x.proposed for x in row),
-                                    sum(x.accepted for x in row))
+            drafts, width = arm_drafts(models, drafter, batch)
+            sums = round_sums(replay_rounds(drafts, batch, budget=budget, block_size=width))
+            total += ReplaySums(int(sums["rounds"]), int(sums["round_proposed"]),
+                                int(sums["round_accepted"]))
         out[spec.id] = total
     return out

@@ -38,7 +38,7 @@ class ShardResult:
     """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]` (batch 1);
     `batch_runs` are its timed passes of the concurrency sweep (batch 1 included);
     `mismatches[arm]` are the audit's findings (empty: every output equals AR's); `replay`, each
-one-step drafter's offline estimate on the same prompts."""
+    one-step drafter's offline estimate on the same prompts."""
 
     prompt_ids: list[str]
     results: dict[str, list[list[DecodeResult]]]

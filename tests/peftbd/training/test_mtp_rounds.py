@@ -22,7 +22,7 @@ from .conftest import overfit
 
 @pytest.fixture(scope="module")
 def trained(tiny_world, greedy_rows):
-    """(task, head, rows, eos): an MTP head trained 60 steps on 16 rows whose continuations are its
+    """(task, head, rows, eos, pad id): an MTP head trained 60 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept several steps)."""
     cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}"])
     task, tok = make_task("mtp", cfg), load_tokenizer(cfg)
