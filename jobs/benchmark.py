@@ -15,8 +15,8 @@ the heads in `mtp_head/mtp_head/` and `bd_head/bd_head/`) and, when it exists,
 acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
 and the concurrency sweep: every arm again at each `decoding.batch_sizes` entry B > 1 (continuous
-batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`), aggregate tok/s =
-tokens / wall time of the whole pass. Last, untimed, every one-step drafter's rounds are replayed
+batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`) in the first
+`decoding.sweep_repeats` repeats, aggregate tok/s = tokens / wall time of the whole pass. Last, untimed, every one-step drafter's rounds are replayed
 offline on the same prompts + AR's outputs (results.json `arms.*.replay`; the report's Table 6
 sets the engine's acceptance beside it and beside training's estimate).
 
@@ -24,8 +24,11 @@ Timing placement: the prompts are split round-robin over `decoding.workers` Ray 
 `decoding.worker_num_gpus` GPUs / `worker_num_cpus` CPUs and `decoding.torch_threads` torch
 threads, and each times its own prompts one after another. Throughput is tokens over the summed
 per-prompt decode time, so it does not depend on the worker count. On a GPU cluster use one worker
-per GPU; on a small CPU box keep one worker, because parallel workers share the cores and distort
-the per-round clock. results.json records the placement.
+per GPU; on a CPU box at most one single-threaded worker per core (the tiny preset: 2). Parallel
+workers still share the memory system: on the 2-core box two workers measured 0-9% (mean 4%)
+below one worker's tok/s per arm (README); `--set decoding.workers=1` for the undisturbed clock, at
+twice the time. A sweep pass covers a worker's own prompts, so with fewer than B of them a batch
+size B runs as one batch that drains. results.json records the placement.
 """
 
 from __future__ import annotations
@@ -80,10 +83,10 @@ RESULTS = "results.json"
 PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
              "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
-             "Concurrency sweep: per repeat and batch size the arms take turns at one pass over "
-             "the worker's prompts with continuous batching (batch 1: the batch-1 pass); "
-             "aggregate throughput = tokens / wall time of the pass (summed over workers), median "
-             "over repeats.")
+             "Concurrency sweep: per repeat (at batch sizes > 1: the first decoding.sweep_repeats) "
+             "and batch size the arms take turns at one pass over the worker's prompts with "
+             "continuous batching (batch 1: the batch-1 pass); aggregate throughput = tokens / wall "
+             "time of the pass (summed over workers), median over those repeats.")
 
 
 class BenchmarkInputError(ValueError):

@@ -188,8 +188,8 @@ class DecodingConfig:
     num_prompts: int = 1_000
     repeats: int = 3
     # Benchmark timing actors: the prompts are split between `workers` actors and each times its
-    # own prompts one after another (batch 1). One actor per GPU on a cluster; one actor on a small
-    # CPU box, where parallel actors would share cores and distort the per-round clock.
+    # own prompts one after another (batch 1). One actor per GPU on a cluster; on a CPU box at most
+    # one single-threaded actor per core (they still share the memory system: jobs.benchmark).
     workers: int = 1
     worker_num_cpus: float = 1.0
     worker_num_gpus: float = 0.0
@@ -199,6 +199,9 @@ class DecodingConfig:
     # Concurrency sweep: every arm also decodes the same prompts with continuous batching at each
     # of these batch sizes (at most B requests at once); results.json `concurrency`.
     batch_sizes: tuple[int, ...] = (1, 4, 16)
+    # The sweep's batched passes (B > 1) run in the first `sweep_repeats` repeats (at most
+    # `repeats`; batch 1 is every repeat's batch-1 pass); tok/s is the median over them.
+    sweep_repeats: int = 3
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,7 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
     DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
                      "repeats": _POSITIVE, "workers": _POSITIVE,
                      "worker_num_cpus": _NON_NEGATIVE, "worker_num_gpus": _NON_NEGATIVE,
-                     "torch_threads": _NON_NEGATIVE},
+                     "torch_threads": _NON_NEGATIVE, "sweep_repeats": _POSITIVE},
     ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
                     "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
                     "max_batch": _POSITIVE, "batch_wait_ms": _NON_NEGATIVE,

@@ -23,7 +23,12 @@ has() { "$PY" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('$1
 if ! has deepspeed; then
   echo "[install] building DeepSpeed against the installed torch"
   pipi setuptools wheel packaging
-  DS_BUILD_OPS=0 pipi --no-build-isolation "deepspeed>=0.16,<1"
+  # No ops ahead of time, except on a machine without an NVIDIA GPU the shared-memory
+  # allreduce op every CPU training worker loads (else each new cache JIT-builds it, ~30 s).
+  shm=1
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then shm=0; fi
+  # (--no-cache-dir: a wheel cached by a build with other DS_BUILD_* settings would be reused)
+  DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$shm pipi --no-build-isolation --no-cache-dir "deepspeed>=0.16,<1"
 fi
 here=$PWD
 installed_at=$(cd / && "$PY" -c 'import importlib.util as u, os

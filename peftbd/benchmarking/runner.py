@@ -64,13 +64,15 @@ class Timings:
 
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
-              repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,)) -> Timings:
+              repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
+              sweep_repeats: int | None = None) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
-    time), then per batch size > 1 in `batch_sizes` the arms take turns at one `decode_many`
-    pass each (after one short untimed warm-up per arm and batch size). Every pass is timed
-    whole with the device-synced clock (`peftbd.benchmarking.concurrency`) and kept as counts
-    only (a `BatchRun`), checked against AR's first batch-1 pass (AR goes first)."""
+    time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
+    `batch_sizes` the arms take turns at one `decode_many` pass each (after one short untimed
+    warm-up per arm and batch size). Every pass is timed whole with the device-synced clock
+    (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
+    AR's first batch-1 pass (AR goes first)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
                                          models.eos_ids, max_new_tokens) for s in specs}
@@ -83,7 +85,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
     runs: list[BatchRun] = []
-    total, done = repeats * len(specs) * len(prompts) * (1 + len(batched)), 0
+    swept = repeats if sweep_repeats is None else min(sweep_repeats, repeats)
+    total, done = (repeats + swept * len(batched)) * len(specs) * len(prompts), 0
     for r in range(repeats):
         for s in specs:
             run: list[DecodeResult] = []
@@ -98,7 +101,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                 runs.append(batch_run(s.id, 1, r, wall, run, [x.tokens for x in results["ar"][0]]))
             log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
                      len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
-        for b in batched:
+        for b in batched if r < swept else ():
             for s in specs:
                 start = clock.now()
                 run = decoders[s.id].decode_many(ids, b)
@@ -140,7 +143,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
-                        cfg.decoding.batch_sizes)
+                        cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats)
     references = [r.tokens for r in timings.results["ar"][0]]
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,

@@ -10,6 +10,7 @@
               "categories": {category: count} | null, "dropped": {reason: count}},
   "timing": {"workers": int, "torch_threads": int, "repeats": int, "how": str,
              "batch_sizes": [int],                                # decoding.batch_sizes
+             "sweep_repeats": int,          # the first repeats, those with the passes at B > 1
              "worker_num_cpus": float, "worker_num_gpus": float,
              "per_worker_hardware": [str], "per_worker_peak_rss_mib": [float]},
   "drafters": {"peftbd_adapter": {"path": str, "untrained": bool, "untrained_reasons": [str], ...},
@@ -53,7 +54,8 @@ reached = P(accept j | accepted j - 1).
 
 `concurrency` is the batch sweep (`peftbd.benchmarking.concurrency`): aggregate throughput with
 at most B requests decoding at once = generated tokens / wall time of the whole pass over the
-prompts (median over repeats), so unlike the arms' per-prompt tok/s it counts rows in parallel.
+prompts (median over repeats; at B > 1 over the first `timing.sweep_repeats`), so unlike the
+arms' per-prompt tok/s it counts rows in parallel.
 """
 
 from __future__ import annotations

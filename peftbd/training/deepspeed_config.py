@@ -104,7 +104,8 @@ def deepspeed_config(training: TrainingConfig, optim: OptimConfig, world_size: i
 
 
 def torch_extensions_dir(cache_dir: str) -> Path:
-    """Where DeepSpeed's JIT-built ops (the CPU shm comm op, ~50 s to build) are cached under the
-    cache (`paths.cache_dir`); set `TORCH_EXTENSIONS_DIR` to it before `deepspeed.initialize` so
-    only the first run builds."""
+    """Where DeepSpeed's JIT-built ops are cached under the cache (`paths.cache_dir`); set
+    `TORCH_EXTENSIONS_DIR` to it before `deepspeed.initialize` so only the first run builds. The
+    CPU shm comm op (~30 s to build) is built here only where the DeepSpeed install did not
+    pre-build it (`scripts/install.sh` does, on a machine without an NVIDIA GPU)."""
     return cache_root(cache_dir) / "torch_extensions"

@@ -192,6 +192,7 @@ def test_device_pattern_rejects(device):
      "'drafter.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
     ("drafter.denoise_steps=17", "'drafter.denoise_steps': value 17 exceeds 'drafter.block_size' (16)"),
     ("data.train_size=-1", "'data.train_size': value -1 is out of range; expected >= 0"),
+    ("decoding.sweep_repeats=0", "'decoding.sweep_repeats': value 0 is out of range; expected >= 1"),
     # the list: each failed late (inside a Ray worker, retried) or was silently accepted
     ("data.train_size=-5", "config key 'data.train_size': value -5 is out of range; expected >= 0"),
     ("drafter.block_size=-1", "config key 'drafter.block_size': value -1 is out of range; expected >= 1"),

@@ -35,7 +35,7 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
-    assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == 1
+    assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == cfg.cost_profile.threads
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
     tiny_params = sum(p.numel() for p in load_verifier(cfg).parameters())
     assert prof["architecture"]["parameters"] == tiny_params  # the backbone, no adapter counted
