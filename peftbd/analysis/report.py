@@ -74,12 +74,15 @@ def concurrency_section(results: dict[str, Any]) -> list[str]:
     title = "## Table 8 and Figure 3: aggregate throughput and speedup vs AR per batch size"
     if not concurrency.batch_sizes(results):
         return [title, concurrency.NO_SWEEP]
+    timing = results["timing"]
+    swept = timing.get("sweep_repeats", timing["repeats"])  # absent: every repeat (older runs)
     return [
         title,
         "Every arm decodes the same prompts with continuous batching: at most B requests at once, "
         "a finished one's place taken by the next prompt before the next round. Each pass over "
         "the prompts is timed whole (batch 1: the batch-1 pass above), aggregate tok/s = "
-        "generated tokens / its wall time, median over repeats; vs AR = over AR's tok/s at the "
+        f"generated tokens / its wall time, median over the {timing['repeats']} repeats (at B > 1 "
+        f"the first {swept}); vs AR = over AR's tok/s at the "
         "same B; exact = every output equals AR's batch-1 output for its prompt (on a GPU in "
         "bf16, batch-shape-dependent kernels can flip a near-tie, so a \"no\" there need not be a bug).",
         concurrency.concurrency_table(results),

@@ -100,6 +100,11 @@ def test_report_has_the_concurrency_section_and_figure(tmp_path, sample_results,
     assert "- PEFT-BD 1 step: speedup over AR crosses below 1.0 between B=4" in text
     assert "- Engine goal: AR at batch 16 >= 8x its batch-1 aggregate tok/s: **met**" in text
     assert mpimg.imread(tmp_path / "swept" / FIGURE_3).shape[0] > 200
+    # results.json without timing.sweep_repeats (older runs): the batched passes ran every repeat
+    assert "median over the 3 repeats (at B > 1 the first 3)" in text
+    once = {**swept, "timing": {**swept["timing"], "sweep_repeats": 1}}
+    assert "median over the 3 repeats (at B > 1 the first 1)" in build_report(
+        once, {}, tmp_path / "once").read_text()
     plain = build_report(sample_results, {}, tmp_path / "plain").read_text()
     assert NO_SWEEP in plain and not (tmp_path / "plain" / FIGURE_3).exists()
 
