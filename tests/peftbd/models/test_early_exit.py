@@ -94,9 +94,12 @@ def test_speculative_decoding_with_an_early_exit_drafter_equals_ar(tiny_cfg, dra
     eos = eos_token_ids(drafter.get_base_model(), load_tokenizer(tiny_cfg))
     spec = PeftBDDrafter(drafter, mask_id, D)
     drafts = 0
+    # with and without EOS: where the verifier stops depends on the world's weights, which
+    # differ between machine kinds; without EOS every decode runs all 40 tokens
     for prompt in PROMPTS:
-        ar = decode(drafter, prompt, max_new_tokens=40, eos_ids=eos)
-        out = decode(drafter, prompt, drafter=spec, max_new_tokens=40, eos_ids=eos)
-        assert out.tokens == ar.tokens
-        drafts += out.forward_calls.get("draft", 0)
-    assert drafts >= 20  # the verifier cache went through many early-exit drafts and crops (23 here)
+        for stop in (eos, []):
+            ar = decode(drafter, prompt, max_new_tokens=40, eos_ids=stop)
+            out = decode(drafter, prompt, drafter=spec, max_new_tokens=40, eos_ids=stop)
+            assert out.tokens == ar.tokens
+            drafts += out.forward_calls.get("draft", 0)
+    assert drafts >= 40  # many early-exit drafts and cache crops (90 on the 2-core AVX2 box)
