@@ -1,7 +1,7 @@
 """Cost profile stage: one round of every arm, timed at the paper's architecture.
 
-    python -m jobs.cost_profile                                    # Qwen3-0.6B shape, CPU, ~3 min
-    python -m jobs.cost_profile --set cost_profile.dtypes=[float32] --set cost_profile.kv_len=1024
+    python -m jobs.cost_profile                                    # Qwen3-0.6B shape, CPU fp32, ~1.5 min
+    python -m jobs.cost_profile --set cost_profile.dtypes=[float32,bfloat16] --set cost_profile.kv_len=1024
     python -m jobs.cost_profile --set cost_profile.architecture=/models/Qwen3-0.6B   # a local copy
     python -m jobs.cost_profile --set cost_profile.architecture=model --set \\
         cost_profile.early_exit_layers=1                           # the tiny verifier itself
