@@ -28,7 +28,8 @@ import ray
 
 from jobs.ray_env import init_ray, shutdown
 from jobs.resources import ResourcesUnavailable, wait_for_resources
-from peftbd.benchmarking.cost_profile import PROFILE_FILE, preflight, run_profile, summary_lines
+from peftbd.benchmarking.cost_profile import PROFILE_FILE, run_profile, summary_lines
+from peftbd.benchmarking.cost_profile_models import preflight
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.layout import COST_PROFILE

@@ -7,13 +7,13 @@ the benchmark does (`peftbd.benchmarking.arms`: `arm_specs`, `ArmModels.drafter_
 drafter joins by joining the benchmark) and times their rounds with the engine's own
 `SpeculativeDecoder.step` and clock:
 
-- one backbone serves every arm: the PEFT-BD adapters are named adapters of one peft model (rank
-  and alpha `cost_profile.lora_r` / `lora_alpha`, the paper's 16 / 32, on the run's
-  `drafter.target_modules` plus the mask row; the early-exit one adapts the first
-  `cost_profile.early_exit_layers` layers), AR and FastMTP verify
-  with the adapters off, the MTP head and the block-diffusion head (`head.layers`, three
-  feature layers spread over the depth, DFlash's choice; its draft-vocabulary arm over
-  `cost_profile.draft_vocab` tokens) are random and bound to the same backbone;
+- one backbone serves every arm (`peftbd.benchmarking.cost_profile_models`): the PEFT-BD adapters
+  are named adapters of one peft model (rank and alpha `cost_profile.lora_r` / `lora_alpha`, the
+  paper's 16 / 32, on the run's `drafter.target_modules` plus the mask row; the early-exit one
+  adapts the first `cost_profile.early_exit_layers` layers), AR and FastMTP verify with the
+  adapters off, the MTP head and the block-diffusion head (`head.layers`, three feature layers
+  spread over the depth, DFlash's choice; its draft-vocabulary arm over `cost_profile.draft_vocab`
+  tokens) are random and bound to the same backbone;
 - the state is prefilled once over `kv_len` random tokens (once more keeping the verifier
   features the head reads; the other arms' verify forwards keep none); each arm runs one untimed warm-up
   round, then every timed round starts from a copy of that state, so all rounds see the same KV
@@ -42,9 +42,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from peft import PeftModel
 
-from peftbd.benchmarking.arms import ArmModels, ArmSpec, arm_specs
+from peftbd.benchmarking.arms import ArmModels, ArmSpec
+from peftbd.benchmarking.cost_profile_models import (
+    activate,
+    backbone_parameters,
+    cost_key,
+    preflight,
+    profile_models,
+    profiled_specs,
+)
 from peftbd.benchmarking.environment import hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
@@ -54,27 +61,20 @@ from peftbd.decoding.clock import Clock
 from peftbd.decoding.ragged import RowCache
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import prefill, unwrap
-from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
+from peftbd.layout import TRAIN_PEFTBD
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
-from peftbd.models.architecture import Architecture, build_model, resolve_architecture
-from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.loading import DTYPES, resolve_device
-from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import (
     adapter_on,
-    attach_drafter_adapter,
     count_parameters,
     draft_embeddings,
     draft_input_ids,
     draft_logits,
-    lora_config,
-    set_adapter_enabled,
 )
 
 log = logging.getLogger(__name__)
 
 PROFILE_FILE = "cost_profile.json"
-WHOLE_ADAPTER, EARLY_EXIT_ADAPTER = "default", "early_exit"
 _BUDGET = 1 << 20  # new tokens a profiled request may take: never the reason a round stops
 
 
@@ -149,76 +149,6 @@ class CostProfile:
         return dataclasses.asdict(self)
 
 
-def profiled_specs(cfg: Config, vocab_size: int | None = None) -> list[ArmSpec]:
-    """The benchmark's arms, with the early-exit arm at `cost_profile.early_exit_layers` and the
-    head's draft vocabulary at `cost_profile.draft_vocab` (at most `vocab_size`)."""
-    cp = cfg.cost_profile
-    drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cp.early_exit_layers)
-    head = dataclasses.replace(cfg.head, draft_vocab=min(cp.draft_vocab, vocab_size or cp.draft_vocab))
-    return arm_specs(dataclasses.replace(cfg, drafter=drafter, head=head))
-
-
-def cost_key(spec: ArmSpec) -> tuple[Any, ...]:
-    """What a round's cost depends on: the drafting settings, not the recipe an adapter was
-    trained with (the offsets ablation drafts exactly as `peftbd` does, so it is timed once)."""
-    return (spec.method, spec.denoise_steps, spec.anchored, spec.mtp_steps, spec.draft_layers,
-            spec.draft_vocab)
-
-
-def preflight(cfg: Config) -> Architecture:
-    """The architecture to profile, checked against the settings (cheap: its config only)."""
-    arch = resolve_architecture(cfg)
-    depth, early = arch.config.num_hidden_layers, cfg.cost_profile.early_exit_layers
-    if early >= depth:
-        raise ValueError(f"cost_profile.early_exit_layers={early}: {arch.name} has {depth} layers; "
-                         f"use 1..{depth - 1}, or 0 for no early-exit arm")
-    return arch
-
-
-def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
-                   device: torch.device) -> ArmModels:
-    """One backbone of `arch` carrying every drafter the benchmark uses, untrained (the adapters'
-    named adapters: whole-backbone and early-exit; the MTP head and the block-diffusion head
-    bound to it)."""
-    verifier = build_model(arch, dtype, device, cfg.model.attn_implementation)
-    early = cfg.cost_profile.early_exit_layers
-    torch.manual_seed(cfg.training.seed)
-    mask_id = verifier.config.vocab_size - 1  # any row: a draft's cost does not depend on it
-    whole = dataclasses.replace(cfg.drafter, draft_layers=0, lora_r=cfg.cost_profile.lora_r,
-                                lora_alpha=cfg.cost_profile.lora_alpha)
-    peft = attach_drafter_adapter(verifier, whole, mask_id)
-    if early:
-        peft.add_adapter(EARLY_EXIT_ADAPTER,
-                         lora_config(dataclasses.replace(whole, draft_layers=early), mask_id))
-        set_adapter_enabled(peft, False)
-    base = unwrap(peft)
-    spread = dataclasses.replace(cfg.head, feature_layers=())  # DFlash's: 3 over the depth
-    head = BDHead(base, HeadShape.of(spread, base.config, mask_id)).eval()
-    return ArmModels(verifier=base, mtp_head=MTPHead(base).eval(), eos_ids=[], mask_id=mask_id,
-                     pad_id=0,  # nothing is padded: one round of one row is timed
-                     block_size=cfg.drafter.block_size, device=device,
-                     adapters={TRAIN_PEFTBD.name: peft, TRAIN_OFFSETS.name: peft,
-                               TRAIN_EARLY_EXIT.name: peft},
-                     bd_head=head, draft_vocab=list(range(base.config.vocab_size)))
-
-
-def backbone_parameters(model: torch.nn.Module) -> int:
-    """Parameters of the backbone alone: the adapters' (every named adapter) and the MTP head's
-    are left out; the tied embedding counts once."""
-    _, total = count_parameters(model)
-    adapters = sum(p.numel() for name, p in model.named_parameters()
-                   if "lora_" in name or "trainable_tokens_delta" in name)
-    return total - adapters
-
-
-def _activate(models: ArmModels, spec: ArmSpec) -> None:
-    """Make `spec`'s adapter the peft model's active one (PEFT-BD arms)."""
-    if spec.method == "peftbd":
-        peft = models.verifier_for(spec)
-        assert isinstance(peft, PeftModel)
-        peft.set_adapter(EARLY_EXIT_ADAPTER if spec.adapter == TRAIN_EARLY_EXIT.name else WHOLE_ADAPTER)
-
-
 def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
     """Cast a state's KV caches, hidden states and features to `dtype` in place."""
     for cache in (state.cache, state.drafter_state):
@@ -245,7 +175,7 @@ def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
     base, d = unwrap(peft), models.block_size
     ids = draft_input_ids(0, models.mask_id, d, models.device)
     hidden = torch.randn(1, d, base.config.hidden_size, dtype=base.dtype, device=models.device)
-    _activate(models, ArmSpec("peftbd", "", "peftbd", adapter=TRAIN_PEFTBD.name))
+    activate(models, ArmSpec("peftbd", "", "peftbd", adapter=TRAIN_PEFTBD.name))
     with adapter_on(peft):
         wrappers = _median_ms(lambda: (base.get_input_embeddings()(ids),
                                        base.get_output_embeddings()(hidden)), clock, repeats)
@@ -260,7 +190,7 @@ class _Arm:
     def __init__(self, models: ArmModels, spec: ArmSpec,
                  start: Callable[[tuple[int, ...]], DecodeState]) -> None:
         self.spec = spec
-        _activate(models, spec)
+        activate(models, spec)
         self.engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (),
                                          _BUDGET)
         self.state = copy.deepcopy(start(self.engine.drafter.feature_layers))
@@ -276,7 +206,7 @@ class _Arm:
         self.rounds.clear()  # medians absorb the first rounds' allocations at this dtype
 
     def timed_round(self, models: ArmModels) -> None:
-        _activate(models, self.spec)
+        activate(models, self.spec)
         state = copy.deepcopy(self.state)
         calls = state.forwards.calls.get("draft", 0)
         record = self.engine.step(state)
@@ -284,7 +214,7 @@ class _Arm:
                             state.forwards.calls.get("draft", 0) - calls, record.proposed))
 
     def counted_round(self, models: ArmModels) -> RoundCount:
-        _activate(models, self.spec)
+        activate(models, self.spec)
         state = copy.deepcopy(self.state)
         counter = ForwardCounter()
         state.forwards.observer = counter.forward

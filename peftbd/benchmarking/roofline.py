@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from peftbd.benchmarking.forward_counter import ForwardCount
-from peftbd.config import RooflineGPU
+from peftbd.config_sections import RooflineGPU
 
 BF16_BYTES = 2
 

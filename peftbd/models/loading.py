@@ -8,7 +8,8 @@ from typing import get_args
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from peftbd.config import EMBEDDED_TINY, Config, Dtype
+from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.config_sections import Dtype
 from peftbd.data.chat import QWEN3_CHAT_TEMPLATE
 from peftbd.tiny_world.tokenizer import MASK
 from peftbd.tiny_world.build import ensure_tiny_world

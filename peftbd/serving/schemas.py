@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from peftbd.config import Method
+from peftbd.config_sections import Method
 
 METHODS: tuple[str, ...] = get_args(Method)
 """Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head, the

@@ -53,7 +53,7 @@ import torch
 from peft import PeftModel
 from transformers import DynamicCache
 
-from peftbd.config import BlockOffsets
+from peftbd.config_sections import BlockOffsets
 from peftbd.models.early_exit import adapter_depth, crop_first_layers, first_layers
 from peftbd.models.peft_bd import (
     adapted_logits,

@@ -14,9 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
 
-from peftbd.config import (
-    ConfigError, OptimConfig, Precision, Scheduler, TrainingConfig, ZeroStage, cache_root,
-)
+from peftbd.config import ConfigError, OptimConfig, TrainingConfig, cache_root
+from peftbd.config_sections import Precision, Scheduler, ZeroStage
 
 TEMPLATE = "ds_zero.json"
 

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from peftbd.config import (
-    Config, ConfigError, Method, Placement, apply_override, load_config, preset_names, save_config,
+    Config, ConfigError, apply_override, load_config, preset_names, save_config,
 )
+from peftbd.config_sections import Method, Placement
 
 
 def test_presets_load_with_the_papers_values():

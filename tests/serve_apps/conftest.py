@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 
@@ -71,6 +72,18 @@ class Served:
     temp: str
     urls: dict[str, str] | None = None
     config: dict | None = None  # the serve config that was deployed
+    model: str = ""  # the served model name (the tiny preset's serving.model_name)
+
+    def client(self, app: str) -> openai.OpenAI:
+        """The official openai client of one app (no retries: a failure shows as it is)."""
+        return openai.OpenAI(base_url=self.urls[app], api_key="unused", max_retries=0, timeout=600)
+
+    def chat(self, app: str, text: str, method: str, max_tokens: int):
+        """One non-streamed chat completion of `text` by `method` (`<model>:<method>`)."""
+        return self.client(app).chat.completions.create(
+            model=f"{self.model}:{method}", messages=[{"role": "user", "content": text}],
+            max_tokens=max_tokens,
+        )
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         """A Ray / Serve CLI command against this cluster (`serve status`, `ray list ...`)."""
@@ -95,7 +108,7 @@ def shipped_config(http_port: int) -> dict:
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory) -> Served:
+def served(tmp_path_factory, tiny_cfg) -> Served:
     """Start the cluster, `serve deploy` both apps, wait until they run."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": PROXY_CALLBACK,
@@ -126,6 +139,7 @@ def served(tmp_path_factory) -> Served:
                 a.get("status") == "RUNNING" for a in apps.values())
 
         _wait(running, 900, "the apps", proc)
+        cluster.model = tiny_cfg.serving.model_name
         cluster.urls = {a["name"]: f"http://127.0.0.1:{http_port}{a['route_prefix']}/v1"
                         for a in cluster.config["applications"]}
         yield cluster

@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from peftbd.benchmarking import cost_profile as cp
+from peftbd.benchmarking import cost_profile_models as cpm
 from peftbd.benchmarking.forward_counter import ForwardCounter
 from peftbd.config import load_config
 from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
@@ -30,7 +31,7 @@ def tiny_profile(tiny_world):
 
 def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     cfg = load_config("tiny", overrides=TINY_PROFILE)
-    ids = [s.id for s in cp.profiled_specs(cfg)]
+    ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
@@ -96,7 +97,7 @@ def test_bad_settings_fail_before_anything_is_built(tiny_world):
     cfg = load_config("tiny", overrides=["cost_profile.architecture=model",
                                          "cost_profile.early_exit_layers=2"])
     with pytest.raises(ValueError, match=r"cost_profile.early_exit_layers=2: .* has 2 layers"):
-        cp.preflight(cfg)
+        cpm.preflight(cfg)
 
 
 def test_the_paper_s_architecture_needs_no_network(tmp_path, monkeypatch):
@@ -126,11 +127,11 @@ def real_vocab_models():
     config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                          tie_word_embeddings=True)
-    arch = cp.Architecture("stand-in", config, "test", None)
+    arch = cpm.Architecture("stand-in", config, "test", None)
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(cp, "build_model", lambda arch, dtype, device, attn: Qwen3ForCausalLM(
+    monkey.setattr(cpm, "build_model", lambda arch, dtype, device, attn: Qwen3ForCausalLM(
         arch.config).to(dtype).eval().requires_grad_(False))
-    models = cp.profile_models(cfg, arch, torch.float32, torch.device("cpu"))
+    models = cpm.profile_models(cfg, arch, torch.float32, torch.device("cpu"))
     monkey.undo()
     return cfg, models
 
@@ -138,10 +139,10 @@ def real_vocab_models():
 def test_no_draft_forward_copies_a_vocabulary_sized_matrix(real_vocab_models):
     cfg, models = real_vocab_models
     table = 151936 * 64
-    for spec in cp.profiled_specs(cfg):
+    for spec in cpm.profiled_specs(cfg):
         if spec.method == "ar":
             continue
-        cp._activate(models, spec)
+        cpm.activate(models, spec)
         engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (), 1 << 10)
         state = engine.start(list(range(40)))
         counter = ForwardCounter()
