@@ -1,5 +1,5 @@
-"""The main job: tiny world -> generate -> train PEFT-BD (whole-backbone and early-exit) and MTP
--> benchmark -> report.
+"""The main job: tiny world -> generate -> train the drafters (PEFT-BD whole-backbone, early-exit
+and the offsets ablation; FastMTP; the block-diffusion head) -> cost profile -> benchmark -> report.
 
     python -m jobs.pipeline                      # the embedded tiny world, CPU, no network
     python -m jobs.pipeline --set drafter.lora_r=4 --dry-run   # what would rerun, and why
@@ -168,11 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m jobs.pipeline",
         description=__doc__.split("\n\n")[0],
-        epilog=f"Stages, in order: {names}. world runs only for the embedded tiny world; "
-        "train_early_exit is train_peftbd with drafter.draft_layers=drafter.early_exit_layers "
-        "(skipped when that is 0); train_offsets is train_peftbd with the other "
-        "drafter.block_offsets (random | aligned; skipped unless drafter.offsets_ablation). Run one alone with python -m jobs.<generate|train_peftbd|"
-        "train_mtp|benchmark> --help.",
+        epilog=f"Stages, in order: {names}.\n"
+        "world runs only for the embedded tiny world; train_early_exit is train_peftbd with\n"
+        "drafter.draft_layers=drafter.early_exit_layers (skipped when that is 0); train_offsets is\n"
+        "train_peftbd with the other drafter.block_offsets (random | aligned; skipped unless\n"
+        "drafter.offsets_ablation). Run one alone with\n"
+        "python -m jobs.<generate|train_peftbd|train_mtp|train_head|cost_profile|benchmark> --help.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(parser)

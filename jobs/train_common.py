@@ -24,7 +24,6 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-import deepspeed
 import pyarrow as pa
 import ray
 import ray.train
@@ -77,6 +76,8 @@ WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head", "head": "block-diffu
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: DeepSpeed engine, resume, train/eval/checkpoint, final export."""
+    import deepspeed  # here, not at the top: the driver never needs it (its import logs a warning)
+
     cfg: Config = config["cfg"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
