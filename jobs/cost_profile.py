@@ -56,8 +56,13 @@ def profile_on_ray(cfg: Config) -> dict[str, Any]:
 
 def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
     """The cost profile as a stage (`peftbd.layout.COST_PROFILE`) writing `out_dir`; its settings
-    are checked against the architecture now, before Ray starts."""
-    preflight(cfg)
+    are checked against the architecture now, before Ray starts. The architecture's identity (its
+    config, where it came from, its weights) is an input of its own: `cost_profile.architecture`
+    names it (`model`: the run's verifier; a directory whose config.json can change), it does
+    not fix it."""
+    arch = preflight(cfg)
+    identity = {"name": arch.name, "origin": arch.origin, "weights": arch.weights,
+                "config": json.loads(arch.config.to_json_string())}
 
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
         profile = profile_on_ray(cfg)
@@ -67,7 +72,7 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
         return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"],
                 "workers": workers.to_dict()}
 
-    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build)
+    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build, {"architecture": identity})
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -60,8 +60,9 @@ COST_PROFILE = StageSpec(
     reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
            "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head.layers",
            "head.intermediate_size", "training.seed"),
-    code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.forward_counter",
-          "peftbd.benchmarking.roofline", "peftbd.benchmarking.arms", "peftbd.decoding",
+    code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
+          "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
+          "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
           "peftbd.models", "jobs.cost_profile"),
     command="python -m jobs.cost_profile",
 )
@@ -75,7 +76,7 @@ BENCHMARK = StageSpec(
     inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
             COST_PROFILE),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
-          "jobs.benchmark"),
+          "peftbd.cost_model", "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
@@ -93,6 +94,7 @@ ENGINE_SPEED = StageSpec(
     reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding", "drafter",
            "training.seed"),
     code=("peftbd.decoding", "peftbd.models", "peftbd.cost_model", "peftbd.data.sources",
+          "peftbd.data.content_hash", "peftbd.data.chat", "peftbd.tiny_world",
           "peftbd.benchmarking.engine_speed"),
     command="python -m peftbd.benchmarking.engine_speed",
 )
@@ -102,6 +104,7 @@ PLACEMENT = StageSpec(
            "decoding"),
     inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
     code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
+          "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
           "serve_apps", "jobs.placement"),
     command="python -m jobs.placement",
 )
