@@ -72,7 +72,8 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
         return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"],
                 "workers": workers.to_dict()}
 
-    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build, {"architecture": identity})
+    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build,
+                     {"architecture": identity})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
