@@ -160,7 +160,8 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
-def _module_files(name: str) -> tuple[Path, ...]:
+def module_files(name: str) -> tuple[Path, ...]:
+    """The source files of module or package `name` that its code hash covers."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
         raise KeyError(f"stage code {name!r} is not an importable module or package")
@@ -175,7 +176,7 @@ def code_hashes(modules: Iterable[str]) -> dict[str, str]:
     """{module-relative file: sha256[:12]} of the source files of `modules` (packages included)."""
     out: dict[str, str] = {}
     for name in modules:
-        files = _module_files(name)
+        files = module_files(name)
         root = Path(importlib.util.find_spec(name.split(".")[0]).origin).parent.parent
         for path in files:
             out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from peftbd.layout import BENCHMARK, ENGINE_SPEED, PLACEMENT, STAGES
-from peftbd.stage import StageSpec
+from peftbd.stage import StageSpec, module_files
 
 PROJECT = ("peftbd", "jobs", "serve_apps")
 NOT_OUTPUT = {  # what these decide is not a stage's output
@@ -42,11 +40,9 @@ def _covers(code: tuple[str, ...], module: str) -> bool:
 
 
 def _imports(module: str) -> set[str]:
-    """The project modules `module` (every file of it, for a package) imports."""
-    origin = Path(importlib.util.find_spec(module).origin)
-    files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+    """The project modules imported by the files of `module` that its code hash covers."""
     found: set[str] = set()
-    for path in files:
+    for path in (p for p in module_files(module) if p.suffix == ".py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found.add(node.module)
