@@ -13,6 +13,7 @@ not what is trained (allow_untrained only lets settings through that change the 
 
 WORLD = StageSpec(
     "world", "tiny world", "world", reads=("tiny_world",),
+    ignores=("tiny_world.shipped",),  # where the world comes from, not what it is
     code=("peftbd.tiny_world.build", "peftbd.tiny_world.tokenizer", "peftbd.tiny_world.verifier",
           "peftbd.tiny_world.corpus", "peftbd.data.chat"),
     command="python -m jobs.pipeline",

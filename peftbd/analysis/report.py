@@ -141,6 +141,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "## Table 2: acceptance, greedy audit and throughput",
         tables.acceptance_table(results),
         "## Table 3: repeated runs and the draft-cost oracle",
+        tables.timing_noise(results),
         tables.repeats_table(results),
         _short_runs_note(results),
         "Draft-cost oracle: T(r) = T0 (1 - r * draft share), throughput(r) = accepted / T(r); "
@@ -194,8 +195,12 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     lines = []
     for _, arm in arm_items(results):
         tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
-        line = (f"{arm['label']}: {tps['mean']:.1f} ± {tps['std']:.1f} tok/s, "
-                f"{acc['mean']:.2f} accepted/round")
+        ci, speedup = tps.get("ci95"), arm.get("speedup_vs_ar")
+        spread = f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else f" ± {tps['std']:.1f} tok/s"
+        line = f"{arm['label']}: {tps['mean']:.1f}{spread}"
+        if speedup and arm["method"] != "ar":
+            line += f", {speedup['mean']:.2f}x AR"
+        line += f", {acc['mean']:.2f} accepted/round"
         if audit:
             line += f", audit {audit['exact']}/{audit['prompts']} exact"
         per_round, per_call = draft_verify_per_round(arm), draft_verify_per_call(arm)

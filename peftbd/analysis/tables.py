@@ -83,19 +83,40 @@ def acceptance_table(results: dict[str, Any]) -> str:
          "greedy audit exact", "tokens/s"], rows)
 
 
+def fmt_interval(interval: Sequence[float] | None, digits: int = 2) -> str | None:
+    """`[low, high]` of a bootstrap interval, None stays None."""
+    return None if not interval else f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def timing_noise(results: dict[str, Any]) -> str:
+    """One sentence: how the batch-1 throughputs' noise is stated, and how wide it is here."""
+    widths = [(ci[1] - ci[0]) / 2 / arm["tokens_per_s"]["mean"] for _, arm in arm_items(results)
+              if (ci := arm["tokens_per_s"].get("ci95")) and arm["tokens_per_s"]["mean"]]
+    span = (f": ±{min(widths):.0%} to ±{max(widths):.0%} of the tok/s across the arms"
+            if widths else "")
+    repeats = results.get("timing", {}).get("repeats")
+    return (f"Timing noise: {repeats} timed repeat(s) of every prompt per arm; the intervals are "
+            f"95% bootstrap intervals over the prompts (speedups paired prompt by prompt with "
+            f"AR){span}.")
+
+
 def repeats_table(results: dict[str, Any]) -> str:
-    """Table 3a: each repeated run's throughput, and mean ± std per arm."""
+    """Table 3a: each repeated run's throughput, mean ± std per arm, the bootstrap interval over
+    the prompts of its tok/s and of its speedup vs AR."""
     arms = arm_items(results)
     n = max((len(arm["repeats"]) for _, arm in arms), default=0)
     rows = []
     for _, arm in arms:
         runs = [fmt(r["tokens_per_s"]) for r in arm["repeats"]]
         shortest = min((r["decode_s"] for r in arm["repeats"]), default=None)
+        speedup = arm.get("speedup_vs_ar") or {}
         rows.append([arm["label"], *runs, *[None] * (n - len(runs)),
-                     fmt_stat(arm["tokens_per_s"]), fmt_stat(arm["mean_accepted"], 3),
-                     fmt(shortest, 2)])
+                     fmt_stat(arm["tokens_per_s"]), fmt_interval(arm["tokens_per_s"].get("ci95"), 1),
+                     fmt(speedup.get("mean")), fmt_interval(speedup.get("ci95")),
+                     fmt_stat(arm["mean_accepted"], 3), fmt(shortest, 2)])
     return markdown_table(
         ["arm", *[f"run {i + 1} tok/s" for i in range(n)], "tokens/s (mean ± std)",
+         "tok/s 95% interval", "speedup vs AR", "speedup 95% interval",
          "accepted / round (mean ± std)", "timed s per run (shortest)"], rows)
 
 

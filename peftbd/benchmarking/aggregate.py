@@ -2,7 +2,8 @@
 
 Run-level metrics come from the engine's `summarize` (its definitions: accepted tokens per round
 include the bonus token, as the paper counts them); this module only groups decodes by arm, repeat
-and category and takes mean ± std over the repeated runs.
+and category and takes mean ± std over the repeated runs, and the batch-1 throughput's bootstrap
+interval over the prompts (`noise`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
+from peftbd.benchmarking.noise import speedup_interval, throughput_interval
 from peftbd.benchmarking.replay import ReplaySums
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
@@ -44,10 +46,13 @@ def _forward(overall: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]
 
 
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
-              mismatches: Sequence[Any], replay: ReplaySums | None = None) -> dict[str, Any]:
+              mismatches: Sequence[Any], replay: ReplaySums | None = None,
+              ar_runs: Sequence[Sequence[DecodeResult]] | None = None) -> dict[str, Any]:
     """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
-    its rounds replayed offline on the same prompts (None: the arm has no replay)."""
+    its rounds replayed offline on the same prompts (None: the arm has no replay); `ar_runs`:
+    AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm)."""
     stats = _repeat_stats(runs)
+    stats["tokens_per_s"]["ci95"] = throughput_interval(runs)
     overall = summarize([res for run in runs for res in run])
     by_category: dict[str, Any] = {}
     for cat in sorted({c for c in categories if c is not None}):
@@ -61,6 +66,9 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         "repeats": [{k: m[k] for k in ("tokens_per_s", "new_tokens", "decode_s", "rounds",
                                         "mean_accepted")} for m in stats["summaries"]],
         "tokens_per_s": stats["tokens_per_s"], "mean_accepted": stats["mean_accepted"],
+        "speedup_vs_ar": None if ar_runs is None else {
+            "mean": stats["tokens_per_s"]["mean"] / _repeat_stats(ar_runs)["tokens_per_s"]["mean"],
+            "ci95": speedup_interval(runs, ar_runs)},
         "mean_accepted_prefix": overall["mean_accepted_prefix"],
         "token_acceptance": overall["token_acceptance"],
         "block_acceptance": overall["block_acceptance"],
@@ -79,10 +87,12 @@ def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
                 category_of: dict[str, str | None]) -> dict[str, dict[str, Any]]:
     """Every arm's entry from the workers' shards; `category_of` maps prompt id -> category."""
     categories = [category_of[i] for shard in shards for i in shard.prompt_ids]
+    ar_id = next((s.id for s in specs if s.method == "ar"), None)
+    ar = merge_runs(shards, ar_id) if ar_id else None
     return {
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
                         [m for shard in shards for m in shard.mismatches.get(s.id, [])],
-                        _replay(shards, s.id))
+                        _replay(shards, s.id), ar)
         for s in specs
     }
 

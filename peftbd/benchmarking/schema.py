@@ -24,7 +24,9 @@ ARM = {
   "label": str, "method": "ar" | "peftbd" | "fastmtp" | "peftbd_head", "settings": {...},
   "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,
                "rounds": int, "mean_accepted": float}, ...],      # one per repeated run
-  "tokens_per_s": STAT, "mean_accepted": STAT,                     # STAT = {"mean", "std"}
+  "tokens_per_s": STAT + {"ci95": [low, high] | null},           # STAT = {"mean", "std"}
+  "mean_accepted": STAT,                # ci95: bootstrap over the prompts (benchmarking.noise)
+  "speedup_vs_ar": {"mean": float, "ci95": [low, high] | null} | null,  # paired by prompt
   "mean_accepted_prefix": float | null,            # accepted draft tokens / round, bonus excluded
   "token_acceptance": float | null, "block_acceptance": float | null,
   "replay": {"rounds": int, "proposed": int, "accepted": int,        # the engine's rounds replayed

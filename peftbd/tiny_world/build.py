@@ -80,8 +80,10 @@ def tiny_world_dir(tw: TinyWorldConfig, cache_dir: str) -> Path:
 
 def world_call(tw: TinyWorldConfig, cache_dir: str) -> StageCall:
     """The world stage: builds the world of `tw` into its cache directory."""
-    def build(tmp: Path, _: StageInputs) -> dict:
-        manifest = build_tiny_world(tw, tmp).manifest()
+    def build(tmp: Path, inputs: StageInputs) -> dict:
+        from peftbd.tiny_world.shipped import copy_shipped
+
+        manifest = (tw.shipped and copy_shipped(inputs.fingerprint, tmp)) or build_tiny_world(tw, tmp).manifest()
         return {**manifest, "run_id": world_run_id(manifest)}
 
     return StageCall(WORLD, {"tiny_world": dataclasses.asdict(tw)}, tiny_world_dir(tw, cache_dir),

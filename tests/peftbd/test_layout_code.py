@@ -23,10 +23,12 @@ NOT_OUTPUT = {  # what these decide is not a stage's output
     "peftbd.manifest": "where manifests, wall time and peak memory are written",
     "peftbd.progress": "progress reports",
     "peftbd.untrained": "which settings are refused",
+    "peftbd.errors": "the user-error base class: which errors print as one line",
     "jobs.progress": "progress relays",
     "jobs.ray_env": "starting Ray",
     "jobs.resources": "waiting for Ray resources",
     "jobs.train_failures": "which worker errors are retried",
+    "peftbd.tiny_world.shipped": "copies in the world the recipe built for this very fingerprint",
 }
 LOCATED_NOT_FINGERPRINTED = {  # per stage: code whose effect reaches the stage as a fingerprinted value
     # the architecture it profiles is an input (its config, origin and weights: jobs.cost_profile);

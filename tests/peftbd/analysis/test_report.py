@@ -176,3 +176,15 @@ def test_stage_table_shows_the_workers_peaks_and_dtype_beside_the_drivers():
     assert lines[2] == "| generate continuations | 10.0 | 550 | 4100 | 9000 | bfloat16 |"
     assert lines[3] == "| benchmark | 5.0 | 530 | 5000 | n/a | float32 |"
     assert lines[4] == "| tiny world | 400.0 | 900 | n/a | n/a | n/a |"
+
+
+def test_summary_lines_give_the_interval_and_speedup_when_measured(sample_results) -> None:
+    results = json.loads(json.dumps(sample_results))
+    arms = results["arms"]
+    arms["ar"]["tokens_per_s"]["ci95"] = [390.0, 410.5]
+    arms["peftbd"]["tokens_per_s"]["ci95"] = [118.0, 127.25]
+    arms["peftbd"]["speedup_vs_ar"] = {"mean": 0.306, "ci95": [0.29, 0.32]}
+    lines = summary_lines(results)
+    assert lines[0] == "AR: 400.3 tok/s (95% interval 390.0-410.5), 1.00 accepted/round"
+    assert lines[1].startswith("PEFT-BD 1 step: 122.5 tok/s (95% interval 118.0-127.2), 0.31x AR, "
+                               "1.37 accepted/round")

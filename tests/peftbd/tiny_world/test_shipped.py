@@ -1,0 +1,62 @@
+"""The tiny world shipped with the package: current for the code and the tiny preset, copied in
+by the world stage, and rebuilt by its recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from peftbd.config import load_config
+from peftbd.tiny_world.build import world_call
+from peftbd.tiny_world.shipped import MANIFEST, SHIPPED, copy_shipped, refresh, shipped_fingerprint
+
+
+def test_the_shipped_world_is_current(tmp_path):
+    tw = load_config("tiny").tiny_world
+    assert shipped_fingerprint() == world_call(tw, str(tmp_path)).inputs().fingerprint, (
+        "the shipped world was built by other code or tiny_world settings than today's: "
+        "rebuild it with python -m peftbd.tiny_world.shipped (~4 min) and commit it")
+
+
+def test_the_world_stage_copies_the_shipped_world_in(tmp_path):
+    tw = load_config("tiny").tiny_world
+    call = world_call(tw, str(tmp_path))
+    start = time.perf_counter()
+    call.run()
+    assert time.perf_counter() - start < 30
+    got, shipped = (json.loads((d / MANIFEST).read_text()) for d in (call.out, SHIPPED))
+    assert got["origin"] == "shipped"
+    assert got["sha256"] == shipped["sha256"]
+    assert got["contract"]["run_id"] == shipped["contract"]["run_id"]  # the same world, the same run
+    assert (call.out / "verifier" / "model.safetensors").read_bytes() == \
+        (SHIPPED / "verifier" / "model.safetensors").read_bytes()
+
+
+def test_other_settings_or_code_get_no_shipped_world(tmp_path):
+    other = dataclasses.replace(load_config("tiny").tiny_world, seed=1)
+    assert copy_shipped(world_call(other, str(tmp_path)).inputs().fingerprint, tmp_path / "w") is None
+    assert not (tmp_path / "w").exists()
+
+
+def test_shipped_false_is_not_part_of_the_fingerprint(tmp_path):
+    tw = load_config("tiny").tiny_world
+    off = dataclasses.replace(tw, shipped=False)
+    assert world_call(tw, str(tmp_path)).inputs().fingerprint == \
+        world_call(off, str(tmp_path)).inputs().fingerprint
+
+
+@pytest.mark.slow
+def test_the_recipe_rebuilds_the_shipped_world(tmp_path):
+    """Corpus, tokenizer and stage fingerprint to the byte; the verifier's weights depend on the
+    CPU's float kernels, so its held-out loss is compared instead."""
+    built = refresh(tmp_path / "world")
+    shipped = json.loads((SHIPPED / MANIFEST).read_text())
+    assert "origin" not in built  # built by the recipe, not copied
+    assert built["contract"]["fingerprint"] == shipped["contract"]["fingerprint"]
+    assert built["sha256"]["corpus"] == shipped["sha256"]["corpus"]
+    assert built["sha256"]["tokenizer"] == shipped["sha256"]["tokenizer"]
+    assert built["heldout_loss_nats"] == pytest.approx(shipped["heldout_loss_nats"], rel=0.05)
+    assert built["heldout_loss_nats"] < 0.5 * built["unigram_entropy_nats"]
