@@ -1,0 +1,186 @@
+"""The README's results table, generated from a run (never hand-copied).
+
+    python -m peftbd.analysis.readme_table                 # outputs/tiny, README.md
+    python -m peftbd.analysis.readme_table OUT_ROOT --readme README.md
+
+`render(results, pipeline_manifest)` is a pure function of the benchmark's results.json (schema:
+`peftbd.benchmarking.schema`) and, optionally, the main job's manifest (`OUT_ROOT/manifest.json`,
+written by `jobs.pipeline`): one row per arm (accepted tokens per round, tok/s at batch 1 and
+speedup vs AR, each with its 95% interval over the prompts when results.json has one, the greedy
+audit) and one caption line saying what ran. The CLI replaces what lies
+between the README's `<!-- results:begin -->` and `<!-- results:end -->` lines with it and
+touches nothing else; rerunning it on the same run changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from peftbd.analysis.report import untrained_note
+from peftbd.analysis.tables import fmt, fmt_stat, markdown_table
+from peftbd.benchmarking.schema import arm_items
+from peftbd.errors import UserError, error_line, user_error
+from peftbd.layout import BENCHMARK
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+RESULTS = "results.json"
+PIPELINE_MANIFEST = "manifest.json"
+HEADER = ("arm", "accepted tokens / round", "tok/s, batch 1", "speedup vs AR", "exact audit")
+
+
+class ReadmeTableError(UserError, ValueError):
+    """What stops the table from being written (no results, no markers, an unreadable README),
+    said in one line that names the fix."""
+
+
+def _with_interval(mean: float, interval: list[float] | None, digits: int) -> str | None:
+    """`mean (low-high)` with the 95% interval results.json holds, or the mean alone."""
+    if not interval:
+        return fmt(mean, digits)
+    return f"{fmt(mean, digits)} ({fmt(interval[0], digits)}-{fmt(interval[1], digits)})"
+
+
+def _tokens_per_s(arm: dict[str, Any]) -> str | None:
+    """Mean tok/s at batch 1 with its bootstrap interval over the prompts (`ci95`) when
+    results.json has one, else ± the std over repeats when there was more than one."""
+    tps = arm["tokens_per_s"]
+    if tps.get("ci95") or len(arm.get("repeats", [])) <= 1:
+        return _with_interval(tps["mean"], tps.get("ci95"), 1)
+    return fmt_stat(tps, 1)
+
+
+def _speedup(arm: dict[str, Any], ar_tps: float | None) -> str | None:
+    """tok/s over AR's: results.json's paired `speedup_vs_ar` (with its interval) when it has
+    one, else the ratio of the two arms' mean tok/s; None without AR."""
+    paired = arm.get("speedup_vs_ar")
+    if paired and arm.get("method") != "ar":
+        return _with_interval(paired["mean"], paired.get("ci95"), 2)
+    return fmt(arm["tokens_per_s"]["mean"] / ar_tps, 2) if ar_tps else None
+
+
+def _audit(arm: dict[str, Any]) -> str | None:
+    if arm.get("method") == "ar":
+        return "reference"
+    audit = arm.get("audit")
+    return None if audit is None else f"{audit['exact']}/{audit['prompts']}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def caption(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = None) -> str:
+    """One line: the preset, prompts x new tokens, the machine and the date results.json records,
+    and the main job's wall time when its manifest (of the same preset) is given."""
+    mo, pr, tm = results["measured_on"], results["prompts"], results.get("timing", {})
+    repeats = tm.get("repeats")
+    parts = [f"preset `{results['preset']}`",
+             f"{pr['count']} {pr['source']} prompts x {pr['max_new_tokens']} new tokens, greedy"
+             + (f", {repeats} timed repeat{'s' if repeats != 1 else ''} per arm" if repeats else ""),
+             f"{mo['hardware']} ({mo['device']}, {mo['dtype']})",
+             *(["in parentheses: 95% bootstrap intervals over the prompts"]
+               if any(arm["tokens_per_s"].get("ci95") for _, arm in arm_items(results)) else []),
+             f"run of {str(results['created'])[:10]}"]
+    m = pipeline_manifest
+    if m and m.get("wall_seconds") is not None and m.get("preset", results["preset"]) == results["preset"]:
+        stages = m.get("stages") or []
+        ran = sum(1 for s in stages if s.get("ran"))
+        parts.append(f"main job {_duration(m['wall_seconds'])}"
+                     + (f" ({ran} of {len(stages)} stages ran)" if stages else ""))
+    line = "_" + "; ".join(parts) + "._"
+    note = untrained_note(results)
+    return f"{line} {note}" if note else line
+
+
+def render(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = None) -> str:
+    """The README's results table (markdown) and its caption line, from `results` (results.json)
+    and the main job's manifest (None: no wall time in the caption)."""
+    arms = arm_items(results)
+    if not arms:
+        raise ReadmeTableError("results.json has no arms; rerun the benchmark "
+                               "(python -m jobs.pipeline --force benchmark)")
+    ar = results["arms"].get("ar")
+    ar_tps = ar["tokens_per_s"]["mean"] if ar else None
+    rows = [[arm["label"], fmt(arm["mean_accepted"]["mean"], 2), _tokens_per_s(arm),
+             _speedup(arm, ar_tps), _audit(arm)] for _, arm in arms]
+    return markdown_table(HEADER, rows) + "\n\n" + caption(results, pipeline_manifest)
+
+
+def replace_between_markers(text: str, block: str, name: str = "README.md") -> str:
+    """`text` with the lines between its one BEGIN and one END marker replaced by `block`;
+    everything outside the markers (the markers included) is kept byte for byte."""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if begins != 1 or ends != 1:
+        found = f"{begins} `{BEGIN}` and {ends} `{END}`"
+        raise ReadmeTableError(f"{name} needs exactly one `{BEGIN}` line and one `{END}` line "
+                               f"below it, around the results table; found {found}")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    if end < start:
+        raise ReadmeTableError(f"{name}: `{END}` comes before `{BEGIN}`; put the begin marker first")
+    return text[:start] + "\n" + block.strip("\n") + "\n" + text[end:]
+
+
+def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReadmeTableError(f"no {what} at {path}; {fix}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReadmeTableError(f"cannot read {what} {path} ({exc}); {fix}") from None
+
+
+def update_readme(out_root: Path, readme: Path) -> bool:
+    """Write the table of the run under `out_root` into `readme`; True when the file changed."""
+    results = _read_json(out_root / BENCHMARK.subdir / RESULTS, "benchmark results",
+                         "run the main job first (python -m jobs.pipeline) or pass its output "
+                         "root: python -m peftbd.analysis.readme_table OUT_ROOT")
+    manifest_path = out_root / PIPELINE_MANIFEST
+    manifest = (_read_json(manifest_path, "main job manifest", "rerun the main job")
+                if manifest_path.is_file() else None)
+    try:
+        text = readme.read_text()
+    except OSError as exc:
+        raise ReadmeTableError(f"cannot read {readme} ({exc.strerror}); pass the README with "
+                               "--readme PATH") from None
+    try:
+        new = replace_between_markers(text, render(results, manifest), str(readme))
+    except (KeyError, TypeError) as exc:
+        raise ReadmeTableError(f"{out_root / BENCHMARK.subdir / RESULTS} lacks {exc} (written by "
+                               "an older peftbd?); rerun the benchmark: python -m jobs.pipeline "
+                               "--force benchmark") from None
+    if new == text:
+        return False
+    readme.write_text(new)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m peftbd.analysis.readme_table",
+        description="Write the results table of a main-job run into the README, between its "
+        f"{BEGIN} and {END} lines (nothing else changes).")
+    parser.add_argument("out_root", nargs="?", type=Path, default=Path("outputs/tiny"),
+                        metavar="OUT_ROOT", help="the main job's output root: reads "
+                        "OUT_ROOT/benchmark/results.json and OUT_ROOT/manifest.json "
+                        "(default: outputs/tiny)")
+    parser.add_argument("--readme", type=Path, default=Path("README.md"),
+                        help="the file to update (default: README.md)")
+    args = parser.parse_args(argv)
+    try:
+        changed = update_readme(args.out_root, args.readme)
+    except Exception as exc:  # a UserError: its one line (peftbd.errors); anything else is a bug
+        if (err := user_error(exc)) is not None:
+            sys.exit(error_line(err))
+        raise
+    print(f"{args.readme}: results table {'updated' if changed else 'already current'} "
+          f"from {args.out_root / BENCHMARK.subdir / RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
