@@ -54,14 +54,14 @@ from peftbd.analysis.report import (
 )
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs
 from peftbd.benchmarking.cost_profile import PROFILE_FILE
-from peftbd.benchmarking.prompts import PromptError, PromptSet, load_prompts
+from peftbd.benchmarking.prompts import PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job
 from peftbd.config import Config
-from peftbd.data.artifact import ArtifactError
 from peftbd.data.draft_vocab import draft_vocabulary
-from peftbd.data.sources import SPEC_BENCH_PREFIX, SourceError, source_identity
+from peftbd.data.sources import SPEC_BENCH_PREFIX, source_identity
+from peftbd.errors import UserError
 from peftbd.layout import (
     BENCHMARK,
     COST_PROFILE,
@@ -75,7 +75,7 @@ from peftbd.layout import (
 )
 from peftbd.manifest import StageTimer, is_complete, read_manifest
 from peftbd.stage import StageCall, StageInputs
-from peftbd.models.loading import ModelUnavailableError, load_tokenizer
+from peftbd.models.loading import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worke
              "time of the pass (summed over workers), median over those repeats.")
 
 
-class BenchmarkInputError(ValueError):
+class BenchmarkInputError(UserError, ValueError):
     """A bad option; the message says how to fix it."""
 
 
@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or default_out
     inputs = layout_inputs(cfg, args.artifacts, prompts)
     run_stage_job(BENCHMARK, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
-                  args.force, args.verbose,
-                  (BenchmarkInputError, PromptError, ArtifactError, SourceError, ModelUnavailableError),
-                  before_exit=shutdown)
+                  args.force, args.verbose, before_exit=shutdown)
     results = json.loads((out / RESULTS).read_text())
     print("\n".join(summary_lines(results)))
     print(f"benchmark report: {(out / REPORT).resolve()}")

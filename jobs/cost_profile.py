@@ -27,14 +27,13 @@ from typing import Any
 import ray
 
 from jobs.ray_env import init_ray, shutdown
-from jobs.resources import ResourcesUnavailable, wait_for_resources
+from jobs.resources import wait_for_resources
 from peftbd.benchmarking.cost_profile import PROFILE_FILE, run_profile, summary_lines
 from peftbd.benchmarking.cost_profile_models import preflight
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.layout import COST_PROFILE
 from peftbd.manifest import WorkerPeaks
-from peftbd.models.loading import ModelUnavailableError
 from peftbd.stage import StageCall, StageInputs
 
 
@@ -86,8 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     out = stage_out(args, cfg, COST_PROFILE)
+    # plain ValueErrors too (as before UserError): one line each
     run_stage_job(COST_PROFILE, out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
-                  (ModelUnavailableError, ResourcesUnavailable, ValueError), before_exit=shutdown)
+                  (ValueError,), before_exit=shutdown)
     print("\n".join(summary_lines(json.loads((out / PROFILE_FILE).read_text()))))
     print(f"wrote {out / PROFILE_FILE} and {out / 'manifest.json'}")
 

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import ray
 
 from jobs.ray_env import init_ray, shutdown
-from jobs.resources import ResourcesUnavailable, wait_for_resources
+from jobs.resources import wait_for_resources
 from peftbd import progress
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
@@ -45,7 +45,7 @@ from peftbd.data.sources import (
 )
 from peftbd.layout import GENERATE, WORLD
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib, read_manifest
-from peftbd.models.loading import ModelUnavailableError, eos_token_ids, load_tokenizer, load_verifier
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 from peftbd.tiny_world.build import ensure_tiny_world, uses_tiny_world
 from peftbd.stage import StageCall, StageInputs
 
@@ -268,8 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = stage_out(args, cfg, GENERATE)
     run_stage_job(GENERATE, out, lambda: generate_call(cfg, out, args.source, args.limit),
-                  args.force, args.verbose, (SourceError, ModelUnavailableError, ResourcesUnavailable),
-                  before_exit=shutdown)
+                  args.force, args.verbose, before_exit=shutdown)
     m = read_manifest(out)
     print(f"generate artifact: {out.resolve()} (rows per split {m['counts']['per_split']}, "
           f"dropped {m['dropped']}, {m['throughput'].get('tokens_per_s', 0)} tokens/s)")

@@ -22,7 +22,7 @@ import psutil
 
 from jobs.generate import run_generate
 from jobs.ray_env import init_ray
-from peftbd.cli import add_config_args, config_from_args
+from peftbd.cli import add_config_args, config_from_args, exit_on_user_error
 from peftbd.config import Config, apply_override
 from peftbd.data.artifact import SPLITS, read_split
 from peftbd.manifest import read_manifest, versions
@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run_bench(config_from_args(args), out, args.rows, args.batch1_rows)
+    cfg = config_from_args(args)
+    try:
+        result = run_bench(cfg, out, args.rows, args.batch1_rows)
+    except Exception as exc:
+        exit_on_user_error(exc)  # one line `error: ...` for what the user can fix
+        raise
     path = out / "generate_bench.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"generate bench: {path.resolve()} (2 actors / 1 = {result['two_actors_over_one']}x, "

@@ -191,24 +191,21 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = args.out or output_root(cfg)
     from jobs.ray_env import shutdown
-    from jobs.resources import ResourcesUnavailable
-    from peftbd.data.artifact import ArtifactError
-    from peftbd.data.sources import SourceError
-    from peftbd.models.loading import ModelUnavailableError
-    from peftbd.training.checkpoint import CheckpointMismatch
+    from peftbd.cli import exit_on_user_error
+    from peftbd.errors import UserError, error_line
 
-    # what the stages raise with a message that names the fix: one line, no traceback
-    errors = (ConfigError, StageError, OutputLockError, ResourcesUnavailable, SourceError,
-              ArtifactError, ModelUnavailableError, CheckpointMismatch)
+    # what the stages raise with a message that names the fix (a UserError, also from a Ray
+    # task, actor or training worker): one line `error: ...`, no traceback
     try:
         check_writable(out / LOGS)  # before the log dir and before Ray starts
-    except OutputLockError as exc:
-        sys.exit(f"error: {exc}")
+    except UserError as exc:
+        sys.exit(error_line(exc))
     with Console(out / LOGS, args.verbose, before_exit=shutdown) as console:
         try:
             manifest = run_pipeline(cfg, out, set(args.force), args.start, args.dry_run, console)
-        except errors as exc:
-            sys.exit(f"error: {exc}")
+        except Exception as exc:
+            exit_on_user_error(exc)
+            raise
         if args.dry_run:
             return
         console.line(f"\npeftbd pipeline ({cfg.preset}) finished in {manifest['wall_seconds']:.0f}s; "

@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
     call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731
+    # plain ValueErrors too (as before UserError): one line each
     run_stage_job(PLACEMENT, out, call, args.force, args.verbose, (ValueError,),
                   before_exit=shutdown)
     print((out / "placement.md").read_text())

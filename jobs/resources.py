@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from peftbd import progress
+from peftbd.errors import UserError
 
 log = logging.getLogger(__name__)
 WAIT_ENV = "PEFTBD_RESOURCE_WAIT_S"
@@ -24,7 +25,7 @@ DEFAULT_WAIT_S = 300.0
 NOTE_AFTER_S = 3.0  # a job that waits longer says so
 
 
-class ResourcesUnavailable(RuntimeError):
+class ResourcesUnavailable(UserError, RuntimeError):
     """The job's resources were not granted within the wait; the message says what it needs,
     what is free and what holds the rest."""
 

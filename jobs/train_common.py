@@ -42,18 +42,17 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 
 from jobs.progress import relay
 from jobs.ray_env import init_ray, shutdown
-from jobs.resources import ResourcesUnavailable, wait_for_resources
+from jobs.resources import wait_for_resources
 from jobs.train_failures import Trainer, raise_unhealable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
-from peftbd.config import Config, ConfigError
+from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
 from peftbd.layout import GENERATE, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.manifest import WorkerPeaks, read_manifest
-from peftbd.models.loading import ModelUnavailableError, load_tokenizer
+from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
-    CheckpointMismatch,
     TrainState,
     delete_run,
     load_checkpoint,
@@ -317,10 +316,7 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     data = args.data or output_root(cfg) / GENERATE.subdir
     out = stage_out(args, cfg, spec)
     run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
-                  args.force or not args.resume, args.verbose,
-                  (ArtifactError, ConfigError, CheckpointMismatch, ModelUnavailableError,
-                   ResourcesUnavailable),
-                  before_exit=shutdown)
+                  args.force or not args.resume, args.verbose, before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]
     untrained = (f"; UNTRAINED: {'; '.join(m['untrained_reasons'])}"

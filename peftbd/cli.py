@@ -8,11 +8,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from peftbd.config import Config, ConfigError, load_config, preset_names
+from peftbd.config import Config, load_config, preset_names
 from peftbd.console import Console
+from peftbd.errors import UserError, error_line, one_line, user_error
 from peftbd.manifest import is_complete
-from peftbd.output_lock import OutputLockError, check_writable
-from peftbd.stage import Decision, StageCall, StageError, StageSpec
+from peftbd.output_lock import check_writable
+from peftbd.stage import Decision, StageCall, StageSpec
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -37,11 +38,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the config from parsed args; a bad key or value exits with status 2 and the reason."""
+    """Build the config from parsed args; a bad key or value (`ConfigError`, a `UserError`)
+    exits with status 2 and the one line `error: <reason>`."""
     try:
         return load_config(args.preset, args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except UserError as exc:
+        print(error_line(exc), file=sys.stderr)
         sys.exit(2)
 
 
@@ -97,17 +99,29 @@ def decision_line(spec: StageSpec, out: Path, decision: Decision) -> str:
     return f"{spec.name}: {done} -> {out.resolve()}"
 
 
+def exit_on_user_error(exc: BaseException, also: tuple[type[BaseException], ...] = ()) -> None:
+    """Exit with the one line `error: <message>` (status 1, no traceback) when `exc` is or wraps
+    a `UserError` (`peftbd.errors.user_error`: Ray's task, actor and worker wrappers too), or is
+    one of `also`; otherwise return, and the caller re-raises `exc`."""
+    if (err := user_error(exc)) is not None:
+        sys.exit(error_line(err))
+    if also and isinstance(exc, also):
+        cause = vars(exc).get("cause")  # a RayTaskError's text is the worker's traceback
+        sys.exit(f"error: {one_line(str(cause if isinstance(cause, BaseException) else exc))}")
+
+
 def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall], force: bool,
-                  verbose: bool, errors: tuple[type[Exception], ...],
+                  verbose: bool, errors: tuple[type[Exception], ...] = (),
                   before_exit: Callable[[], None] | None = None) -> Decision:
     """Run one stage job on the terminal: library and Ray output in `<out>/../logs/<stage>.log`
-    (unless `verbose`), a progress bar, then the line saying what was done; an error of the kinds
-    in `errors` exits with its message (it names the fix); so does an `--out` that is not
-    writable or that another run holds, before any work. `before_exit`: see `Console`."""
+    (unless `verbose`), a progress bar, then the line saying what was done; a `UserError` (the
+    message names the fix; `peftbd.errors`), or an error of the further kinds in `errors`, exits
+    with the one line `error: <message>`; so does an `--out` that is not writable or that
+    another run holds, before any work. `before_exit`: see `Console`."""
     try:
         check_writable(out)  # before the log dir beside it and before Ray starts
-    except OutputLockError as exc:
-        sys.exit(f"error: {exc}")
+    except UserError as exc:
+        sys.exit(error_line(exc))
     with Console(out.parent / LOGS, verbose, before_exit) as console:
         log_path = console.log_path(spec.name)
         if log_path:
@@ -119,7 +133,8 @@ def run_stage_job(spec: StageSpec, out: Path, make_call: Callable[[], StageCall]
                 console.line(line)
             with console.stage(spec.name, spec.title):
                 call.run(force, decision)
-        except (StageError, OutputLockError, *errors) as exc:
-            sys.exit(f"error: {exc}")
+        except Exception as exc:
+            exit_on_user_error(exc, errors)
+            raise
         console.line(decision_line(spec, out, decision))
     return decision

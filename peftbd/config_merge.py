@@ -14,8 +14,10 @@ import types
 import typing
 from typing import Any, Literal
 
+from peftbd.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config key, value or file is not valid; the message names it and the allowed form."""
 
 

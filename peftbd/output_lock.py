@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from peftbd.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".job.lock"
 
 
-class OutputLockError(RuntimeError):
+class OutputLockError(UserError, RuntimeError):
     """The output is held by another live run, or its place is not writable; the message says
     who holds it or what failed, and how to proceed."""
 

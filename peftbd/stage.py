@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from peftbd.errors import UserError
 from peftbd.manifest import (
     StageTimer,
     atomic_output_dir,
@@ -43,7 +44,7 @@ CONTRACT_VERSION = 1
 """Bumped when the manifest's contract fields change meaning; older outputs then fail clearly."""
 
 
-class StageError(RuntimeError):
+class StageError(UserError, RuntimeError):
     """An output or input that the contract cannot vouch for; the message says how to proceed."""
 
 

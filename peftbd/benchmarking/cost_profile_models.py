@@ -16,7 +16,7 @@ import torch
 from peft import PeftModel
 
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, arm_specs
-from peftbd.config import Config
+from peftbd.config import Config, ConfigError
 from peftbd.decoding.verify import unwrap
 from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
 from peftbd.models.architecture import Architecture, build_model, resolve_architecture
@@ -53,8 +53,8 @@ def preflight(cfg: Config) -> Architecture:
     arch = resolve_architecture(cfg)
     depth, early = arch.config.num_hidden_layers, cfg.cost_profile.early_exit_layers
     if early >= depth:
-        raise ValueError(f"cost_profile.early_exit_layers={early}: {arch.name} has {depth} layers; "
-                         f"use 1..{depth - 1}, or 0 for no early-exit arm")
+        raise ConfigError(f"cost_profile.early_exit_layers={early}: {arch.name} has {depth} layers; "
+                          f"use 1..{depth - 1}, or 0 for no early-exit arm")
     return arch
 
 

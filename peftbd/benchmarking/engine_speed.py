@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     out = stage_out(args, cfg, ENGINE_SPEED)
-    run_stage_job(ENGINE_SPEED, out, lambda: speed_call(cfg, out), args.force, args.verbose, ())
+    run_stage_job(ENGINE_SPEED, out, lambda: speed_call(cfg, out), args.force, args.verbose)
     result = json.loads((out / "speed.json").read_text())
     print(f"engine AR {result['tokens_per_s']['engine_ar']:.1f} tok/s vs HF generate "
           f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x mean, "

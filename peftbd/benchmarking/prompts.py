@@ -16,10 +16,11 @@ from transformers import PreTrainedTokenizerBase
 from peftbd.config import Config
 from peftbd.data.artifact import read_split
 from peftbd.data.sources import SPEC_BENCH_PREFIX, prepare_record, spec_bench_source
+from peftbd.errors import UserError
 from peftbd.models.loading import load_tokenizer
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
     """Benchmark prompts that cannot be loaded; the message says how to fix it."""
 
 

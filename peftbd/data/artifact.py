@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from peftbd.errors import UserError
 from peftbd.manifest import is_complete
 
 SPLITS = ("train", "val", "test")
@@ -41,7 +42,7 @@ ARTIFACT_SCHEMA = pa.schema([
 """Every row of every split file; `prompt_ids + continuation_ids` is the verifier's greedy text."""
 
 
-class ArtifactError(ValueError):
+class ArtifactError(UserError, ValueError):
     """An artifact directory or split file is missing or does not match `ARTIFACT_SCHEMA`."""
 
 

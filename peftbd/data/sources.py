@@ -28,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from peftbd.config import EMBEDDED_TINY, Config, cache_root
 from peftbd.data.chat import BadRow, encode_prompt, prompt_messages
 from peftbd.data.content_hash import source_digests
+from peftbd.errors import UserError
 
 SPEC_BENCH_PREFIX = "spec-bench:"
 KINDS = ("jsonl", "parquet", "hub", "spec_bench")
@@ -42,7 +43,7 @@ PREPARED_SCHEMA = pa.schema([
 """One prepared record: a tokenized prompt, or the reason it was dropped (then `id` may be null)."""
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """A `data.source` value that names no readable source; the message says how to fix it."""
 
 

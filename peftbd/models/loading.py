@@ -11,13 +11,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.config_sections import Dtype
 from peftbd.data.chat import QWEN3_CHAT_TEMPLATE
+from peftbd.errors import UserError
 from peftbd.tiny_world.tokenizer import MASK
 from peftbd.tiny_world.build import ensure_tiny_world
 
 DTYPES = {name: getattr(torch, name) for name in get_args(Dtype)}
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(UserError, RuntimeError):
     """The configured model or tokenizer cannot be loaded; the message says how to fix it."""
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import pyarrow.fs
 from torch import nn
 
+from peftbd.errors import UserError
+
 TAG = "ds"
 EXPORT_DIR = "export"
 
@@ -66,7 +68,7 @@ def save_checkpoint(engine: Any, ckpt_dir: str | Path, state: TrainState, finger
         )
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError, ValueError):
     """A checkpoint that cannot belong to this run (other inputs, other shapes): retrying cannot
     help; the message says how to start over."""
 
