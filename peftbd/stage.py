@@ -15,11 +15,13 @@ complete; one run at a time holds an output (`peftbd.output_lock`). An output wi
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib.util
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -174,14 +176,60 @@ def module_files(name: str) -> tuple[Path, ...]:
 
 
 def code_hashes(modules: Iterable[str]) -> dict[str, str]:
-    """{module-relative file: sha256[:12]} of the source files of `modules` (packages included)."""
+    """{module-relative file: hash[:12]} of the source files of `modules` (packages included).
+
+    A Python file's hash is of its code, not its bytes (`code_hash`): docstrings, comments and
+    formatting do not count, so editing them reruns nothing."""
     out: dict[str, str] = {}
     for name in modules:
         files = module_files(name)
         root = Path(importlib.util.find_spec(name.split(".")[0]).origin).parent.parent
         for path in files:
-            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+            out[str(path.relative_to(root))] = code_hash(path)
     return dict(sorted(out.items()))
+
+
+_CODE_HASHES: dict[tuple[str, int, int], str] = {}
+"""code_hash's cache: {(path, mtime_ns, size): hash} of files not modified in the last seconds."""
+
+_RACY_NS = 2_000_000_000
+"""A file modified less than this long ago is hashed afresh each time: within one tick of the
+file system's clock an edit of the same size would leave (path, mtime_ns, size) unchanged."""
+
+
+def code_hash(path: Path) -> str:
+    """sha256[:12] of a `.py` file's normalised code (`normalised_code`), or of another file's bytes.
+
+    A file that does not parse (a syntax error) falls back to its bytes."""
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key in _CODE_HASHES:
+        return _CODE_HASHES[key]
+    data = path.read_bytes()
+    if path.suffix == ".py":
+        try:
+            data = normalised_code(data, str(path)).encode()
+        except (SyntaxError, ValueError):
+            log.debug("%s does not parse; its code hash is of its bytes", path)
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    if time.time_ns() - stat.st_mtime_ns > _RACY_NS:
+        _CODE_HASHES[key] = digest
+    return digest
+
+
+def normalised_code(source: str | bytes, filename: str = "<source>") -> str:
+    """The code of Python `source` without what does not change what it does: its AST's dump
+    (no line numbers) with the docstrings of the module, classes and functions removed; comments
+    and formatting are not in an AST. Raises SyntaxError when `source` does not parse."""
+    tree = ast.parse(source, filename)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                # a class or def needs a body; a module may be empty (as an empty __init__.py)
+                node.body = body[1:] or ([] if isinstance(node, ast.Module) else [ast.Pass()])
+    return ast.dump(tree, annotate_fields=True, include_attributes=False)
 
 
 def stage_inputs(spec: StageSpec, cfg_dict: Mapping[str, Any],

@@ -31,9 +31,23 @@ if ! has deepspeed; then
   DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$shm pipi --no-build-isolation --no-cache-dir "deepspeed>=0.16,<1"
 fi
 here=$PWD
-installed_at=$(cd / && "$PY" -c 'import importlib.util as u, os
-assert all(u.find_spec(m) for m in ("ray", "peft", "openai", "pytest"))
-print(os.path.dirname(os.path.dirname(u.find_spec("peftbd").origin)))' 2>/dev/null || true)
+# Where peftbd is installed from, printed only when every requirement pyproject.toml declares
+# (its dependencies and the dev extra) is installed in a version it allows; anything else
+# (a requirement added since the last install, a Python without tomllib) reinstalls.
+requirements_met_at() {
+  cd / && "$PY" - "$here/pyproject.toml" <<'PYEOF'
+import importlib.metadata as md, importlib.util as u, os, sys, tomllib
+from packaging.requirements import Requirement
+with open(sys.argv[1], "rb") as f:
+    project = tomllib.load(f)["project"]
+for line in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    req = Requirement(line)
+    if req.marker is None or req.marker.evaluate({"extra": "dev"}):
+        assert req.specifier.contains(md.version(req.name), prereleases=True), line
+print(os.path.dirname(os.path.dirname(u.find_spec("peftbd").origin)))
+PYEOF
+}
+installed_at=$(requirements_met_at 2>/dev/null || true)
 if [ "$installed_at" != "$here" ]; then
   echo "[install] installing peftbd and its dependencies"
   pipi -e ".[dev]"
