@@ -22,7 +22,7 @@ from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.schema import ARMS
 from peftbd.benchmarking.schema import concurrency_rows as typed_rows
-from peftbd.config import Config, apply_override
+from peftbd.config import Config, apply_override, load_config
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest, write_manifest
@@ -34,8 +34,9 @@ N_PROMPTS = 3
 
 
 @pytest.fixture(scope="module")
-def small_cfg(tiny_cfg: Config) -> Config:
-    cfg = tiny_cfg
+def small_cfg() -> Config:
+    """The full study's arms (tiny-full: the ablations too) on a few short prompts."""
+    cfg = load_config("tiny-full")
     for item in (f"decoding.num_prompts={N_PROMPTS}", "decoding.max_new_tokens=12",
                  "decoding.repeats=2", "decoding.torch_threads=1"):
         cfg = apply_override(cfg, item)
@@ -220,7 +221,7 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
     (root / "peftbd_early_exit").mkdir()
     write_manifest(root / "peftbd_early_exit", {"stage": "train_peftbd"})  # an older layout
     with pytest.raises(SystemExit, match="error: .*peftbd_early_exit was written by an older peftbd.*--force"):
-        main(["--artifacts", str(root)])
+        main(["--preset", "tiny-full", "--artifacts", str(root)])
 
 
 def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:

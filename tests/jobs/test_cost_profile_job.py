@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
 
-
-def _job(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.cost_profile", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+from jobs.cost_profile import main
 
 
-def test_help_names_the_architecture_the_kv_length_and_the_output():
-    proc = _job("--help")
-    assert proc.returncode == 0
+def test_help_names_the_architecture_the_kv_length_and_the_output(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
     for word in ("cost_profile.architecture", "cost_profile.kv_len", "cost_profile.json", "--out"):
-        assert word in proc.stdout, word
+        assert word in out, word
 
 
 def test_an_early_exit_deeper_than_the_architecture_fails_at_once(tmp_path):
     start = time.monotonic()
-    proc = _job("--out", str(tmp_path / "cp"), "--set", "cost_profile.early_exit_layers=28")
-    assert proc.returncode == 1
-    assert "cost_profile.early_exit_layers=28: Qwen/Qwen3-0.6B has 28 layers; use 1..27" in proc.stderr
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "cp"), "--set", "cost_profile.early_exit_layers=28"])
+    assert "cost_profile.early_exit_layers=28: Qwen/Qwen3-0.6B has 28 layers; use 1..27" in str(exit_.value)
     assert time.monotonic() - start < 120 and not (tmp_path / "cp").exists()
 
 

@@ -40,7 +40,7 @@ def _stand_in_outputs(cfg, root):
 def _reruns(overrides, root, force=(), start=None):
     from jobs.pipeline import forced_stages, plan, stage_calls
 
-    calls = stage_calls(load_config("tiny", overrides=overrides), root)
+    calls = stage_calls(load_config("tiny-full", overrides=overrides), root)
     decisions = plan(calls, forced_stages(list(force), start, calls))
     return {c.spec.name for c, d in zip(calls, decisions) if d.run}
 
@@ -53,7 +53,7 @@ AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_offsets", 
 def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
-    _stand_in_outputs(load_config("tiny"), root)
+    _stand_in_outputs(load_config("tiny-full"), root)  # every stage, the ablations' too
     assert _reruns([], root) == set()
     assert _reruns(["drafter.lora_r=4"], root) == PEFTBD_STAGES
     assert _reruns(["data.max_new_tokens=32"], root) == AFTER_WORLD
@@ -81,7 +81,7 @@ def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monk
 
     monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
-    _stand_in_outputs(load_config("tiny"), root)
+    _stand_in_outputs(load_config("tiny-full"), root)
     write_manifest(root / "mtp_head", {"stage": "train_mtp", "wall_seconds": 3.0})
     with pytest.raises(StageError, match=r"mtp_head was written by an older peftbd.*--force train_mtp"):
         _reruns([], root)

@@ -21,10 +21,9 @@ TRIM = [
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
-STAGES = ("continuations", "peftbd_adapter", "peftbd_early_exit", "peftbd_offsets", "mtp_head",
-          "bd_head", "cost_profile", "benchmark")
-NAMES = ("world", "generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
-         "train_head", "cost_profile", "benchmark")
+STAGES = ("continuations", "peftbd_adapter", "mtp_head", "bd_head", "cost_profile", "benchmark")
+NAMES = ("world", "generate", "train_peftbd", "train_mtp", "train_head", "cost_profile", "benchmark")
+"""The default main job's stages (the ablations' own trainings run only with --preset tiny-full)."""
 
 
 def _pipeline(out: Path, *extra: str) -> str:
@@ -75,10 +74,9 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     mtp_before = (out / "mtp_head" / "manifest.json").read_text()
     changed = _pipeline(out, "--set", "drafter.lora_r=4")
     runs = {name for name, verdict in _plan(changed).items() if verdict == "RUN"}
-    assert runs == {"train_peftbd", "train_early_exit", "train_offsets", "benchmark"}, changed
+    assert runs == {"train_peftbd", "benchmark"}, changed
     assert "drafter.lora_r 8 -> 4" in changed
-    for sub in ("peftbd_adapter", "peftbd_early_exit", "peftbd_offsets"):
-        assert json.loads((out / sub / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert json.loads((out / "peftbd_adapter" / "adapter" / "adapter_config.json").read_text())["r"] == 4
     assert (out / "mtp_head" / "manifest.json").read_text() == mtp_before  # untouched
 
     dry = _pipeline(out, "--set", "drafter.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")

@@ -276,8 +276,9 @@ def test_preset_files_are_complete_commented_and_equal_the_presets(name):
     assert _keys(data) == _keys(Config().to_dict())  # every knob, none unknown
     assert data["preset"] == name
     header = path.read_text().splitlines()[:4]
-    assert header[0].startswith("# ") and f"python -m jobs.pipeline --config peftbd/configs/{name}.yaml" in header[1]
-    assert "cp peftbd/configs/" in header[2]
+    assert all(line.startswith("#") for line in header)  # the header says how to run and copy it
+    assert f"python -m jobs.pipeline --config peftbd/configs/{name}.yaml" in "\n".join(header)
+    assert "cp peftbd/configs/" in "\n".join(header)
     # --config is applied over the default preset (tiny): a full file replaces all of it
     assert load_config("tiny", config_file=path) == load_config(name) == load_config(name, config_file=path)
 

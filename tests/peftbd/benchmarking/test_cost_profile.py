@@ -26,11 +26,11 @@ TINY_PROFILE = ["cost_profile.architecture=model", "cost_profile.early_exit_laye
 
 @pytest.fixture(scope="module")
 def tiny_profile(tiny_world):
-    return cp.run_profile(load_config("tiny", overrides=TINY_PROFILE)).to_dict()
+    return cp.run_profile(load_config("tiny-full", overrides=TINY_PROFILE)).to_dict()
 
 
 def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
-    cfg = load_config("tiny", overrides=TINY_PROFILE)
+    cfg = load_config("tiny-full", overrides=TINY_PROFILE)
     ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab"]

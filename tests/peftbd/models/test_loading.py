@@ -25,6 +25,8 @@ def test_same_code_path_loads_a_local_directory(tiny_world):
 
 def test_unreachable_hub_error_says_which_preset_needs_what(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub read the variable at import: without this the lookup waits ~46 s on the hub
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     cfg = load_config("qwen3-0.6b", overrides=["model.name_or_path=peftbd-test/not-a-model"])
     with pytest.raises(ModelUnavailableError) as err:
         load_tokenizer(cfg)

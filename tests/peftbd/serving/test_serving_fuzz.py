@@ -96,7 +96,7 @@ def _check(raw: bytes, kind: str, tok, serving) -> None:
     assert isinstance(spec, GenerationSpec) and spec.prompt_ids
 
 
-@settings(max_examples=2000, deadline=None, derandomize=True,
+@settings(max_examples=1000, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
 @given(request=requests, mangle=st.sampled_from([0, 0, 0, 0, 1, 2]))

@@ -63,12 +63,17 @@ def overfit(task, module: nn.Module, batch, steps: int, lr: float) -> list[float
     the step, so the noise and offsets change), leave it in eval mode; the losses."""
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     losses = []
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss = task.train_loss(module, batch, epoch=step)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # big matmuls: every core helps (the rest: one)
+    try:
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss = task.train_loss(module, batch, epoch=step)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
     module.eval()
     return losses
 
@@ -78,33 +83,34 @@ ROUNDS_BUDGET = 20
 
 
 @pytest.fixture(scope="session")
-def greedy_rows(tiny_world) -> Callable[..., dict[str, list]]:
-    """`make(verifier, tokenizer, eos)`: artifact-like rows of 16 corpus prompts whose
-    continuations are `verifier`'s greedy output (ROUNDS_BUDGET new tokens at most)."""
+def greedy_rows(tiny_cfg: Config, tiny_world) -> dict[str, list]:
+    """Artifact-like rows of 16 corpus prompts whose continuations are the tiny world verifier's
+    greedy output (ROUNDS_BUDGET new tokens at most), decoded once for every round-replay test
+    (each checks that its engine commits exactly these tokens)."""
     import itertools
     import json
 
     from peftbd.data.chat import encode_prompt, prompt_messages
     from peftbd.decoding import SpeculativeDecoder
+    from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
-    def make(verifier: nn.Module, tokenizer, eos: list[int]) -> dict[str, list]:
-        with open(tiny_world.corpus_path) as f:
-            records = [json.loads(line) for line in itertools.islice(f, 120)]
-        prompts = [p for p in (encode_prompt(tokenizer, prompt_messages(r["messages"]))
-                               for r in records) if len(p) <= 128][:16]
-        # replies run ~75-170 tokens: every other prompt resumes its own greedy reply 6 tokens
-        # before its EOS, so some rows end on EOS inside the budget
-        whole = SpeculativeDecoder(verifier, None, eos, 256)
-        for i in range(0, len(prompts), 2):
-            reply = whole.decode(prompts[i]).tokens
-            if reply[-1] in eos:
-                prompts[i] = prompts[i] + reply[:-6]
-        greedy = SpeculativeDecoder(verifier, None, eos, ROUNDS_BUDGET)
-        return {"id": [str(i) for i in range(len(prompts))], "prompt_ids": prompts,
-                "continuation_ids": [greedy.decode(p).tokens for p in prompts],
-                "prompt_len": [len(p) for p in prompts]}
-
-    return make
+    verifier, tokenizer = load_verifier(tiny_cfg), load_tokenizer(tiny_cfg)
+    eos = eos_token_ids(verifier, tokenizer)
+    with open(tiny_world.corpus_path) as f:
+        records = [json.loads(line) for line in itertools.islice(f, 120)]
+    prompts = [p for p in (encode_prompt(tokenizer, prompt_messages(r["messages"]))
+                           for r in records) if len(p) <= 128][:16]
+    # replies run ~75-170 tokens: every other prompt resumes its own greedy reply 6 tokens
+    # before its EOS, so some rows end on EOS inside the budget
+    whole = SpeculativeDecoder(verifier, None, eos, 256)
+    for i in range(0, len(prompts), 2):
+        reply = whole.decode(prompts[i]).tokens
+        if reply[-1] in eos:
+            prompts[i] = prompts[i] + reply[:-6]
+    greedy = SpeculativeDecoder(verifier, None, eos, ROUNDS_BUDGET)
+    return {"id": [str(i) for i in range(len(prompts))], "prompt_ids": prompts,
+            "continuation_ids": [greedy.decode(p).tokens for p in prompts],
+            "prompt_len": [len(p) for p in prompts]}
 
 
 @pytest.fixture(scope="session")

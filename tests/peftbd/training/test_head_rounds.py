@@ -26,14 +26,14 @@ from .conftest import overfit
 
 @pytest.fixture(scope="module")
 def trained(tiny_world, greedy_rows):
-    """(task, head, rows, eos): a head trained 60 steps on 16 rows whose continuations are its
+    """(task, head, rows, eos): a head trained 40 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept long prefixes)."""
     cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}", "drafter.block_size=8"])
     task, tok = make_task("head", cfg), load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
-    rows = greedy_rows(task.verifier, tok, eos)
-    losses = overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=60, lr=3e-3)
+    rows = greedy_rows
+    losses = overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=40, lr=4e-3)
     assert losses[-1] < 0.5 * losses[0], losses[::10]  # it learns
     assert all(p.grad is None for p in task.verifier.parameters())  # the verifier stays frozen
     return task, head, rows, eos

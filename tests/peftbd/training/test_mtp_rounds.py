@@ -22,14 +22,14 @@ from .conftest import overfit
 
 @pytest.fixture(scope="module")
 def trained(tiny_world, greedy_rows):
-    """(task, head, rows, eos, pad id): an MTP head trained 60 steps on 16 rows whose continuations are its
+    """(task, head, rows, eos, pad id): an MTP head trained 20 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept several steps)."""
     cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}"])
     task, tok = make_task("mtp", cfg), load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
-    rows = greedy_rows(task.verifier, tok, eos)
-    overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=60, lr=3e-3)
+    rows = greedy_rows
+    overfit(task, head, collate_sequences(rows, tok.pad_token_id), steps=20, lr=1e-2)
     return task, head, rows, eos, tok.pad_token_id
 
 

@@ -33,7 +33,7 @@ def trained(request, cfg, tiny_world, greedy_rows):
     task, tok = PeftBDTask(cfg), load_tokenizer(cfg)
     model = task.build(torch.device("cpu"))
     eos = eos_token_ids(model.get_base_model(), tok)
-    rows = greedy_rows(model, tok, eos)  # the adapter is off: the verifier's greedy output
+    rows = greedy_rows  # the verifier's greedy output: the adapter-off model must commit it
     overfit(task, model, collate_sequences(rows, tok.pad_token_id), steps=50, lr=6e-3)
     return task, model, rows, eos
 
