@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -24,9 +23,7 @@ def test_the_shipped_world_is_current(tmp_path):
 def test_the_world_stage_copies_the_shipped_world_in(tmp_path):
     tw = load_config("tiny").tiny_world
     call = world_call(tw, str(tmp_path))
-    start = time.perf_counter()
     call.run()
-    assert time.perf_counter() - start < 30
     got, shipped = (json.loads((d / MANIFEST).read_text()) for d in (call.out, SHIPPED))
     assert got["origin"] == "shipped"
     assert got["sha256"] == shipped["sha256"]
