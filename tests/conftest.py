@@ -17,6 +17,16 @@ SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
 os.environ.setdefault("PEFTBD_RAY_DASHBOARD", "0")
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under pytest-xdist (`--dist=loadgroup`, pyproject.toml) each test file runs whole on one
+    worker, so its module fixtures are built once, and every Serve test on the same worker, so
+    one local Serve cluster serves them all."""
+    for item in items:
+        path = Path(str(item.path)).resolve().relative_to(REPO)
+        group = "serve-cluster" if path.parts[:2] == ("tests", "serve_apps") else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """One intra-op torch thread in the test process: tiny forwards gain nothing from two, and

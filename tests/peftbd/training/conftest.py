@@ -63,17 +63,12 @@ def overfit(task, module: nn.Module, batch, steps: int, lr: float) -> list[float
     the step, so the noise and offsets change), leave it in eval mode; the losses."""
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     losses = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)  # big matmuls: every core helps (the rest: one)
-    try:
-        for step in range(steps):
-            optimizer.zero_grad()
-            loss = task.train_loss(module, batch, epoch=step)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    finally:
-        torch.set_num_threads(threads)
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = task.train_loss(module, batch, epoch=step)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
     module.eval()
     return losses
 
