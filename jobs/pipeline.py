@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.cli import LOGS, add_config_args, add_verbose_arg, config_from_args, output_root
-from peftbd.config import Config, ConfigError
+from peftbd.config import Config
 from peftbd.layout import (
     BENCHMARK,
     BY_NAME,
@@ -40,7 +40,7 @@ from peftbd.layout import (
 from peftbd.console import Console
 from peftbd.main_job_checks import check_main_job
 from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
-from peftbd.output_lock import OutputLockError, check_writable
+from peftbd.output_lock import check_writable
 from peftbd.stage import Decision, StageCall, StageError
 
 

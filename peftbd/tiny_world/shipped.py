@@ -55,8 +55,10 @@ def refresh(dest: Path = SHIPPED) -> dict[str, Any]:
     from peftbd.tiny_world.build import world_call
 
     tw = dataclasses.replace(load_config("tiny").tiny_world, shipped=False)
-    with tempfile.TemporaryDirectory() as cache:
-        call = world_call(tw, cache)
+    with tempfile.TemporaryDirectory() as scratch:
+        # built in a scratch dir of its own: never in the cache (env PEFTBD_CACHE included),
+        # where a world of the same fingerprint may be in use
+        call = dataclasses.replace(world_call(tw, scratch), out=Path(scratch) / "world")
         call.run(force=True)
         if dest.exists():
             shutil.rmtree(dest)

@@ -11,10 +11,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TRIM = [
     "data.train_size=240", "data.val_size=16", "data.test_size=16",
-    "drafter.optim.max_steps=40", "mtp.optim.max_steps=40",
-    "drafter.optim.eval_every=20", "drafter.optim.checkpoint_every=20",
-    "mtp.optim.eval_every=20", "mtp.optim.checkpoint_every=20",
-    "head.optim.max_steps=40", "head.optim.eval_every=20", "head.optim.checkpoint_every=20",
+    "drafter.optim.max_steps=20", "mtp.optim.max_steps=20",
+    "drafter.optim.eval_every=10", "drafter.optim.checkpoint_every=10",
+    "mtp.optim.eval_every=10", "mtp.optim.checkpoint_every=10",
+    "head.optim.max_steps=20", "head.optim.eval_every=10", "head.optim.checkpoint_every=10",
     "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
     "decoding.max_new_tokens=24",
     # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)

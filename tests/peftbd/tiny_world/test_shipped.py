@@ -20,9 +20,11 @@ def test_the_shipped_world_is_current(tmp_path):
         "rebuild it with python -m peftbd.tiny_world.shipped (~4 min) and commit it")
 
 
-def test_the_world_stage_copies_the_shipped_world_in(tmp_path):
+def test_the_world_stage_copies_the_shipped_world_in(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path))  # its own cache, not the test session's
     tw = load_config("tiny").tiny_world
     call = world_call(tw, str(tmp_path))
+    assert call.out.parent == tmp_path
     call.run()
     got, shipped = (json.loads((d / MANIFEST).read_text()) for d in (call.out, SHIPPED))
     assert got["origin"] == "shipped"
