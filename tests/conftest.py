@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     worker, so its module fixtures are built once, and every Serve test on the same worker, so
     one local Serve cluster serves them all."""
     for item in items:
-        path = Path(str(item.path)).resolve().relative_to(REPO)
+        path = item.path.resolve().relative_to(REPO)
         group = "serve-cluster" if path.parts[:2] == ("tests", "serve_apps") else str(path)
         item.add_marker(pytest.mark.xdist_group(group))
 

@@ -11,12 +11,14 @@ that lack tomllib.
 from __future__ import annotations
 
 import ast
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as normalise
 
 try:
     import tomllib
@@ -29,16 +31,9 @@ RUNTIME_DIRS = ("peftbd", "jobs", "serve_apps", "scripts")
 TEST_DIRS = ("tests",)
 
 
-def normalise(name: str) -> str:
-    """A distribution name as PEP 503 compares it: lower case, runs of -_. as one -."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def requirement_name(requirement: str) -> str:
-    """'ray[serve]>=2.50,<3' -> 'ray' (normalised)."""
-    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
-    assert match, f"pyproject.toml: cannot read the requirement {requirement!r}"
-    return normalise(match.group(1))
+    """'ray[serve]>=2.50,<3' -> 'ray' (normalised as PEP 503 compares names)."""
+    return normalise(Requirement(requirement).name)
 
 
 def declared(pyproject: Path = REPO / "pyproject.toml") -> tuple[frozenset[str], frozenset[str]]:
