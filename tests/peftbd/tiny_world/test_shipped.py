@@ -9,6 +9,7 @@ import json
 import pytest
 
 from peftbd.config import load_config
+from peftbd.tiny_world import build
 from peftbd.tiny_world.build import world_call
 from peftbd.tiny_world.shipped import MANIFEST, SHIPPED, copy_shipped, refresh, shipped_fingerprint
 
@@ -48,9 +49,12 @@ def test_shipped_false_is_not_part_of_the_fingerprint(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_recipe_rebuilds_the_shipped_world(tmp_path):
+def test_the_recipe_rebuilds_the_shipped_world(tmp_path, monkeypatch):
     """Corpus, tokenizer and stage fingerprint to the byte; the verifier's weights depend on the
-    CPU's float kernels, so its held-out loss is compared instead."""
+    CPU's float kernels (and thread count), so its held-out loss is compared instead. One thread:
+    the suite runs two workers on two cores, and two spin-waiting threads here slowed this test
+    from ~150 s to ~450 s beside the other worker."""
+    monkeypatch.setattr(build, "BUILD_THREADS", 1)
     built = refresh(tmp_path / "world")
     shipped = json.loads((SHIPPED / MANIFEST).read_text())
     assert "origin" not in built  # built by the recipe, not copied
