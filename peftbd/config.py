@@ -6,9 +6,10 @@ A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAM
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
 `--set a.b=value` overrides. Every layer is type-checked against the dataclass fields (`Literal`
 fields accept only their listed values); the finished config is checked against `_RANGES`,
-`_ITEM_RANGES`, `_PATTERNS`, `_ORDERED` and `_LENGTHS`, and settings that would publish an
-untrained drafter are refused unless `training.allow_untrained` (`peftbd.untrained`). An unknown
-key or a bad value raises `ConfigError` naming the key, the value and the allowed form.
+`_ITEM_RANGES`, `_ITEM_PATTERNS`, `_PATTERNS`, `_ORDERED` and `_LENGTHS`, and settings that
+would publish an untrained drafter are refused unless `training.allow_untrained`
+(`peftbd.untrained`). An unknown key or a bad value raises `ConfigError` naming the key, the
+value and the allowed form.
 """
 
 from __future__ import annotations
@@ -123,12 +124,18 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
     CostProfileConfig: {"kv_len": _POSITIVE, "repeats": _POSITIVE, "threads": _NON_NEGATIVE,
                         "num_gpus": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
                         "lora_r": _POSITIVE, "lora_alpha": _POSITIVE,
-                        "draft_vocab": _NON_NEGATIVE},
+                        "draft_vocab": _NON_NEGATIVE, "decode_prompts": _POSITIVE,
+                        "decode_tokens": _NON_NEGATIVE},
 }
 _DEVICE = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
 _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
     ModelConfig: {"device": _DEVICE},
     CostProfileConfig: {"device": _DEVICE},
+}
+# list fields whose every item must match a form: (regex, the form in words).
+_ITEM_PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
+    DecodingConfig: {"synthetic": (r"[a-z][a-z0-9_]*=\d+(\.\d+)?",
+                                   "arm=tokens_per_round, e.g. peftbd=2.881")},
 }
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
@@ -240,8 +247,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _check_values(obj: Any, prefix: str = "") -> None:
-    """Check a finished config (section) against `_RANGES`, `_ITEM_RANGES`, `_DISTINCT`,
-    `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
+    """Check a finished config (section) against `_RANGES`, `_ITEM_RANGES`, `_ITEM_PATTERNS`,
+    `_DISTINCT`, `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
     bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
     for name, (low, high) in _ITEM_RANGES.get(type(obj), {}).items():
         bad = [v for v in getattr(obj, name) if (low is not None and v < low) or (high is not None and v > high)]
@@ -249,6 +256,11 @@ def _check_values(obj: Any, prefix: str = "") -> None:
             allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"config key '{prefix}{name}': value {list(getattr(obj, name))!r} holds "
                               f"{bad[0]!r}; expected every entry {allowed}")
+    for name, (pattern, form) in _ITEM_PATTERNS.get(type(obj), {}).items():
+        bad = [v for v in getattr(obj, name) if not re.fullmatch(pattern, v)]
+        if bad:
+            raise ConfigError(f"config key '{prefix}{name}': entry {bad[0]!r} is not valid; "
+                              f"expected {form}")
     for name in _DISTINCT.get(type(obj), ()):
         value = list(getattr(obj, name))
         if not value or len(set(value)) != len(value):

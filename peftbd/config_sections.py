@@ -190,6 +190,12 @@ class DecodingConfig:
     # The sweep's batched passes (B > 1) run in the first `sweep_repeats` repeats (at most
     # `repeats`; batch 1 is every repeat's batch-1 pass); tok/s is the median over them.
     sweep_repeats: int = 3
+    # Controlled ("synthetic") acceptance (peftbd.decoding.controlled): each "arm=tokens" entry
+    # adds arm "<arm>_synthetic", the arm's real drafts forced to `tokens` accepted tokens per
+    # round on average (bonus included; geometric over its draft positions), verification real,
+    # so its output is AR's. The cost profile decodes the same arms at the paper's architecture.
+    synthetic: tuple[str, ...] = ()
+    synthetic_seed: int = 0  # the draws' seed (a request's draws depend on it and its prompt only)
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,10 @@ class CostProfileConfig:
     lora_alpha: int = 32
     draft_vocab: int = 32768  # the head's draft-vocabulary arm at this architecture (0: no arm)
     roofline_gpu: RooflineGPU = "H200"
+    # Measured decoding at this architecture (peftbd.benchmarking.shape_decode): AR and the
+    # decoding.synthetic arms decode this many random prompts of kv_len tokens (0 tokens: none)
+    decode_prompts: int = 2
+    decode_tokens: int = 32
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,43 @@ def cost_table(results: dict[str, Any]) -> str | None:
                   fmt(p and p.roofline_speedup)]
         rows.append(cells)
     return markdown_table(header, rows)
+
+
+def describe_decode(results: dict[str, Any]) -> str | None:
+    """The paragraph above the measured-decode table; None when the profile decoded nothing."""
+    prof = profile(results)
+    if prof is None or not prof.get("decode"):
+        return None
+    dec, floor = prof["decode"], prof["decode"]["floor"]
+    return (f"Whole requests decoded at **{prof['architecture']['name']}**'s shape ({dec['dtype']}, "
+            f"{prof['hardware']}, random weights): {dec['prompts']} random prompts of "
+            f"{dec['prompt_len']} tokens, {dec['max_new_tokens']} new tokens each, AR and every "
+            f"**SYNTHETIC** arm (its drafter's real forwards, the accepted length forced to the "
+            f"target per round with greedy AR's tokens, seed {dec['seed']}; verification real, "
+            f"outputs checked against AR's). Measured, not projected. Floor of a forward on this "
+            f"device = max(bytes / {floor['bytes_per_s'] / 1e9:.1f} GB/s, FLOPs / "
+            f"{floor['flops_per_s'] / 1e9:.0f} GFLOP/s) ({floor['source']}); x over floor = "
+            f"measured / floor: near 1 the time is the algorithm's, far above it the stack's. "
+            f"Host = the rest of a round (the engine's own work between forwards).")
+
+
+def decode_table(results: dict[str, Any]) -> str | None:
+    """Per arm of the measured decode: target and decoded acceptance, tok/s, speedup, exactness,
+    per-round draft / verify / host ms and x over this device's floor."""
+    prof = profile(results)
+    if prof is None or not prof.get("decode"):
+        return None
+    header = ["arm", "target accepted/round", "decoded accepted/round", "tok/s",
+              "speedup vs AR (measured)", "exact", "draft / verify / host ms per round",
+              "draft x over floor", "verify forward ms (floor)", "verify x over floor"]
+    rows = []
+    for a in prof["decode"]["arms"].values():
+        draft = "-" if a["draft_ms_forward"] is None else f"{a['draft_ms_round']:.1f}"
+        rows.append([a["label"], fmt(a["synthetic"]), fmt(a["mean_accepted"]),
+                     fmt(a["tokens_per_s"], 2), fmt(a["speedup_vs_ar"]),
+                     "yes" if a["exact"] else "**NO**",
+                     f"{draft} / {a['verify_ms_round']:.1f} / {a['host_ms_round']:.1f}",
+                     fmt(a["draft_x_over_floor"], 1),
+                     f"{a['verify_ms_forward']:.1f} ({a['floor_verify_ms_forward']:.1f})",
+                     fmt(a["verify_x_over_floor"], 1)])
+    return markdown_table(header, rows)

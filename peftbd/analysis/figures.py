@@ -2,7 +2,8 @@
 
 Figure 1: throughput vs mean accepted tokens per round, one point per arm. Figure 2: acceptance
 rate vs draft position, one line per speculative arm, beside the loss's gamma^j. Figure 3:
-aggregate throughput and speedup vs AR against the batch size, one line per arm.
+aggregate throughput and speedup vs AR against the batch size, one line per arm. Figure 4:
+speedup vs AR against accepted tokens per round under each round-cost source.
 
 Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
 another: each arm has its own colour and shape, all markers are hollow and each is smaller than
@@ -23,6 +24,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
+from peftbd.analysis import break_even  # noqa: E402
 from peftbd.analysis.acceptance import prefix_gamma  # noqa: E402
 from peftbd.benchmarking.schema import arm_items, concurrency_rows, is_speculative  # noqa: E402
 
@@ -142,6 +144,39 @@ def throughput_vs_batch(results: dict[str, Any]) -> Figure:
     mo = results["measured_on"]
     fig.suptitle(f"Throughput and speedup vs batch size · {mo['model']} · {mo['hardware']}",
                  fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_vs_accepted(results: dict[str, Any]) -> Figure:
+    """Figure 4: per round-cost source (a panel each), every arm with a reference acceptance:
+    speedup over AR against accepted tokens per round (`peftbd.analysis.break_even`), with
+    markers at this run's acceptance (o), the reference's (*) and the break-even point (x)."""
+    sources, refs = break_even.cost_sources(results), break_even.reference_acceptance(results)
+    fig, axes = plt.subplots(1, max(len(sources), 1), figsize=(4.2 * max(len(sources), 1), 4.2),
+                             dpi=120, squeeze=False)
+    top = max([ref for ref, _ in refs.values()] + [2.0]) + 1
+    for ax, src in zip(axes[0], sources):
+        for i, (arm, (ref, _)) in enumerate(refs.items()):
+            if arm not in src.round_ms:
+                continue
+            here = results["arms"][arm]["mean_accepted"]["mean"]
+            xs = [1 + j * (top - 1) / 60 for j in range(61)]
+            color = f"C{i}"
+            ax.plot(xs, [src.speedup(arm, x) for x in xs], color=color,
+                    label=results["arms"][arm]["label"])
+            ax.plot([here], [src.speedup(arm, here)], "o", color=color, markerfacecolor="none")
+            ax.plot([ref], [src.speedup(arm, ref)], "*", color=color, markersize=11)
+            if src.break_even(arm) <= top:
+                ax.plot([src.break_even(arm)], [1.0], "x", color=color, markersize=9)
+        ax.axhline(1.0, color="k", linestyle="--", linewidth=1)
+        ax.set_title(src.name, fontsize=7)
+        ax.set_xlabel("accepted tokens per round (bonus included)")
+        ax.set_ylabel("speedup vs greedy AR")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left")
+    fig.suptitle("Speedup vs acceptance: o this run, * reference (paper / synthetic), "
+                 "x break-even", fontsize=9)
     fig.tight_layout()
     return fig
 

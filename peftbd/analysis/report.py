@@ -1,5 +1,5 @@
-"""The benchmark report: `report.md` + Figures 1, 2 and 3, built only from `results.json` and
-stage manifests.
+"""The benchmark report: `report.md` + Figures 1-4, built only from `results.json` and stage
+manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
 numbers and the findings' tolerances), so rebuilding from the same artifacts gives the same report
@@ -17,10 +17,11 @@ from peftbd.analysis.acceptance import gamma_table, position_table
 from peftbd.analysis.figures import (
     acceptance_by_position,
     save_png,
+    speedup_vs_accepted,
     throughput_vs_accepted,
     throughput_vs_batch,
 )
-from peftbd.analysis import concurrency, cost_at_scale, head_goals
+from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
@@ -31,6 +32,7 @@ REPORT = "report.md"
 FIGURE_1 = "figure1_throughput_vs_accepted.png"
 FIGURE_2 = "figure2_acceptance_by_position.png"
 FIGURE_3 = "figure3_concurrency.png"
+FIGURE_4 = "figure4_speedup_vs_acceptance.png"
 BENCHMARK_STAGE = BENCHMARK.title
 
 
@@ -109,6 +111,8 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
     save_png(acceptance_by_position(results), out_dir / FIGURE_2)
     if concurrency.batch_sizes(results):
         save_png(throughput_vs_batch(results), out_dir / FIGURE_3)
+    if break_even.rows(results):
+        save_png(speedup_vs_accepted(results), out_dir / FIGURE_4)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
@@ -136,7 +140,9 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         "## Table 1: what a round costs: draft vs verify per round, and per forward call",
         "Draft / verify per round = a round's draft time (every draft call of the round) over its "
         "verify time; per call = one draft forward over one verify forward. Calls: one run over "
-        "all prompts.",
+        "all prompts. x over floor = measured ms / the floor of the same work on this device "
+        "(max(bytes / bandwidth, FLOPs / matmul rate) of one counted round; "
+        f"{_floor_words(results)}): near 1 the time is the algorithm's, far above it the stack's.",
         tables.forward_table(results),
         "## Table 2: acceptance, greedy audit and throughput",
         tables.acceptance_table(results),
@@ -171,6 +177,8 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         cost_at_scale.describe(results),
         *([table] if (table := cost_at_scale.cost_table(results)) else []),
         *concurrency_section(results),
+        *decode_section(results),
+        *paper_question_section(results),
     ]
     per_category = tables.category_table(results)
     if per_category:
@@ -187,6 +195,37 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
     path = out_dir / REPORT
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+def _floor_words(results: dict[str, Any]) -> str:
+    floor = results["measured_on"].get("floor")
+    if not floor:
+        return "not measured in this run"
+    return (f"{floor['bytes_per_s'] / 1e9:.1f} GB/s and {floor['flops_per_s'] / 1e9:.0f} GFLOP/s "
+            f"at {floor['dtype']}, {floor['source']}")
+
+
+def decode_section(results: dict[str, Any]) -> list[str]:
+    """Table 9: whole decodes at the paper's architecture under synthetic acceptance."""
+    table = cost_at_scale.decode_table(results)
+    if table is None:
+        return []
+    return ["## Table 9: measured at the paper's architecture (SYNTHETIC acceptance)",
+            cost_at_scale.describe_decode(results) or "", table]
+
+
+def paper_question_section(results: dict[str, Any]) -> list[str]:
+    """Table 10 and Figure 4: each arm's speedup over AR vs acceptance under every round cost,
+    and the computed verdict at the paper's own acceptance."""
+    table = break_even.table(results)
+    if table is None:
+        return []
+    return ["## Table 10 and Figure 4: the paper's question at its own acceptance",
+            "speedup(a) = a x AR step / round time, from each round-cost source this run has; "
+            "break-even = round / AR step. Reference acceptance: the paper's (PEFT-BD 2.881, "
+            "FastMTP 1.511 tokens per round) or the synthetic arm's target.",
+            "\n".join(f"- {line}" for line in break_even.verdict(results)),
+            table, f"![Figure 4]({FIGURE_4})"]
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:

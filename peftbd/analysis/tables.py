@@ -60,11 +60,13 @@ def forward_table(results: dict[str, Any]) -> str:
         rows.append([arm["label"], fmt(draft_verify_per_round(arm), 3),
                      fmt(rnd["draft_ms"], 3) if spec else None, fmt(rnd["verify_ms"], 3),
                      d["calls"], fmt(d["mean_ms"], 3), v["calls"], fmt(v["mean_ms"], 3),
-                     fmt(draft_verify_per_call(arm), 3)])
+                     fmt(draft_verify_per_call(arm), 3),
+                     fmt((arm.get("floor") or {}).get("draft_x"), 1),
+                     fmt((arm.get("floor") or {}).get("verify_x"), 1)])
     return markdown_table(
         ["arm", "draft / verify per round", "draft ms / round", "verify ms / round",
          "draft calls", "draft ms / call", "verify calls", "verify ms / call",
-         "draft / verify per call"], rows)
+         "draft / verify per call", "draft x over floor", "verify x over floor"], rows)
 
 
 def acceptance_table(results: dict[str, Any]) -> str:

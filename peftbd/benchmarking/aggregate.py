@@ -14,7 +14,7 @@ from typing import Any
 from peftbd.benchmarking.arms import ArmSpec
 from peftbd.benchmarking.noise import speedup_interval, throughput_interval
 from peftbd.benchmarking.replay import ReplaySums
-from peftbd.benchmarking.runner import ShardResult
+from peftbd.benchmarking.runner import RoundFloor, ShardResult
 from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
 from peftbd.cost_model import draft_cost_oracle
 from peftbd.decoding import DecodeResult, audit_summary, summarize
@@ -47,10 +47,12 @@ def _forward(overall: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]
 
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
               mismatches: Sequence[Any], replay: ReplaySums | None = None,
-              ar_runs: Sequence[Sequence[DecodeResult]] | None = None) -> dict[str, Any]:
+              ar_runs: Sequence[Sequence[DecodeResult]] | None = None,
+              floor: RoundFloor | None = None) -> dict[str, Any]:
     """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
     its rounds replayed offline on the same prompts (None: the arm has no replay); `ar_runs`:
-    AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm)."""
+    AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm);
+    `floor`: one round's floor on the device (None: not counted)."""
     stats = _repeat_stats(runs)
     stats["tokens_per_s"]["ci95"] = throughput_interval(runs)
     overall = summarize([res for run in runs for res in run])
@@ -80,7 +82,18 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         "audit": audit_summary(len(categories), mismatches) if spec.method != "ar" else None,
         "oracle": None,
         "by_category": by_category,
+        "floor": None if floor is None else _over_floor(floor, rnd["draft_ms"],
+                                                         overall["forward"].get("verify")),
     }
+
+
+def _over_floor(floor: RoundFloor, draft_ms_round: float,
+                verify: dict[str, Any] | None) -> dict[str, float | None]:
+    """The arm's round against its floor on the device: measured / floor ("x over floor")."""
+    verify_ms = verify["mean_ms"] if verify else None
+    return {"draft_ms_round": floor.draft_ms_round, "verify_ms_forward": floor.verify_ms_forward,
+            "draft_x": round(draft_ms_round / floor.draft_ms_round, 2) if floor.draft_ms_round else None,
+            "verify_x": round(verify_ms / floor.verify_ms_forward, 2) if verify_ms else None}
 
 
 def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
@@ -92,7 +105,7 @@ def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
     return {
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
                         [m for shard in shards for m in shard.mismatches.get(s.id, [])],
-                        _replay(shards, s.id), ar)
+                        _replay(shards, s.id), ar, shards[0].floors.get(s.id))
         for s in specs
     }
 

@@ -7,7 +7,9 @@ first k layers; `peftbd.models.early_exit`) and the block-offsets ablation
 (`drafter.offsets_ablation`: an adapter trained with the other `drafter.block_offsets` recipe);
 FastMTP, and the block-diffusion head (`peftbd.models.bd_head`, beyond the paper: its own layers
 draft a block from the verifier's features), with the whole vocabulary and, when `head.draft_vocab`
-> 0, over the artifact's N most frequent tokens (FR-Spec). AR, FastMTP and the head run on the
+> 0, over the artifact's N most frequent tokens (FR-Spec); last, the synthetic arms
+(`decoding.synthetic`): drafters whose real drafts are forced to a chosen acceptance
+(`peftbd.decoding.controlled`). AR, FastMTP and the head run on the
 plain verifier; each PEFT-BD adapter on its own copy of it (verifying with the adapter off, as in
 the paper), so the adapter's wrapper layers never slow the baselines down. A PEFT-BD arm names
 its adapter by the training stage that made it.
@@ -15,14 +17,16 @@ its adapter by the training stage that made it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from peftbd.config import Config
+from peftbd.config import Config, ConfigError
 from peftbd.decoding import BDHeadDrafter, Drafter, MTPDrafter, PeftBDDrafter
+from peftbd.decoding.controlled import AcceptanceProfile, ControlledDrafter, Oracle
 from peftbd.layout import OTHER_OFFSETS, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
 from peftbd.models.bd_head import BDHead
 from peftbd.models.early_exit import adapter_depth
@@ -46,12 +50,22 @@ class ArmSpec:
     block_offsets: str | None = None  # PEFT-BD arms: the recipe their adapter was trained with
     adapter: str | None = None  # PEFT-BD arms: the training stage whose adapter drafts
     draft_vocab: int | None = None  # head arms: tokens the draft LM head scores (None: all)
+    synthetic: float | None = None
+    """Controlled acceptance (`peftbd.decoding.controlled`): the drafter's real drafts forced to
+    this many tokens per round on average; None: the drafter's own acceptance."""
+    positions: int | None = None  # draft positions per round (for the synthetic profile)
 
     def settings(self) -> dict[str, Any]:
         """The non-empty decoding settings, for results.json."""
         keys = ("denoise_steps", "anchored", "mtp_steps", "draft_layers", "block_offsets",
-                "draft_vocab")
+                "draft_vocab", "synthetic")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+    def profile(self) -> AcceptanceProfile | None:
+        """The synthetic arm's acceptance profile (None for an arm with its own acceptance)."""
+        if self.synthetic is None or self.positions is None:
+            return None
+        return AcceptanceProfile.with_mean(self.synthetic, self.positions)
 
 
 def arm_specs(cfg: Config) -> list[ArmSpec]:
@@ -67,7 +81,7 @@ def arm_specs(cfg: Config) -> list[ArmSpec]:
         return ArmSpec(id_, f"PEFT-BD D={d}, {label}", "peftbd", denoise_steps=steps,
                        anchored=anchored, adapter=adapter, **{"block_offsets": offsets, **settings})
 
-    return [
+    real = [
         ArmSpec("ar", "AR (greedy)", "ar"),
         peftbd("peftbd", "1 step"),
         peftbd("peftbd_2step", "2 steps", steps=2),
@@ -82,6 +96,29 @@ def arm_specs(cfg: Config) -> list[ArmSpec]:
         *([ArmSpec("peftbd_head_vocab", f"BD head D={d}, top-{n} draft vocab", "peftbd_head",
                    draft_vocab=n)] if n > 0 else []),
     ]
+    return real + synthetic_specs(cfg, real)
+
+
+def synthetic_specs(cfg: Config, real: list[ArmSpec]) -> list[ArmSpec]:
+    """The controlled-acceptance arms `decoding.synthetic` asks for ("arm=tokens" each: arm id
+    "<arm>_synthetic", the arm's drafter at `tokens` accepted tokens per round)."""
+    by_id = {s.id: s for s in real if s.method != "ar"}
+    out = []
+    for entry in cfg.decoding.synthetic:
+        arm, _, tokens = entry.partition("=")
+        if arm not in by_id:
+            raise ConfigError(f"config key 'decoding.synthetic': entry {entry!r} names no drafting "
+                              f"arm of this run; use one of {', '.join(by_id)}")
+        spec = by_id[arm]
+        positions = spec.mtp_steps if spec.method == "fastmtp" else cfg.drafter.block_size
+        if not 1.0 <= float(tokens) <= positions + 1:
+            raise ConfigError(f"config key 'decoding.synthetic': entry {entry!r} asks for more "
+                              f"tokens per round than {arm}'s {positions} draft positions and the "
+                              f"bonus can give; use 1 .. {positions + 1}")
+        out.append(dataclasses.replace(
+            spec, id=f"{arm}_synthetic", label=f"{spec.label} [synthetic: {float(tokens):g}/round]",
+            synthetic=float(tokens), positions=positions))
+    return out
 
 
 @dataclass
@@ -110,8 +147,17 @@ class ArmModels:
                              f"loaded: {', '.join(self.adapters) or 'none'}")
         return self.adapters[spec.adapter]
 
-    def drafter_for(self, spec: ArmSpec) -> Drafter | None:
-        """The engine drafter of `spec` (None = greedy AR)."""
+    def drafter_for(self, spec: ArmSpec, oracle: Oracle | None = None,
+                    seed: int = 0) -> Drafter | None:
+        """The engine drafter of `spec` (None = greedy AR); a synthetic arm's, its drafter under
+        controlled acceptance, which needs the `oracle` (greedy AR's outputs) and a `seed`."""
+        profile = spec.profile()
+        if profile is not None:
+            if oracle is None:
+                raise ValueError(f"arm {spec.id!r} is synthetic: it needs an oracle of greedy AR "
+                                 "outputs (peftbd.decoding.controlled.reference_oracle)")
+            inner = self.drafter_for(dataclasses.replace(spec, synthetic=None))
+            return ControlledDrafter(inner, profile, oracle, seed)
         if spec.method == "ar":
             return None
         if spec.method == "peftbd":

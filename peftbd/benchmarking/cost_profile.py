@@ -24,7 +24,10 @@ drafter joins by joining the benchmark) and times their rounds with the engine's
   the basis of the roofline bound (`peftbd.benchmarking.roofline`), and the largest tensor a
   draft forward makes;
 - the mask row's cost: peft's trainable-token wrappers (which copy the whole embedding and LM
-  head per forward) vs the engine's `draft_embeddings` / `draft_logits`.
+  head per forward) vs the engine's `draft_embeddings` / `draft_logits`;
+- at the first dtype, measured decoding (`peftbd.benchmarking.shape_decode`): AR and the
+  synthetic arms (`decoding.synthetic`: the drafters' real forwards at a chosen acceptance)
+  decode whole requests, each forward set against its floor on this device.
 
 No Ray here: `jobs.cost_profile` runs it as a Ray task and as a stage of the main job.
 """
@@ -52,9 +55,11 @@ from peftbd.benchmarking.cost_profile_models import (
     profile_models,
     profiled_specs,
 )
+from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
+from peftbd.benchmarking.shape_decode import ShapeDecode, decode_at_shape
 from peftbd.config import Config
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
@@ -141,6 +146,7 @@ class CostProfile:
     mtp_steps: int
     roofline: dict[str, Any]
     profiles: dict[str, DtypeProfile] = field(default_factory=dict)
+    decode: ShapeDecode | None = None  # measured decoding at the first dtype (`shape_decode`)
     seconds: float = 0.0
     peak_rss_mib: float = 0.0
     peak_gpu_mib: float | None = None
@@ -278,7 +284,8 @@ def run_profile(cfg: Config) -> CostProfile:
         if cost_key(spec) not in timed:
             timed[cost_key(spec)] = _Arm(models, spec, start)
     arms = list(timed.values())
-    work = {a.spec.id: _work(a.counted_round(models), cp.roofline_gpu) for a in arms}
+    counted = {a.spec.id: a.counted_round(models) for a in arms}
+    work = {arm: _work(count, cp.roofline_gpu) for arm, count in counted.items()}
 
     def per_spec(of: dict[str, Any], twin: Callable[[Any, ArmSpec, ArmSpec], Any]) -> dict[str, Any]:
         """`of` (by timed arm id) for every spec, a twin's entry derived by `twin(entry, spec)`."""
@@ -307,6 +314,10 @@ def run_profile(cfg: Config) -> CostProfile:
             for arm in arms:
                 arm.cast(models, DTYPES[name])
         _time_arms(arms, models, cp.repeats)
+        if not i and cp.decode_tokens and any(s.synthetic is not None for s in specs):
+            floor = measure_floor(device, DTYPES[name], profile.hardware)
+            profile.decode = decode_at_shape(cfg, models, specs, per_spec(
+                counted, lambda count, spec, first: count), floor)
         costs = per_spec({a.spec.id: a.cost() for a in arms}, lambda cost, spec, first:
                          dataclasses.replace(cost, label=spec.label, same_as=first.id))
         profile.profiles[name] = DtypeProfile(name, costs,
@@ -332,4 +343,14 @@ def summary_lines(profile: dict[str, Any]) -> list[str]:
     ratios = ", ".join(f"{arm} {w['roofline_draft_over_verify']:.2f}"
                        for arm, w in roof["arms"].items() if w["draft_forwards"])
     lines.append(f"  roofline {roof['gpu']['name']}: draft/verify per round {ratios}")
+    if profile.get("decode"):
+        dec = profile["decode"]
+        arms = "; ".join(
+            f"{arm} {a['tokens_per_s']:.2f} tok/s"
+            + (f" ({a['speedup_vs_ar']:.2f}x AR at {a['mean_accepted']:.2f}/round)"
+               if a["synthetic"] else "")
+            + f", verify {a['verify_x_over_floor']:.1f}x floor"
+            for arm, a in dec["arms"].items())
+        lines.append(f"  measured decode, SYNTHETIC acceptance ({dec['dtype']}, {dec['prompts']} "
+                     f"prompts x {dec['max_new_tokens']} tokens): {arms}")
     return lines

@@ -49,9 +49,10 @@ class ReplaySums:
 
 
 def replays(spec: ArmSpec) -> bool:
-    """True when `spec`'s drafter has a replay (every one-step drafter)."""
-    return spec.method in ("fastmtp", "peftbd_head") or (
-        spec.method == "peftbd" and (spec.denoise_steps or 1) == 1)
+    """True when `spec`'s drafter has a replay (every one-step drafter; a synthetic arm's
+    acceptance is its profile's, nothing to estimate)."""
+    return spec.synthetic is None and (spec.method in ("fastmtp", "peftbd_head") or (
+        spec.method == "peftbd" and (spec.denoise_steps or 1) == 1))
 
 
 def arm_drafts(models: ArmModels, drafter: Drafter, batch: SequenceBatch) -> tuple[Drafts, int]:

@@ -7,7 +7,9 @@ machine spread over every arm instead of landing on one. Each arm first decodes 
 untimed (warm-up: allocator, kernels, lazy init), and a few tokens at each batch size. The greedy
 audit compares each speculative arm's first-repeat batch-1 output with AR's. Last, untimed, each
 one-step drafter's rounds are replayed offline on the prompts + AR's outputs
-(`peftbd.benchmarking.replay`): the offline estimate beside the engine's acceptance.
+(`peftbd.benchmarking.replay`): the offline estimate beside the engine's acceptance; and one
+round per arm is counted forward by forward and priced at the device's floor
+(`peftbd.benchmarking.device_floor`), the basis of the report's "x over floor".
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import torch
 from peftbd import progress
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, DrafterDirs, load_arm_models
 from peftbd.benchmarking.concurrency import WARMUP_TOKENS, BatchRun, batch_run
+from peftbd.benchmarking.device_floor import DeviceFloor, measure_floor
 from peftbd.benchmarking.environment import engine_description, hardware_description
+from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.replay import ReplaySums, replay_arms
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.controlled import Oracle, reference_oracle
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.progress import Sink
 
@@ -46,6 +51,9 @@ class ShardResult:
     mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
     replay: dict[str, ReplaySums] = field(default_factory=dict)
     """{arm: its rounds replayed offline on these prompts + AR's outputs} (`replay_arms`)."""
+    floors: dict[str, RoundFloor] = field(default_factory=dict)
+    """{arm: the floor of one counted round on this worker's device} (`round_floors`)."""
+    floor: DeviceFloor | None = None
     device: str = ""
     hardware: str = ""
     engine: str = ""
@@ -65,19 +73,21 @@ class Timings:
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
-              sweep_repeats: int | None = None) -> Timings:
+              sweep_repeats: int | None = None, seed: int = 0) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
     `batch_sizes` the arms take turns at one `decode_many` pass each (after one short untimed
     warm-up per arm and batch size). Every pass is timed whole with the device-synced clock
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
-    AR's first batch-1 pass (AR goes first)."""
+    AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
+    outputs, decoded first, untimed (`synthetic_oracle`)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
-    decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
+    ids = [p.prompt_ids for p in prompts]
+    oracle = synthetic_oracle(models, specs, ids, max_new_tokens)
+    decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s, oracle, seed),
                                          models.eos_ids, max_new_tokens) for s in specs}
     batched = [b for b in batch_sizes if b > 1]
-    ids = [p.prompt_ids for p in prompts]
     for dec in decoders.values():
         dec.decode(ids[0])
         for b in batched:
@@ -112,6 +122,44 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     return Timings(results, runs)
 
 
+def synthetic_oracle(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[list[int]],
+                     max_new_tokens: int) -> Oracle | None:
+    """Greedy AR's outputs of `prompts` as the synthetic arms' oracle (None: no synthetic arm)."""
+    if all(s.synthetic is None for s in specs):
+        return None
+    ar = SpeculativeDecoder(models.verifier, None, models.eos_ids, max_new_tokens)
+    return reference_oracle({tuple(p): ar.decode(p).tokens for p in prompts})
+
+
+@dataclass(frozen=True)
+class RoundFloor:
+    """A round's floor on the device (ms): its draft forwards together, its verify forward."""
+
+    draft_ms_round: float
+    verify_ms_forward: float
+
+
+def round_floors(models: ArmModels, specs: Sequence[ArmSpec], prompt: Sequence[int],
+                 max_new_tokens: int, floor: DeviceFloor, oracle: Oracle | None,
+                 seed: int) -> dict[str, RoundFloor]:
+    """Per arm, one untimed round on `prompt` counted forward by forward (`ForwardCounter`) and
+    priced at `floor` (a round that drafts its whole block, when the budget allows)."""
+    out = {}
+    for spec in specs:
+        dec = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec, oracle, seed),
+                                 models.eos_ids, max_new_tokens)
+        state = dec.start(prompt)
+        if state.done:
+            continue
+        counter = ForwardCounter()
+        state.forwards.observer = counter.forward
+        dec.step(state)
+        count = RoundCount.of(counter.forwards)
+        out[spec.id] = RoundFloor(round(sum(floor.forward_ms(f) for f in count.draft), 5),
+                                  round(floor.forward_ms(count.verify[0]), 5))
+    return out
+
+
 def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
           results: dict[str, list[list[DecodeResult]]]) -> dict[str, list[Mismatch]]:
     """Every speculative arm's outputs (first repeat) against greedy AR's, via the engine's
@@ -143,12 +191,19 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         raise ValueError("the benchmark needs the 'ar' arm: it is the greedy audit's reference")
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
-                        cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats)
+                        cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats,
+                        cfg.decoding.synthetic_seed)
     references = [r.tokens for r in timings.results["ar"][0]]
+    dtype = next(models.verifier.parameters()).dtype
+    floor = measure_floor(models.device, dtype, hardware_description(models.device))
+    oracle = reference_oracle({tuple(prompts[0].prompt_ids): references[0]})
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,
         mismatches=audit(models, specs, prompts, timings.results),
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
+        floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,
+                            floor, oracle, cfg.decoding.synthetic_seed),
+        floor=floor,
         device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),

@@ -20,7 +20,7 @@ from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
-from peftbd.benchmarking.schema import ARMS
+from peftbd.benchmarking.schema import ARMS as REAL_ARMS
 from peftbd.benchmarking.schema import concurrency_rows as typed_rows
 from peftbd.config import Config, apply_override, load_config
 from peftbd.data.artifact import write_split
@@ -30,6 +30,8 @@ from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
 from peftbd.training.tasks import make_task
 
+SYNTHETIC = ("peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic")  # tiny's
+ARMS = (*REAL_ARMS, *SYNTHETIC)
 N_PROMPTS = 3
 
 
@@ -125,13 +127,20 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
     assert arms["peftbd_head"]["forward"]["draft"]["calls"] == len(drafting)  # one forward a round
     # the offline replay on the same prompts: every one-step drafter, the engine's rounds exactly
-    assert {a for a, arm in arms.items() if arm["replay"]} == set(ARMS) - {"ar", "peftbd_2step"}
-    for arm_id in set(ARMS) - {"ar", "peftbd_2step"}:
+    assert {a for a, arm in arms.items() if arm["replay"]} == set(REAL_ARMS) - {"ar", "peftbd_2step"}
+    for arm_id in set(REAL_ARMS) - {"ar", "peftbd_2step"}:
         rounds = [r for res in shard.results[arm_id][0] for r in res.rounds]
         replay = arms[arm_id]["replay"]
         assert (replay["rounds"], replay["proposed"], replay["accepted"]) == (
             len(rounds), sum(r.proposed for r in rounds), sum(r.accepted for r in rounds)), arm_id
         assert replay["mean_accepted_prefix"] == pytest.approx(arms[arm_id]["mean_accepted_prefix"])
+    # every arm's round against its floor on this CPU (one counted round, priced at the floor)
+    assert shard.floor is not None and shard.floor.bytes_per_s > 0 and shard.floor.flops_per_s > 0
+    for arm_id, arm in arms.items():
+        assert arm["floor"]["verify_ms_forward"] > 0 and arm["floor"]["verify_x"] > 0, arm_id
+        assert (arm["floor"]["draft_x"] is None) == (arm_id == "ar"), arm_id
+    for arm_id in SYNTHETIC:
+        assert "[synthetic: " in arms[arm_id]["label"] and arms[arm_id]["settings"]["synthetic"] > 1
     by_cat = arms["ar"]["by_category"]
     assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
 

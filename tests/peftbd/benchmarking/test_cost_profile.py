@@ -33,7 +33,8 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     cfg = load_config("tiny-full", overrides=TINY_PROFILE)
     ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
-                   "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab"]
+                   "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab",
+                   "peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
     assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == cfg.cost_profile.threads
@@ -60,6 +61,7 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
         assert arms["peftbd_offsets"]["same_as"] == "peftbd" and arms["peftbd"]["same_as"] is None
         assert arms["peftbd_offsets"]["draft_ms_round"] == arms["peftbd"]["draft_ms_round"]
         assert "offsets" in arms["peftbd_offsets"]["label"]
+        assert arms["peftbd_synthetic"]["same_as"] == "peftbd"  # its cost is its drafter's
     work = prof["roofline"]["arms"]
     assert list(work) == ids and prof["roofline"]["gpu"]["name"] == "H200"
     assert work["peftbd_2step"]["draft_forwards"] == 2 and work["ar"]["draft_forwards"] == 0
@@ -67,6 +69,25 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     assert work["peftbd"]["draft_mb"] == pytest.approx(work["peftbd"]["verify_mb"], rel=0.1)
     assert work["peftbd_early_exit"]["draft_gflops"] < 0.75 * work["peftbd"]["draft_gflops"]
     assert work["ar"]["verify_gflops"] < work["peftbd"]["verify_gflops"]
+
+
+def test_ar_and_the_synthetic_arms_decode_whole_requests_exactly_at_their_targets(tiny_profile):
+    dec = json.loads(json.dumps(tiny_profile))["decode"]
+    cfg = load_config("tiny-full", overrides=TINY_PROFILE)
+    assert list(dec["arms"]) == ["ar", "peftbd_synthetic", "fastmtp_synthetic",
+                                 "peftbd_head_synthetic"]
+    assert (dec["prompts"], dec["prompt_len"], dec["dtype"]) == (2, 48, "float32")
+    floor = dec["floor"]
+    assert floor["bytes_per_s"] > 1e8 and floor["flops_per_s"] > 1e8 and "measured" in floor["source"]
+    for arm_id, arm in dec["arms"].items():
+        assert arm["exact"], arm_id  # every output is AR's
+        assert arm["tokens"] == 2 * cfg.cost_profile.decode_tokens  # no EOS: the whole budget
+        assert arm["verify_x_over_floor"] > 0 and arm["floor_verify_ms_forward"] > 0
+        assert arm["host_ms_round"] >= 0
+    assert dec["arms"]["ar"]["mean_accepted"] == 1.0 and dec["arms"]["ar"]["speedup_vs_ar"] == 1.0
+    head = dec["arms"]["peftbd_head_synthetic"]
+    assert head["mean_accepted"] > dec["arms"]["fastmtp_synthetic"]["mean_accepted"]  # 5.3 vs 1.5
+    assert head["draft_x_over_floor"] > 0 and head["rounds"] < dec["arms"]["ar"]["rounds"]
 
 
 def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypatch):
@@ -140,7 +161,7 @@ def test_no_draft_forward_copies_a_vocabulary_sized_matrix(real_vocab_models):
     cfg, models = real_vocab_models
     table = 151936 * 64
     for spec in cpm.profiled_specs(cfg):
-        if spec.method == "ar":
+        if spec.method == "ar" or spec.synthetic is not None:  # a synthetic arm drafts as its arm
             continue
         cpm.activate(models, spec)
         engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (), 1 << 10)

@@ -1,0 +1,77 @@
+"""The floor of a forward on the device it ran on: max(bytes read / memory bandwidth, FLOPs /
+matmul throughput), the same bound as the GPU roofline (`peftbd.benchmarking.roofline`) but for
+whatever device measured it, so "x over floor" says how much of a measured time is the algorithm's
+arithmetic and memory traffic and how much is the stack (kernel launches, Python, framework).
+
+A GPU named in `peftbd.benchmarking.roofline.GPUS` uses its datasheet (bf16); any other device
+(a CPU) is measured here: the best of a few square matmuls at the timed dtype, and the best of a
+few large tensor copies (read + write counted)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from peftbd.benchmarking.forward_counter import ForwardCount
+from peftbd.benchmarking.roofline import BF16_BYTES, GPUS
+
+GEMM_N = {"cpu": 1024, "cuda": 8192}
+COPY_BYTES = 256 << 20
+TRIES = 5
+
+
+@dataclass(frozen=True)
+class DeviceFloor:
+    """A device's memory bandwidth and matmul throughput at one dtype, and where they came from."""
+
+    device: str
+    dtype: str
+    bytes_per_s: float
+    flops_per_s: float
+    source: str
+
+    @property
+    def element_bytes(self) -> int:
+        return torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+    def forward_ms(self, count: ForwardCount) -> float:
+        """The floor of one counted forward with its weights and KV at this dtype."""
+        return 1e3 * max(count.bytes_at(self.element_bytes) / self.bytes_per_s,
+                         count.flops / self.flops_per_s)
+
+
+def _best_seconds(fn, device: torch.device) -> float:
+    best = float("inf")
+    for _ in range(TRIES):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_floor(device: torch.device, dtype: torch.dtype, hardware: str = "") -> DeviceFloor:
+    """The datasheet floor of a GPU in `GPUS` named in `hardware` at bf16, else one measured on
+    `device` at `dtype` (a second or two)."""
+    name = str(dtype).removeprefix("torch.")
+    gpu = next((g for g in GPUS.values() if g.name in hardware), None)
+    if device.type == "cuda" and gpu is not None and dtype.itemsize == BF16_BYTES:
+        return DeviceFloor(str(device), name, gpu.hbm_bytes_per_s, gpu.bf16_flops_per_s,
+                           f"{gpu.name} datasheet")
+    n = GEMM_N.get(device.type, GEMM_N["cpu"])
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    src = torch.empty(COPY_BYTES // dtype.itemsize, dtype=dtype, device=device)
+    dst = torch.empty_like(src)
+    with torch.inference_mode():
+        a @ b, dst.copy_(src)  # warm-up
+        gemm = _best_seconds(lambda: a @ b, device)
+        copy = _best_seconds(lambda: dst.copy_(src), device)
+    return DeviceFloor(str(device), name, 2 * COPY_BYTES / copy, 2 * n ** 3 / gemm,
+                       f"measured: best of {TRIES} {n}x{n} matmuls and {COPY_BYTES >> 20} MiB "
+                       f"copies, {torch.get_num_threads()} threads")

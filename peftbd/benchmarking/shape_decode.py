@@ -1,0 +1,143 @@
+"""Measured decoding at the paper's architecture: greedy AR beside every synthetic arm.
+
+Random weights accept nothing of their own, so each drafter decodes under controlled acceptance
+(`decoding.synthetic`, e.g. the paper's 2.881 tokens per round for PEFT-BD;
+`peftbd.decoding.controlled`): every draft and verify forward is real, the acceptance is the
+profile's, every output is AR's (checked). It gives throughput measured at this shape on this
+hardware, per round the draft, verify and host (everything else) ms, and per forward the measured
+ms against its floor on this device (`peftbd.benchmarking.device_floor`): "x over floor".
+
+The cost profile (`peftbd.benchmarking.cost_profile`) runs it on its models, at its first dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from peftbd.benchmarking.arms import ArmModels, ArmSpec
+from peftbd.benchmarking.cost_profile_models import activate
+from peftbd.benchmarking.device_floor import DeviceFloor
+from peftbd.benchmarking.forward_counter import RoundCount
+from peftbd.config import Config
+from peftbd.decoding import DecodeResult, SpeculativeDecoder
+from peftbd.decoding.controlled import reference_oracle
+
+log = logging.getLogger(__name__)
+
+WARMUP_TOKENS = 4
+
+
+@dataclass
+class ShapeArm:
+    """One arm's decodes at the profiled shape (ms: means per round / per forward)."""
+
+    label: str
+    synthetic: float | None  # the profile's tokens per round (None: AR)
+    tokens: int
+    rounds: int
+    seconds: float
+    tokens_per_s: float
+    speedup_vs_ar: float
+    mean_accepted: float  # tokens per round as decoded (bonus included)
+    exact: bool  # every output equals AR's
+    draft_ms_round: float
+    verify_ms_round: float
+    host_ms_round: float  # the rest of a round: the engine's own work between forwards
+    draft_ms_forward: float | None
+    verify_ms_forward: float
+    floor_draft_ms_round: float  # this device's floor of a round's draft forwards (a full block)
+    floor_verify_ms_forward: float
+    draft_x_over_floor: float | None
+    verify_x_over_floor: float
+
+
+@dataclass
+class ShapeDecode:
+    """`cost_profile.json` `decode`: the measured decodes and the floor they are set against."""
+
+    prompts: int
+    prompt_len: int
+    max_new_tokens: int
+    dtype: str
+    seed: int
+    floor: DeviceFloor
+    arms: dict[str, ShapeArm]
+
+
+def _prompts(cfg: Config, vocab: int) -> list[list[int]]:
+    cp = cfg.cost_profile
+    generator = torch.Generator().manual_seed(cfg.training.seed + 1)
+    return [torch.randint(0, vocab, (cp.kv_len,), generator=generator).tolist()
+            for _ in range(cp.decode_prompts)]
+
+
+def _arm(spec: ArmSpec, runs: Sequence[DecodeResult], ar_tps: float | None, exact: bool,
+         count: RoundCount, floor: DeviceFloor) -> ShapeArm:
+    rounds = [r for run in runs for r in run.rounds]
+    tokens, seconds = sum(len(r.tokens) for r in runs), sum(r.decode_s for r in runs)
+    calls = {m: sum(r.forward_calls.get(m, 0) for r in runs) for m in ("draft", "verify")}
+    spent = {m: sum(r.forward_seconds.get(m, 0.0) for r in runs) for m in ("draft", "verify")}
+    draft_fw = 1e3 * spent["draft"] / calls["draft"] if calls["draft"] else None
+    verify_fw = 1e3 * spent["verify"] / calls["verify"]
+    floor_draft = sum(floor.forward_ms(f) for f in count.draft)
+    floor_verify = sum(floor.forward_ms(f) for f in count.verify)
+    draft_round = statistics.fmean(r.draft_ms for r in rounds)
+    verify_round = statistics.fmean(r.verify_ms for r in rounds)
+    tps = tokens / seconds
+    return ShapeArm(
+        label=spec.label, synthetic=spec.synthetic, tokens=tokens, rounds=len(rounds),
+        seconds=round(seconds, 3), tokens_per_s=round(tps, 3),
+        speedup_vs_ar=round(tps / (ar_tps or tps), 4),
+        mean_accepted=round(statistics.fmean(r.emitted for r in rounds), 4), exact=exact,
+        draft_ms_round=round(draft_round, 3), verify_ms_round=round(verify_round, 3),
+        host_ms_round=round(statistics.fmean(r.total_ms for r in rounds) - draft_round
+                            - verify_round, 3),
+        draft_ms_forward=None if draft_fw is None else round(draft_fw, 3),
+        verify_ms_forward=round(verify_fw, 3),
+        floor_draft_ms_round=round(floor_draft, 4), floor_verify_ms_forward=round(floor_verify, 4),
+        draft_x_over_floor=None if draft_fw is None or not floor_draft else round(
+            draft_round / floor_draft, 2),
+        verify_x_over_floor=round(verify_fw / floor_verify, 2),
+    )
+
+
+def decode_at_shape(cfg: Config, models: ArmModels, specs: Sequence[ArmSpec],
+                    counts: Mapping[str, RoundCount], floor: DeviceFloor) -> ShapeDecode:
+    """Decode `cost_profile.decode_prompts` random prompts of `kv_len` tokens for
+    `decode_tokens` new tokens with AR and every synthetic arm in `specs` (`counts`: each arm's
+    counted round, for its floor): one short untimed warm-up per arm, then per prompt the arms
+    take turns, AR first (its outputs are the oracle and the audit's reference)."""
+    cp = cfg.cost_profile
+    arms = [s for s in specs if s.method == "ar"] + [s for s in specs if s.synthetic is not None]
+    references: dict[tuple[int, ...], list[int]] = {}
+    oracle = reference_oracle(references)
+    decoders = {s.id: SpeculativeDecoder(models.verifier_for(s),
+                                         models.drafter_for(s, oracle, cfg.decoding.synthetic_seed),
+                                         (), cp.decode_tokens) for s in arms}
+    prompts = _prompts(cfg, models.verifier.config.vocab_size)
+    for spec in arms:
+        activate(models, spec)
+        result = decoders[spec.id].decode(prompts[0], WARMUP_TOKENS)
+        if spec.method == "ar":
+            references[tuple(prompts[0])] = result.tokens
+    runs: dict[str, list[DecodeResult]] = {s.id: [] for s in arms}
+    for prompt in prompts:
+        for spec in arms:
+            activate(models, spec)
+            runs[spec.id].append(decoders[spec.id].decode(prompt))
+            if spec.method == "ar":
+                references[tuple(prompt)] = runs[spec.id][-1].tokens
+        log.info("shape decode: prompt %d/%d done", len(runs["ar"]), len(prompts))
+    ar_tps = None
+    out = {}
+    for spec in arms:
+        exact = all(r.tokens == references[tuple(p)] for p, r in zip(prompts, runs[spec.id]))
+        out[spec.id] = _arm(spec, runs[spec.id], ar_tps, exact, counts[spec.id], floor)
+        ar_tps = ar_tps or out[spec.id].tokens_per_s
+    return ShapeDecode(prompts=len(prompts), prompt_len=cp.kv_len, max_new_tokens=cp.decode_tokens,
+                       dtype=floor.dtype, seed=cfg.decoding.synthetic_seed, floor=floor, arms=out)

@@ -1,0 +1,148 @@
+"""Controlled ("synthetic") acceptance: a drafter's real forwards at a chosen acceptance.
+
+`ControlledDrafter` wraps any drafter. Each round it runs the drafter's own `propose` (so every
+draft forward, and its cost, is real), then rewrites the block: how many leading positions match
+is drawn from an `AcceptanceProfile`, those positions take the verifier's own greedy tokens (the
+`oracle`: greedy AR's output for the request), and the first position after them takes a token
+the verifier will reject. Verification stays real, so the output is greedy AR's exactly (the
+audit checks it) and the accepted length is the profile's. vLLM calls the equivalent mode
+"synthetic acceptance"; everything measured with it is labelled synthetic.
+
+A request's draws depend only on the seed, its prompt and how many tokens it has generated, so a
+request accepts the same way at any batch size and in any batch company.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from peftbd.decoding.drafter import Drafter
+from peftbd.decoding.state import DecodeState
+
+Oracle = Callable[[DecodeState], Sequence[int]]
+"""The verifier's greedy continuation of a state's committed tokens (what it will accept)."""
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    """P(draft position j is accepted | positions 1..j-1 were), for j = 1..len(conditional);
+    positions past the end are never accepted. `describe` is how reports name it."""
+
+    conditional: tuple[float, ...]
+    describe: str
+
+    def __post_init__(self) -> None:
+        if not self.conditional or any(not 0.0 <= c <= 1.0 for c in self.conditional):
+            raise ValueError(f"an acceptance profile needs rates in [0, 1]; got {self.conditional}")
+
+    @classmethod
+    def geometric(cls, gamma: float, positions: int) -> AcceptanceProfile:
+        """Every position accepted with probability `gamma` given the ones before (P(j
+        accepted) = gamma^j), as vLLM's synthetic acceptance rate."""
+        return cls((gamma,) * positions, f"geometric, gamma {gamma:.3f}")
+
+    @classmethod
+    def with_mean(cls, mean_emitted: float, positions: int) -> AcceptanceProfile:
+        """The geometric profile whose rounds emit `mean_emitted` tokens on average (accepted
+        draft tokens + the bonus, the paper's "accepted tokens per step") over `positions`."""
+        if not 1.0 <= mean_emitted <= positions + 1:
+            raise ValueError(f"a mean of {mean_emitted} tokens per round is out of reach with "
+                             f"{positions} draft positions; use 1 .. {positions + 1}")
+        low, high = 0.0, 1.0
+        for _ in range(60):  # bisection: expected_emitted grows with gamma
+            mid = (low + high) / 2
+            if cls.geometric(mid, positions).expected_emitted() < mean_emitted:
+                low = mid
+            else:
+                high = mid
+        gamma = (low + high) / 2
+        return cls((gamma,) * positions, f"mean {mean_emitted:g} tokens/round, geometric "
+                   f"(gamma {gamma:.3f}) over {positions} positions")
+
+    @classmethod
+    def measured(cls, conditional: Sequence[float | None], source: str) -> AcceptanceProfile:
+        """A profile measured elsewhere (results.json `per_position.conditional`); a position no
+        round reached (None) accepts nothing."""
+        rates = tuple(0.0 if c is None else float(c) for c in conditional)
+        return cls(rates, f"measured per position ({source})")
+
+    def expected_emitted(self, positions: int | None = None) -> float:
+        """Mean tokens a round emits with `positions` drafted (default: all): 1 + sum_j P(j)."""
+        total, reach = 1.0, 1.0
+        for c in self.conditional[: len(self.conditional) if positions is None else positions]:
+            reach *= c
+            total += reach
+        return total
+
+    def draw(self, positions: int, rng: random.Random) -> int:
+        """How many leading positions of a `positions`-long draft are accepted."""
+        accepted = 0
+        for c in self.conditional[:positions]:
+            if rng.random() >= c:
+                break
+            accepted += 1
+        return accepted
+
+
+def request_rng(seed: int, state: DecodeState) -> random.Random:
+    """The draws of one round of one request: a function of the seed, the prompt and how many
+    tokens it has generated, nothing else."""
+    key = hashlib.blake2b(digest_size=8)
+    key.update(seed.to_bytes(8, "little", signed=True))
+    key.update(len(state.new_tokens).to_bytes(8, "little"))
+    key.update(array("q", state.tokens[: state.prompt_len]).tobytes())
+    return random.Random(int.from_bytes(key.digest(), "little"))
+
+
+def rejected(token: int) -> int:
+    """A token other than `token` (the verifier's choice), so the position is rejected."""
+    return token - 1 if token > 0 else token + 1
+
+
+class ControlledDrafter:
+    """`inner` drafts (its forwards are real), `profile` decides how much of it matches."""
+
+    def __init__(self, inner: Drafter, profile: AcceptanceProfile, oracle: Oracle,
+                 seed: int = 0) -> None:
+        self.inner, self.profile, self.oracle, self.seed = inner, profile, oracle, seed
+        self.name = f"{inner.name} [synthetic: {profile.describe}]"
+        self.kv_layers = inner.kv_layers
+        self.feature_layers = inner.feature_layers
+
+    def start(self, state: DecodeState) -> None:
+        self.inner.start(state)
+
+    def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
+        drafts = self.inner.propose(states, max_tokens)
+        return [self._controlled(s, d) for s, d in zip(states, drafts)]
+
+    def _controlled(self, state: DecodeState, draft: torch.Tensor) -> torch.Tensor:
+        k = draft.shape[-1]
+        if k == 0:
+            return draft
+        greedy = list(self.oracle(state)[:k])
+        accepted = min(self.profile.draw(k, request_rng(self.seed, state)), len(greedy))
+        tokens = draft.reshape(-1).tolist()
+        tokens[:accepted] = greedy[:accepted]
+        if accepted < len(greedy):
+            tokens[accepted] = rejected(greedy[accepted])
+        return torch.tensor([tokens], dtype=draft.dtype, device=draft.device)
+
+
+def reference_oracle(references: dict[tuple[int, ...], Sequence[int]]) -> Oracle:
+    """The oracle of requests whose greedy outputs are known: {prompt ids: greedy AR output}."""
+
+    def oracle(state: DecodeState) -> Sequence[int]:
+        prompt = tuple(state.tokens[: state.prompt_len])
+        if prompt not in references:
+            raise KeyError("controlled acceptance needs the greedy AR output of every prompt it "
+                           "decodes; this prompt has none (decode it with AR first)")
+        return references[prompt][len(state.new_tokens):]
+
+    return oracle
