@@ -81,7 +81,7 @@ def test_ar_and_the_synthetic_arms_decode_whole_requests_exactly_at_their_target
     assert floor["bytes_per_s"] > 1e8 and floor["flops_per_s"] > 1e8 and "measured" in floor["source"]
     for arm_id, arm in dec["arms"].items():
         assert arm["exact"], arm_id  # every output is AR's
-        assert arm["tokens"] == 2 * cfg.cost_profile.decode_tokens  # no EOS: the whole budget
+        assert arm["tokens"] == 2 * (cfg.cost_profile.decode_tokens - 1)  # no EOS; prefill made 1
         assert arm["verify_x_over_floor"] > 0 and arm["floor_verify_ms_forward"] > 0
         assert arm["host_ms_round"] >= 0
     assert dec["arms"]["ar"]["mean_accepted"] == 1.0 and dec["arms"]["ar"]["speedup_vs_ar"] == 1.0
@@ -103,8 +103,8 @@ def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypat
 
     monkeypatch.setattr(SpeculativeDecoder, "step", spy)
     cfg = load_config("tiny", overrides=[*TINY_PROFILE, "cost_profile.dtypes=[float32]",
-                                         "cost_profile.repeats=3"])
-    cp.run_profile(cfg)
+                                         "cost_profile.repeats=3", "cost_profile.decode_tokens=0"])
+    assert cp.run_profile(cfg).decode is None  # rounds only: no measured decode
     kinds = {name for name, _ in seen}
     assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__,
                      BDHeadDrafter.__name__}
