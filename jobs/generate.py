@@ -129,7 +129,6 @@ class VerifierActor:
         tokenizer = load_tokenizer(cfg)
         self.model = load_verifier(cfg)
         self.eos_ids = eos_token_ids(self.model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id
         self.max_new_tokens = cfg.data.max_new_tokens
         self.name = f"{os.uname().nodename}:{os.getpid()}"
         self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
@@ -137,10 +136,8 @@ class VerifierActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
         start, cpu_start = time.time(), time.process_time()
-        outs = greedy_continuations(
-            self.model, [r["prompt_ids"] for r in rows], self.max_new_tokens, self.eos_ids,
-            self.pad_id,
-        )
+        outs = greedy_continuations(self.model, [r["prompt_ids"] for r in rows],
+                                    self.max_new_tokens, self.eos_ids)
         bookkeeping = {"actor": self.name, "batch_start": start, "batch_end": time.time(),
                        "batch_cpu_seconds": time.process_time() - cpu_start,
                        "actor_rss_mib": peak_rss_mib(), "actor_gpu_mib": peak_gpu_mib(),

@@ -190,6 +190,10 @@ class DecodingConfig:
     # The sweep's batched passes (B > 1) run in the first `sweep_repeats` repeats (at most
     # `repeats`; batch 1 is every repeat's batch-1 pass); tok/s is the median over them.
     sweep_repeats: int = 3
+    # Verify (the AR step and the verify over k + 1) through one torch.compile'd graph over static
+    # KV (peftbd.decoding.fast_path); tokens as eager's. Off: on the 2-core box each graph (batch
+    # 1 / B, width 1 / k + 1) compiles in 10-60 s, more than a tiny benchmark arm decodes in.
+    fast_path: bool = False
     # Controlled ("synthetic") acceptance (peftbd.decoding.controlled): each "arm=tokens" entry
     # adds arm "<arm>_synthetic", the arm's real drafts forced to `tokens` accepted tokens per
     # round on average (bonus included; geometric over its draft positions), verification real,

@@ -18,10 +18,14 @@ WORLD = StageSpec(
           "peftbd.tiny_world.corpus", "peftbd.data.chat"),
     command="python -m jobs.pipeline",
 )
+_GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
+                  "peftbd.decoding.state", "peftbd.decoding.drafter", "peftbd.decoding.metrics",
+                  "peftbd.decoding.clock", "peftbd.decoding.fast_path", "peftbd.models.early_exit")
+"""The engine's greedy AR, which decodes generate's continuations (its drafters do not)."""
 GENERATE = StageSpec(
     "generate", "generate continuations", "continuations", reads=("model", "data"),
     ignores=("data.source",),  # where the prompts lie: their content is in extra["source"]
-    inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "jobs.generate"),
+    inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "jobs.generate", *_GREEDY_ENGINE),
     command="python -m jobs.generate",
 )
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
@@ -60,9 +64,11 @@ COST_PROFILE = StageSpec(
     "cost_profile", "cost profile at the paper's architecture", "cost_profile",
     reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
            "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head.layers",
-           "head.intermediate_size", "training.seed"),
+           "head.intermediate_size", "training.seed", "decoding.synthetic",
+           "decoding.synthetic_seed"),
     code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
           "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
+          "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
           "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
           "peftbd.models", "jobs.cost_profile"),
     command="python -m jobs.cost_profile",

@@ -3,9 +3,10 @@
 1. the cost profile (`peftbd.benchmarking.cost_profile`) at Qwen3-0.6B's architecture in bf16 on
    CUDA, with the `qwen3-0.6b` preset's drafters (D=16, LoRA r16/alpha32, early exit at 14 of 28
    layers, FastMTP 3 steps);
-2. the generate stage's batched-vs-single exactness in bf16: `greedy_continuations` over a batch
-   of tiny-world prompts against each prompt alone, with the verifier's top-2 margin at every
-   divergence (bf16 kernels depend on the batch shape, so a near-tie may flip);
+2. the generate stage's batched-vs-single exactness in bf16: `greedy_continuations` (the
+   engine's greedy AR) over a whole batch of tiny-world prompts, as an actor runs its block,
+   against each prompt alone, with the verifier's top-2 margin at every divergence (bf16
+   kernels depend on the batch shape, so a near-tie may flip);
 3. the engine's batched decoding in bf16: `decode_many` at batch 16 against batch 1, greedy AR
    and an untrained FastMTP head (exact rows, margins, aggregate tok/s at both).
 
@@ -60,11 +61,11 @@ def _world(world: Path, device: str, dtype: str, rows: int):
 
 
 def batched_exactness(world: Path, device: str, dtype: str, rows: int, max_new: int) -> dict:
-    tok, model, prompts, eos = _world(world, device, dtype, rows)
+    _, model, prompts, eos = _world(world, device, dtype, rows)
     start = time.perf_counter()
-    batched = greedy_continuations(model, prompts, max_new, eos, tok.pad_token_id)
+    batched = greedy_continuations(model, prompts, max_new, eos)
     batched_s = time.perf_counter() - start
-    single = [greedy_continuations(model, [p], max_new, eos, tok.pad_token_id)[0] for p in prompts]
+    single = greedy_continuations(model, prompts, max_new, eos, batch_size=1)
     mismatches = []
     for i, (p, b, s) in enumerate(zip(prompts, batched, single)):
         if (m := compare(model, str(i), p, s.ids, b.ids)) is not None:

@@ -78,3 +78,14 @@ def make_artifact():
         return Path(out_dir)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(tmp_path_factory) -> Path:
+    """A directory holding Qwen3's real tokenizer (tests/qwen3_tokenizer.py), built once per
+    session (a few seconds)."""
+    from .qwen3_tokenizer import qwen3_tokenizer
+
+    path = tmp_path_factory.mktemp("qwen3-tokenizer")
+    qwen3_tokenizer().save_pretrained(path)
+    return path

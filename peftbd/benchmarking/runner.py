@@ -73,7 +73,8 @@ class Timings:
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
-              sweep_repeats: int | None = None, seed: int = 0) -> Timings:
+              sweep_repeats: int | None = None, seed: int = 0,
+              fast_path: bool = False) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
@@ -81,12 +82,14 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     warm-up per arm and batch size). Every pass is timed whole with the device-synced clock
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
     AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
-    outputs, decoded first, untimed (`synthetic_oracle`)."""
+    outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: the compiled verify
+    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     ids = [p.prompt_ids for p in prompts]
     oracle = synthetic_oracle(models, specs, ids, max_new_tokens)
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s, oracle, seed),
-                                         models.eos_ids, max_new_tokens) for s in specs}
+                                         models.eos_ids, max_new_tokens, fast_path)
+                for s in specs}
     batched = [b for b in batch_sizes if b > 1]
     for dec in decoders.values():
         dec.decode(ids[0])
@@ -192,7 +195,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
                         cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats,
-                        cfg.decoding.synthetic_seed)
+                        cfg.decoding.synthetic_seed, cfg.decoding.fast_path)
     references = [r.tokens for r in timings.results["ar"][0]]
     dtype = next(models.verifier.parameters()).dtype
     floor = measure_floor(models.device, dtype, hardware_description(models.device))

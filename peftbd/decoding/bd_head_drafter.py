@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from peftbd.decoding.drafter import no_draft
-from peftbd.decoding.ragged import RowCache, left_aligned, pack
+from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.bd_head import BDHead
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
@@ -69,8 +69,7 @@ class BDHeadDrafter:
         device, d, dtype = rows_of[0].device, self.block_size, self.head.mask_embedding.dtype
         kv = pack([s.drafter_state for s in rows_of])
         features, valid = left_aligned([s.features[0] for s in rows_of])
-        positions, _ = left_aligned([torch.arange(c, c + s.features.shape[1])
-                                     for s, c in zip(rows_of, kv.lengths)])
+        positions, _ = padded_ids([range(c, c + s.features.shape[1]) for s, c in zip(rows_of, kv.lengths)])
         anchors = torch.tensor([s.features.shape[1] - 1 for s in rows_of], device=device)
         chunk = torch.cat([draft_input_ids(s.tokens[-1], self.head.shape.mask_id, d, device)
                            for s in rows_of])

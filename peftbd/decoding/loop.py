@@ -10,7 +10,8 @@ import torch
 from peftbd.decoding.drafter import Drafter, NoDrafter
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.verify import VerifyResult, prefill_rows, verify_rows
+from peftbd.decoding.fast_path import FastVerify
+from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
 
 
 class SpeculativeDecoder:
@@ -22,14 +23,16 @@ class SpeculativeDecoder:
     round `propose` and `verify` (possibly in different processes, passing plain token lists;
     see `peftbd.decoding.verify.advance`), or `step` / `step_many` for both. Every single-request
     method is its batched twin called with one row: batch 1 is the same code path.
+    `fast_path`: verify with the compiled forward (`peftbd.decoding.fast_path`; `fast.compile_s`).
     """
 
     def __init__(self, model: torch.nn.Module, drafter: Drafter | None = None,
-                 eos_ids: Sequence[int] = (), max_new_tokens: int = 256) -> None:
+                 eos_ids: Sequence[int] = (), max_new_tokens: int = 256, fast_path: bool = False) -> None:
         self.model = model
         self.drafter: Drafter = drafter or NoDrafter()
         self.eos_ids = tuple(eos_ids)
         self.max_new_tokens = max_new_tokens
+        self.fast = FastVerify(model_device(model)) if fast_path else None
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeState:
         """Prefill a new request (commits its first token) and set up the drafter's state."""
@@ -70,7 +73,7 @@ class SpeculativeDecoder:
     def verify_many(self, states: Sequence[DecodeState],
                     drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
         """`verify` of several requests in one batched forward; each accepts its own prefix."""
-        return verify_rows(self.model, states, drafts)
+        return verify_rows(self.model, states, drafts, self.fast)
 
     def step(self, state: DecodeState) -> RoundMetrics:
         """One timed round: propose, verify, record."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from peftbd.decoding.ragged import RowCache, left_aligned, pack
+from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.mtp_head import MTPHead
 
@@ -53,9 +53,8 @@ class MTPDrafter:
         new = [s.hidden.shape[1] for s in states]
         kv = pack([s.drafter_state for s in states])
         hidden, valid = left_aligned([s.hidden[0] for s in states])
-        tokens, _ = left_aligned([torch.tensor(s.tokens[-n:]) for s, n in zip(states, new)])
-        positions, _ = left_aligned([torch.arange(len(s.tokens) - n, len(s.tokens))
-                                     for s, n in zip(states, new)])
+        tokens, _ = padded_ids([s.tokens[-n:] for s, n in zip(states, new)])
+        positions, _ = padded_ids([range(len(s.tokens) - n, len(s.tokens)) for s, n in zip(states, new)])
         mask = kv.chunk_mask(None if valid.all() else valid, hidden.shape[1], None, hidden.dtype)
         last = torch.tensor(new, device=device) - 1
         with timed(states, "draft"):

@@ -41,6 +41,7 @@ class RaggedKV:
         self._offset = 0  # where (after each row's committed slots) the next chunk is written
         self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
         self._lengths_t: torch.Tensor | None = None
+        self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # (start, *shape), index
 
     @property
     def size(self) -> int:
@@ -61,11 +62,24 @@ class RaggedKV:
             self.values.append(value.new_zeros(shape))
         if end > self.keys[layer_idx].shape[2]:
             self._grow(layer_idx, 2 * end)
-        slots = (self._lengths_on(key.device) + start).unsqueeze(1) + torch.arange(width, device=key.device)
-        index = slots[:, None, :, None].expand_as(key)
-        self.keys[layer_idx].scatter_(2, index, key)
-        self.values[layer_idx].scatter_(2, index, value)
+        if self.size == 1:  # one row: its chunk is one slice
+            at = self.lengths[0] + start
+            self.keys[layer_idx][:, :, at : at + width] = key
+            self.values[layer_idx][:, :, at : at + width] = value
+        else:
+            index = self._chunk_index(key, start)
+            self.keys[layer_idx].scatter_(2, index, key)
+            self.values[layer_idx].scatter_(2, index, value)
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def _chunk_index(self, key: torch.Tensor, start: int) -> torch.Tensor:
+        """The scatter index of a chunk `key` (B, heads, Q, d) written at `start`: each row's
+        slots n_i + start.. (built once per chunk, shared by every layer)."""
+        if self._index is None or self._index[0] != (start, *key.shape):
+            slots = (self._lengths_on(key.device) + start).unsqueeze(1) \
+                + torch.arange(key.shape[2], device=key.device)
+            self._index = ((start, *key.shape), slots[:, None, :, None].expand_as(key))
+        return self._index[1]
 
     # what transformers' mask builder calls when `chunk_mask` leaves the mask to it (one row,
     # causal): the chunk starts after the row's committed slots and the chunks before it
@@ -128,6 +142,16 @@ class RaggedKV:
             self._lengths_t = torch.tensor(self.lengths, device=device)
         return self._lengths_t
 
+    def lengths_tensor(self) -> torch.Tensor:
+        """The rows' committed lengths (B,) on the cache's device."""
+        return self._lengths_on(self.device)
+
+    def reserve(self, end: int) -> None:
+        """Grow every layer to hold at least `end` slots per row (the fast path's static KV)."""
+        for idx in range(len(self.keys)):
+            if end > self.keys[idx].shape[2]:
+                self._grow(idx, 2 * end)
+
     def drop(self) -> None:
         """Forget the last recorded chunk (a draft step's KV: the next chunk overwrites it)."""
         width, _ = self._chunks.pop()
@@ -137,7 +161,7 @@ class RaggedKV:
         """Row i keeps the first `counts[i]` slots the chunks appended since the last commit
         (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
-        self._lengths_t = None
+        self._lengths_t = self._index = None
         self._offset = 0
         self._chunks = []
 
@@ -176,6 +200,13 @@ def pack(caches: Sequence[RowCache]) -> RaggedKV:
     if first.size == len(caches) and all(c.kv is first and c.row == i for i, c in enumerate(caches)):
         return first
     packed = RaggedKV([c.get_seq_length() for c in caches], first.device)
+    if all(c.kv is first for c in caches):  # rows of one buffer (others finished): one gather
+        rows = torch.tensor([c.row for c in caches], device=first.device)
+        packed.keys = [k.index_select(0, rows) for k in first.keys]
+        packed.values = [v.index_select(0, rows) for v in first.values]
+        for i, c in enumerate(caches):
+            c.kv, c.row = packed, i
+        return packed
     layers = max(len(c.kv.keys) for c in caches)
     width = max(packed.lengths)
     for idx in range(layers):
@@ -205,6 +236,15 @@ def left_aligned(rows: Sequence[torch.Tensor], fill: float | int = 0) -> tuple[t
         out[i, : r.shape[0]] = r
         valid[i, : r.shape[0]] = True
     return out, valid
+
+
+def padded_ids(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`left_aligned` of int rows (ids, positions) in one tensor call: (B, Q) long, 0 after
+    each row's entries; and the bool (B, Q) mask of real entries."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[*r, *[0] * (width - len(r))] for r in rows], dtype=torch.long)
+    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    return ids, valid
 
 
 def row_entries(batch: torch.Tensor, row: int, start: int, n: int) -> torch.Tensor:

@@ -16,7 +16,8 @@ from peft import PeftModel
 from transformers import PreTrainedModel
 
 from peftbd.decoding.clock import Clock, ForwardLog
-from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, row_entries
+from peftbd.decoding.fast_path import FastVerify
+from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.early_exit import first_layers
 
@@ -45,20 +46,25 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequence[Sequence[int]],
-             mode: str, greedy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-             ) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list]:
+             mode: str, greedy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             fast: FastVerify | None = None) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list]:
     """One verifier forward over each row's `inputs` at its next positions, the rows' caches
     packed (`peftbd.decoding.ragged`): (their `RaggedKV`, the final hidden states (B, Q, d) and
     `feature_layers` features (or None) of every slot, row i's being its first len(inputs[i]);
-    `greedy(lm_head, hidden)`'s tokens as lists, [] without it). The caller `commit`s what the
-    rows keep."""
+    `greedy(lm_head, hidden)`'s tokens as lists, [] without it). `fast`: the compiled verify
+    forward (its greedy is every slot's argmax), used when no features are kept. The caller
+    `commit`s what the rows keep."""
     base = unwrap(model)
     device = states[0].device
     kv = pack([s.cache for s in states])
-    ids, valid = left_aligned([torch.tensor(x, dtype=torch.long) for x in inputs])
-    positions, _ = left_aligned([torch.arange(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
-    mask = kv.chunk_mask(None if valid.all() else valid, ids.shape[1], None, base.dtype)
+    ids, valid = padded_ids(inputs)
+    positions, _ = padded_ids([range(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
     layers = states[0].feature_layers
+    if fast is not None and not layers:
+        with timed(states, mode):
+            hidden, tokens = fast(base, kv, ids.to(device), positions.to(device), valid)
+            return kv, hidden, None, tokens.tolist()  # one device sync
+    mask = kv.chunk_mask(None if valid.all() else valid, ids.shape[1], None, base.dtype)
     with timed(states, mode):
         out = base.model(input_ids=ids.to(device), cache=kv, position_ids=positions.to(device),
                          attention_mask=mask, use_cache=True, output_hidden_states=bool(layers))
@@ -158,15 +164,17 @@ def verify(model: torch.nn.Module, state: DecodeState,
 
 @torch.inference_mode()
 def verify_rows(model: torch.nn.Module, states: Sequence[DecodeState],
-                drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
-    """`verify` of several requests in one batched forward; each row accepts its own prefix."""
+                drafts: Sequence[Sequence[int] | torch.Tensor],
+                fast: FastVerify | None = None) -> list[VerifyResult]:
+    """`verify` of several requests in one batched forward; each row accepts its own prefix.
+    `fast`: run that forward compiled (`peftbd.decoding.fast_path`)."""
     for state in states:
         if state.done:
             raise ValueError("verify() on a finished request (state.done is True); start a new one")
     drafted = [_as_list(d) for d in drafts]
     kv, hidden, features, greedy = _forward(
         model, states, [s.tokens[-1:] + d for s, d in zip(states, drafted)], "verify",
-        lambda head, h: head(h).argmax(-1))
+        lambda head, h: head(h).argmax(-1), fast)
     results, kept_slots = [], []
     for i, (state, draft) in enumerate(zip(states, drafted)):
         preds = greedy[i][: len(draft) + 1]

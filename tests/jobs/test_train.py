@@ -59,7 +59,7 @@ def artifact(cfg, tiny_world, tmp_path_factory, make_artifact):
                                cfg.data.max_prompt_len).to_pylist()
     rows = [r for r in prepared if r["drop_reason"] is None][: TRAIN_ROWS + VAL_ROWS]
     outs = greedy_continuations(model, [r["prompt_ids"] for r in rows], cfg.data.max_new_tokens,
-                                eos_token_ids(model, tok), tok.pad_token_id)
+                                eos_token_ids(model, tok))
     table = pa.Table.from_pylist([
         {**r, "split": "train" if i < TRAIN_ROWS else "val", "continuation_ids": o.ids,
          "prompt_len": len(r["prompt_ids"]), "continuation_len": len(o.ids),

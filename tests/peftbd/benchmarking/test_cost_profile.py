@@ -21,7 +21,8 @@ from peftbd.models.peft_bd import adapter_on, draft_input_ids
 
 TINY_PROFILE = ["cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
                 "cost_profile.repeats=2", "cost_profile.kv_len=48",
-                "cost_profile.dtypes=[float32, bfloat16]"]
+                "cost_profile.dtypes=[float32, bfloat16]", "cost_profile.decode_prompts=2",
+                "cost_profile.decode_tokens=20"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Batched greedy continuations equal the verifier's own single-sequence greedy output (no Ray)."""
+"""Generate's greedy continuations (the engine's greedy AR) equal the verifier's own
+single-sequence greedy output, whatever the batching (no Ray)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from peftbd.data.chat import prompt_messages, encode_prompt
-from peftbd.data.continuations import greedy_continuations, left_pad
+from peftbd.data.continuations import greedy_continuations
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
 MAX_NEW = 20
@@ -26,8 +27,7 @@ def world(tiny_cfg, tiny_world):
     prompts += [p + tok(r["messages"][-1]["content"])["input_ids"][:-4]
                 for p, r in zip(prompts[:8], rows)]
     eos = eos_token_ids(model, tok)
-    yield model, tok, eos, prompts, greedy_continuations(model, prompts, MAX_NEW, eos,
-                                                         tok.pad_token_id)
+    yield model, tok, eos, prompts, greedy_continuations(model, prompts, MAX_NEW, eos)
     torch.set_num_threads(threads)
 
 
@@ -43,18 +43,11 @@ def _hf_single(model, prompt, eos, pad_id):
     return gen
 
 
-def test_left_pad_gives_each_row_its_own_positions():
-    ids, mask, pos = left_pad([[5, 6, 7], [8]], pad_id=0, device=torch.device("cpu"))
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert pos.tolist() == [[0, 1, 2], [0, 0, 0]]
-
-
 def test_batched_equals_single_sequence_greedy(world):
     model, tok, eos, prompts, batched = world
     reasons = {c.finish_reason for c in batched}
     assert reasons == {"eos", "length"}, "the sample should exercise both stop conditions"
-    assert len({len(p) for p in prompts}) > 5, "the sample should need left padding"
+    assert len({len(p) for p in prompts}) > 5, "the sample should mix prompt lengths"
     for prompt, cont in zip(prompts, batched):
         assert cont.ids == _hf_single(model, prompt, eos, tok.pad_token_id)
         if cont.finish_reason == "eos":
@@ -63,15 +56,26 @@ def test_batched_equals_single_sequence_greedy(world):
             assert len(cont.ids) == MAX_NEW and not set(cont.ids) & set(eos)
 
 
-def test_batch_composition_does_not_change_tokens(world):
-    model, tok, eos, prompts, whole = world
-    part = greedy_continuations(model, prompts[::-1][:7], MAX_NEW, eos, tok.pad_token_id)
-    assert part == whole[::-1][:7]
-    assert greedy_continuations(model, prompts[3:4], MAX_NEW, eos, tok.pad_token_id) == whole[3:4]
+def test_batching_does_not_change_tokens(world):
+    """One at a time, continuous batching (rows join as others finish) and a subset all agree."""
+    model, _, eos, prompts, whole = world
+    assert greedy_continuations(model, prompts, MAX_NEW, eos, batch_size=1) == whole
+    assert greedy_continuations(model, prompts[::-1], MAX_NEW, eos, batch_size=5) == whole[::-1]
+    assert greedy_continuations(model, prompts[3:4], MAX_NEW, eos) == whole[3:4]
+
+
+def test_a_smaller_budget_cuts_the_same_tokens(world):
+    model, _, eos, prompts, whole = world
+    short = greedy_continuations(model, prompts, 3, eos)
+    for s, w in zip(short, whole):
+        assert s.ids == w.ids[:3]
+        assert s.finish_reason == ("eos" if s.ids[-1] in eos else "length")
 
 
 def test_empty_and_invalid_inputs(world):
-    model, tok, eos, prompts, _ = world
-    assert greedy_continuations(model, [], MAX_NEW, eos, tok.pad_token_id) == []
+    model, _, eos, prompts, _ = world
+    assert greedy_continuations(model, [], MAX_NEW, eos) == []
     with pytest.raises(ValueError, match="max_new_tokens"):
-        greedy_continuations(model, prompts[:1], 0, eos, tok.pad_token_id)
+        greedy_continuations(model, prompts[:1], 0, eos)
+    with pytest.raises(ValueError, match="empty"):
+        greedy_continuations(model, [[]], MAX_NEW, eos)

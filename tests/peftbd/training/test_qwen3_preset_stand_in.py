@@ -1,12 +1,14 @@
 """The qwen3-0.6b preset's code path, end to end, at Qwen3-0.6B's vocabulary and width on CPU.
 
 A stand-in checkpoint built here (random weights, bf16 safetensors; 151,936 rows, hidden 1024,
-16/8 heads of 128, MLP 3072, tied embeddings, but 2 of the 28 layers; the tiny world's
-tokenizer) runs every stage's library code with the preset's settings and `model.device=cpu`:
-generate's batched greedy continuations in bf16, both training tasks under DeepSpeed ZeRO-2
-(the preset's; in fp32 here, see OVERRIDES) with micro-batching and chunked logits, their eval,
-checkpoints and exports, then the benchmark's timing shard (every arm, the greedy audit). It catches what the tiny world's
-2,048-row vocabulary hides: vocabulary-sized tensors in checkpoints, in the loss, in memory.
+16/8 heads of 128, MLP 3072, tied embeddings, but 2 of the 28 layers; Qwen3's own tokenizer,
+tests/qwen3_tokenizer.py) runs every stage's library code with the preset's settings and
+`model.device=cpu`: generate's batched greedy continuations in bf16, both training tasks under
+DeepSpeed ZeRO-2 (the preset's; in fp32 here, see OVERRIDES) with micro-batching and chunked
+logits, their eval, checkpoints and exports, then the benchmark's timing shard (every arm, the
+greedy audit). It catches what the tiny world's 2,048-row vocabulary hides: vocabulary-sized
+tensors in checkpoints, in the loss, in memory; and Qwen3's real token ids (the mask token the
+project adds is id 151,669, inside the 151,936 rows).
 What it does not run: the Ray orchestration around these calls (jobs/), tested on tiny.
 """
 
@@ -56,12 +58,12 @@ OVERRIDES = [
 
 
 @pytest.fixture(scope="module")
-def stand_in(tiny_world, tmp_path_factory):
-    """A Qwen3-0.6B-shaped checkpoint dir (2 layers) with the tiny tokenizer, in bf16."""
+def stand_in(qwen3_tokenizer_dir, tmp_path_factory):
+    """A Qwen3-0.6B-shaped checkpoint dir (2 layers) with Qwen3's tokenizer, in bf16."""
     path = tmp_path_factory.mktemp("qwen3-stand-in")
     qwen3_stand_in(hidden=1024, layers=2, intermediate=3072, heads=16, kv_heads=8,
                    head_dim=128).to(torch.bfloat16).save_pretrained(path)
-    for f in tiny_world.tokenizer_dir.iterdir():
+    for f in qwen3_tokenizer_dir.iterdir():
         shutil.copy(f, path / f.name)
     return path
 
@@ -90,9 +92,10 @@ def artifact(cfg):
     """Generate's compute: the verifier's batched greedy continuations of corpus prompts."""
     tok, model = load_tokenizer(cfg), load_verifier(cfg)
     assert model.get_input_embeddings().num_embeddings == QWEN3_VOCAB
+    assert (tok.pad_token_id, tok.mask_token_id, len(tok)) == (151_643, 151_669, 151_670)
     assert next(model.parameters()).dtype == torch.bfloat16  # bf16 runs on CPU when asked
     prompts = first_prompts(tok, resolve_source(cfg), 6, cfg.data.max_prompt_len)
-    outs = greedy_continuations(model, prompts, NEW_TOKENS, eos_token_ids(model, tok), tok.pad_token_id)
+    outs = greedy_continuations(model, prompts, NEW_TOKENS, eos_token_ids(model, tok))
     rows = {"id": [f"r{i}" for i in range(len(prompts))], "prompt_ids": prompts,
             "continuation_ids": [o.ids for o in outs], "prompt_len": [len(p) for p in prompts]}
     assert all(len(o.ids) > 0 for o in outs)
