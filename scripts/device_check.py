@@ -8,7 +8,10 @@
    against each prompt alone, with the verifier's top-2 margin at every divergence (bf16
    kernels depend on the batch shape, so a near-tie may flip);
 3. the engine's batched decoding in bf16: `decode_many` at batch 16 against batch 1, greedy AR
-   and an untrained FastMTP head (exact rows, margins, aggregate tok/s at both).
+   and an untrained FastMTP head (exact rows, margins, aggregate tok/s at both);
+4. AR and the synthetic arms (the paper's acceptance, `decoding.synthetic`) decoding at the
+   profile's architecture, eager vs the fast path (`decoding.fast_path`), batch 1 and 16:
+   aggregate tok/s, speedup vs AR, exactness vs AR, verify ms per forward against the roofline's.
 
 Prepare here (the device gets the working tree only; `.device/` is git-ignored):
 
@@ -16,7 +19,9 @@ Prepare here (the device gets the working tree only; `.device/` is git-ignored):
 
 then with the device tool: command `PYTHONUNBUFFERED=1 PYTHONPATH=. python3
 scripts/device_check.py --world .device/world --out $OUT`, carry `[".device"]`, timeout ~300 s.
-On CPU (a dry run of the script itself): add `--device cpu --dtype float32 --quick`.
+On CPU (a dry run of the script itself): add `--device cpu --dtype float32 --quick`; a test runs
+that on the tiny verifier's shape (`--preset tiny --set cost_profile.architecture=model
+--fast-path off`; the fast path's CPU compiles take minutes).
 """
 
 from __future__ import annotations
@@ -30,24 +35,76 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peftbd.benchmarking.cost_profile import run_profile, summary_lines
-from peftbd.config import load_config
+from peftbd.benchmarking.cost_profile_models import activate, preflight, profile_models, profiled_specs
+from peftbd.config import Config, load_config
+from peftbd.decoding.controlled import reference_oracle
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.data.continuations import greedy_continuations
 from peftbd.decoding import MTPDrafter, SpeculativeDecoder
 from peftbd.decoding.audit import compare
 from peftbd.decoding.clock import Clock
 from peftbd.models.mtp_head import MTPHead
-from peftbd.models.loading import DTYPES, eos_token_ids
+from peftbd.models.loading import DTYPES, eos_token_ids, resolve_device
 
 
-def profile(device: str, dtype: str, quick: bool) -> dict:
+def profile_config(preset: str, sets: list[str], device: str, dtype: str, quick: bool) -> Config:
     overrides = [f"cost_profile.device={device}", f"cost_profile.dtypes=[{dtype}]",
                  f"cost_profile.repeats={2 if quick else 5}", "cost_profile.threads=0"]
     if quick:
-        overrides += ["cost_profile.kv_len=64"]
-    result = run_profile(load_config("qwen3-0.6b", overrides=overrides)).to_dict()
+        overrides += ["cost_profile.kv_len=64", "cost_profile.decode_prompts=1",
+                      "cost_profile.decode_tokens=8"]
+    return load_config(preset, overrides=overrides + sets)
+
+
+def profile(cfg: Config) -> dict:
+    result = run_profile(cfg).to_dict()
     print("\n".join(summary_lines(result)), flush=True)
     return result
+
+
+@torch.inference_mode()
+def synthetic_decodes(cfg: Config, prof: dict, fast_paths: list[bool], quick: bool) -> dict:
+    """AR and every synthetic arm at the profile's architecture, `decode_many` at batch 1 and 16
+    (16 random prompts; quick: 4), eager and/or fast path; AR's eager batch-1 outputs are the
+    oracle and the reference."""
+    cp, device = cfg.cost_profile, resolve_device(cfg.cost_profile.device)
+    dtype = DTYPES[cp.dtypes[0]]
+    models = profile_models(cfg, preflight(cfg), dtype, device)
+    vocab = models.verifier.config.vocab_size
+    specs = [s for s in profiled_specs(cfg, vocab) if s.method == "ar" or s.synthetic is not None]
+    rows, length, new = (4, 16, 8) if quick else (16, 128, 64)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(rows)]
+    references: dict[tuple[int, ...], list[int]] = {}
+    oracle, clock, out = reference_oracle(references), Clock(device), {}
+    roof = prof["roofline"]["arms"]
+    for fast in fast_paths:
+        for spec in specs:
+            activate(models, spec)
+            dec = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(
+                spec, oracle, cfg.decoding.synthetic_seed), (), new, fast_path=fast)
+            for batch in (1, 16):
+                dec.decode_many(prompts[:min(batch, 2)], batch, 4)  # warm-up (and compiles)
+                start = clock.now()
+                runs = dec.decode_many(prompts, batch)
+                wall = clock.now() - start
+                if not references:
+                    references.update({tuple(p): r.tokens for p, r in zip(prompts, runs)})
+                calls = sum(r.forward_calls.get("verify", 0) for r in runs)
+                key = f"{spec.id} {'fast' if fast else 'eager'} batch {batch}"
+                out[key] = {
+                    "tokens_per_s": round(sum(len(r.tokens) for r in runs) / wall, 2),
+                    "accepted_per_round": round(sum(len(r.tokens) - 1 for r in runs)
+                                                / max(1, sum(len(r.rounds) for r in runs)), 3),
+                    "exact_rows": sum(r.tokens == references[tuple(p)] for p, r in zip(prompts, runs)),
+                    "verify_ms_per_forward": round(1e3 * sum(r.forward_seconds.get("verify", 0.0)
+                                                             for r in runs) / max(calls, 1), 3),
+                    "roofline_verify_ms": roof[spec.id]["roofline_verify_ms"],
+                    "compile_s": round(dec.fast.compile_s, 1) if dec.fast else 0.0}
+                ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
+                out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)
+                print(f"{key} ({cp.dtypes[0]}, SYNTHETIC acceptance): {out[key]}", flush=True)
+    return out
 
 
 def _world(world: Path, device: str, dtype: str, rows: int):
@@ -104,7 +161,7 @@ def engine_batching(world: Path, device: str, dtype: str, rows: int, max_new: in
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
@@ -114,12 +171,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU dry run)")
-    args = parser.parse_args()
+    parser.add_argument("--preset", default="qwen3-0.6b", help="the config of the profile")
+    parser.add_argument("--set", action="append", default=[], help="a config override, a.b=value")
+    parser.add_argument("--fast-path", choices=("both", "on", "off"), default="both",
+                        help="the synthetic decodes: eager and/or the compiled fast path")
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"device: {name}; torch {torch.__version__}", flush=True)
-    result = {"device": name, "torch": torch.__version__,
-              "cost_profile": profile(args.device, args.dtype, args.quick)}
+    cfg = profile_config(args.preset, args.set, args.device, args.dtype, args.quick)
+    result = {"device": name, "torch": torch.__version__, "cost_profile": profile(cfg)}
+    fast = {"both": [False, True], "on": [True], "off": [False]}[args.fast_path]
+    result["synthetic_decodes"] = synthetic_decodes(cfg, result["cost_profile"], fast, args.quick)
     if args.world:
         result["batched_exactness"] = batched_exactness(
             args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
