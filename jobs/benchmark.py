@@ -27,8 +27,8 @@ per-prompt decode time, so it does not depend on the worker count. On a GPU clus
 per GPU; on a CPU box at most one single-threaded worker per core (the tiny preset: 2). Parallel
 workers still share the memory system: on the 2-core box two workers measured 0-9% (mean 4%)
 below one worker's tok/s per arm (docs/results-log.md); `--set decoding.workers=1` for the
-undisturbed clock, at twice the time. A sweep pass covers a worker's own prompts, so with fewer than B of them a batch
-size B runs as one batch that drains. results.json records the placement.
+undisturbed clock, at twice the time. A sweep pass covers a worker's own prompts, so with fewer
+than B of them a batch size B runs as one batch that drains. results.json records the placement.
 """
 
 from __future__ import annotations

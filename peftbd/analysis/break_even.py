@@ -12,7 +12,7 @@ paper's 2.881 for PEFT-BD, 1.511 for FastMTP) or else the paper's number.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from peftbd.analysis.paper import PAPER_VALUES, SGLANG, paper_value
 from peftbd.analysis.tables import fmt, markdown_table
@@ -24,8 +24,10 @@ PAPER_AR_MS = 1e3 / paper_value("tokens_per_s", "ar").value
 
 @dataclass(frozen=True)
 class CostSource:
-    """Round times (ms) of AR and of each speculative arm (by its real arm id) from one source."""
+    """Round times (ms) of AR and of each speculative arm (by its real arm id) from one source:
+    this run's rounds, the profile's one round, its measured decode, or the roofline (`kind`)."""
 
+    kind: Literal["run", "round", "decode", "roofline"]
     name: str
     ar_ms: float
     round_ms: dict[str, float]
@@ -47,7 +49,8 @@ def cost_sources(results: dict[str, Any]) -> list[CostSource]:
     arms, sources = results["arms"], []
     if "ar" in arms:
         sources.append(CostSource(
-            f"this run ({results['measured_on']['model']}), measured", 1e3 * arms["ar"]["round"]["t0_s"],
+            "run", f"this run ({results['measured_on']['model']}), measured",
+            1e3 * arms["ar"]["round"]["t0_s"],
             {a: 1e3 * v["round"]["t0_s"] for a, v in arms.items()
              if v["method"] != "ar" and not a.endswith(SYNTHETIC)}))
     prof = results.get("cost_at_scale")
@@ -56,7 +59,7 @@ def cost_sources(results: dict[str, Any]) -> list[CostSource]:
     name, dtype = prof["architecture"]["name"], next(iter(prof["profiles"]))
     costs = prof["profiles"][dtype]["arms"]
     sources.append(CostSource(
-        f"{name} {dtype}, one round, {prof['hardware']}", costs["ar"]["verify_ms_round"],
+        "round", f"{name} {dtype}, one round, {prof['hardware']}", costs["ar"]["verify_ms_round"],
         {a: c["draft_ms_round"] + c["verify_ms_round"] for a, c in costs.items()
          if c["method"] != "ar" and not a.endswith(SYNTHETIC)}))
     if prof.get("decode"):
@@ -64,11 +67,12 @@ def cost_sources(results: dict[str, Any]) -> list[CostSource]:
         whole = {a: d["draft_ms_round"] + d["verify_ms_round"] + d["host_ms_round"]
                  for a, d in dec.items()}
         sources.append(CostSource(
+            "decode",
             f"{name} {prof['decode']['dtype']}, decoded (synthetic acceptance), {prof['hardware']}",
             whole.pop("ar"), {base_arm(a): ms for a, ms in whole.items()}))
     roof = prof["roofline"]["arms"]
     sources.append(CostSource(
-        f"{name} bf16, {prof['roofline']['gpu']['name']} roofline",
+        "roofline", f"{name} bf16, {prof['roofline']['gpu']['name']} roofline",
         roof["ar"]["roofline_verify_ms"],
         {a: w["roofline_draft_ms"] + w["roofline_verify_ms"] for a, w in roof.items()
          if w["draft_forwards"] and not a.endswith(SYNTHETIC)}))
@@ -131,7 +135,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
     its own acceptance, at the roofline and as measured here; and the per-round overhead under
     which PEFT-BD would beat AR there. Empty without the roofline or the PEFT-BD arm."""
     sources = cost_sources(results)
-    roof = next((s for s in sources if s.name.endswith("roofline")), None)
+    roof = next((s for s in sources if s.kind == "roofline"), None)
     ref = reference_acceptance(results).get("peftbd")
     if roof is None or ref is None or "peftbd" not in roof.round_ms:
         return []
@@ -148,7 +152,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
         f"**{a * PAPER_AR_MS - roof.round_ms['peftbd']:.2f} ms** against the paper's SGLang AR "
         f"({PAPER_AR_MS:.2f} ms a token); the paper's PEFT-BD round took {PAPER_ROUND_MS:.1f} ms.",
     ]
-    decoded = next((x for x in sources if "decoded" in x.name), None)
+    decoded = next((x for x in sources if x.kind == "decode"), None)
     if decoded is not None and "peftbd" in decoded.round_ms:
         ds = decoded.speedup("peftbd", a)
         lines.append(f"Measured whole decodes at {decoded.name}: PEFT-BD's rounds at {a:g} tokens "

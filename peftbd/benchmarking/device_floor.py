@@ -9,13 +9,14 @@ few large tensor copies (read + write counted)."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from peftbd.benchmarking.forward_counter import ForwardCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS
+from peftbd.decoding.clock import Clock
 
 GEMM_N = {"cpu": 1024, "cuda": 8192}
 COPY_BYTES = 256 << 20
@@ -42,16 +43,12 @@ class DeviceFloor:
                          count.flops / self.flops_per_s)
 
 
-def _best_seconds(fn, device: torch.device) -> float:
+def _best_seconds(fn: Callable[[], object], clock: Clock) -> float:
     best = float("inf")
     for _ in range(TRIES):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = clock.now()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock.now() - start)
     return best
 
 
@@ -70,8 +67,8 @@ def measure_floor(device: torch.device, dtype: torch.dtype, hardware: str = "") 
     dst = torch.empty_like(src)
     with torch.inference_mode():
         a @ b, dst.copy_(src)  # warm-up
-        gemm = _best_seconds(lambda: a @ b, device)
-        copy = _best_seconds(lambda: dst.copy_(src), device)
+        gemm = _best_seconds(lambda: a @ b, Clock(device))
+        copy = _best_seconds(lambda: dst.copy_(src), Clock(device))
     return DeviceFloor(str(device), name, 2 * COPY_BYTES / copy, 2 * n ** 3 / gemm,
                        f"measured: best of {TRIES} {n}x{n} matmuls and {COPY_BYTES >> 20} MiB "
-                       f"copies, {torch.get_num_threads()} threads")
+                       f"copies, torch threads: {torch.get_num_threads()}")
