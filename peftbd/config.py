@@ -1,6 +1,6 @@
 """One tree of frozen dataclasses for every stage, named presets, YAML files and `--set` overrides.
 
-The tree is `Config`, one section of `peftbd.config_sections` per stage (re-exported here).
+The tree is `Config`, one section per stage (`peftbd.config_sections`, re-exported here).
 
 A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAML files in
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
@@ -18,7 +18,6 @@ import dataclasses
 import os
 import re
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import yaml
 
 from peftbd.config_merge import ConfigError, merge
 from peftbd.config_sections import (
+    Config,
     CostProfileConfig,
     DataConfig,
     DecodingConfig,
@@ -54,29 +54,6 @@ __all__ = [  # the sections and EMBEDDED_TINY are re-exported: import them from 
 def cache_root(cache_dir: str) -> Path:
     """The cache directory: env `PEFTBD_CACHE` when set, else `cache_dir` (`paths.cache_dir`)."""
     return Path(os.environ.get("PEFTBD_CACHE", cache_dir)).expanduser()
-
-
-@dataclass(frozen=True)
-class Config:
-    """The whole configuration tree."""
-
-    preset: str = "tiny"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    tiny_world: TinyWorldConfig = field(default_factory=TinyWorldConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    generate: GenerateConfig = field(default_factory=GenerateConfig)
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    mtp: MTPConfig = field(default_factory=MTPConfig)
-    head: HeadConfig = field(default_factory=HeadConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    serving: ServingConfig = field(default_factory=ServingConfig)
-    cost_profile: CostProfileConfig = field(default_factory=CostProfileConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (tuples as lists), for manifests and YAML."""
-        return _plain(dataclasses.asdict(self))
 
 
 # Checks of the finished config, per section type (so `OptimConfig`'s apply to drafter.optim and
@@ -136,6 +113,8 @@ _PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
 _ITEM_PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
     DecodingConfig: {"synthetic": (r"[a-z][a-z0-9_]*=\d+(\.\d+)?",
                                    "arm=tokens_per_round, e.g. peftbd=2.881")},
+    ServingConfig: {"synthetic": (r"[a-z][a-z0-9-]*=\d+(\.\d+)?",
+                                  "method=tokens_per_round, e.g. peft-bd=2.881")},
 }
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
@@ -155,14 +134,6 @@ _DISTINCT: dict[type, tuple[str, ...]] = {
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
     MTPConfig: (("loss_weights", "num_steps"),),  # one loss weight per recursive step
 }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def preset_names() -> list[str]:

@@ -1,12 +1,13 @@
-"""The config tree's sections: one frozen dataclass per stage (`peftbd.config.Config` holds one
-of each, and re-exports them) and the allowed values of their enum-like fields. The presets
-(`peftbd/configs/*.yaml`) set every field; the defaults here are the fallbacks.
+"""The config tree: `Config`, its sections (one frozen dataclass per stage) and the allowed values
+of their enum-like fields; `peftbd.config` re-exports them beside the loading and the checks. The
+presets (`peftbd/configs/*.yaml`) set every field; the defaults here are the fallbacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from peftbd.presets import EMBEDDED_TINY
 
@@ -223,6 +224,11 @@ class ServingConfig:
     verifier_num_gpus: float = 0.0  # also the colocated engine's
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
     client_concurrency: tuple[int, ...] = (1, 4, 16)  # jobs/placement.py: requests in flight
+    # Controlled ("synthetic") acceptance in both apps: each "method=tokens" entry serves that
+    # method's real drafts forced to `tokens` accepted tokens per round (decoding.synthetic_seed;
+    # oracle: the replica's own greedy AR output of the prompt); labelled synthetic in usage and
+    # metrics. Empty: every method's own acceptance.
+    synthetic: tuple[str, ...] = ()
 
 
 RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS
@@ -257,3 +263,34 @@ class PathsConfig:
 
     cache_dir: str = "~/.cache/peftbd"
     out_dir: str = "outputs"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration tree."""
+
+    preset: str = "tiny"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tiny_world: TinyWorldConfig = field(default_factory=TinyWorldConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    cost_profile: CostProfileConfig = field(default_factory=CostProfileConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (tuples as lists), for manifests and YAML."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from peftbd.config import Config, load_config
+from peftbd.serving.synthetic import read_references, synthetic_rates
 from peftbd.serving.validation import check_serving_config
 
 SESSION_ROUTER = {
@@ -27,7 +29,10 @@ class AppArgs(BaseModel):
 
     `adapter_dir`: a PEFT-BD adapter (`jobs/train_peftbd.py`); `mtp_dir`: an MTP head
     (`jobs/train_mtp.py`); `head_dir`: a block-diffusion head (`jobs/train_head.py`). Without
-    them, untrained ones are attached (exact output, low acceptance).
+    them, untrained ones are attached (exact output, low acceptance). `references`: a JSON
+    file of greedy AR outputs ({"references": [{"prompt": ids, "output": ids}, ...]}, as
+    `jobs.placement` writes) that the `serving.synthetic` methods' oracle starts from; prompts
+    not in it are decoded with greedy AR when first seen.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -38,12 +43,18 @@ class AppArgs(BaseModel):
     adapter_dir: str | None = None
     mtp_dir: str | None = None
     head_dir: str | None = None
+    references: str | None = None
 
     def load(self) -> Config:
         """The config these args name, checked for serving."""
         cfg = load_config(self.preset, self.config, self.overrides)
         check_serving_config(cfg.serving)
+        synthetic_rates(cfg)
         return cfg
+
+    def reference_outputs(self) -> dict[tuple[int, ...], list[int]]:
+        """{prompt ids: greedy AR output} from `references` (none: {})."""
+        return read_references(Path(self.references)) if self.references else {}
 
 
 def actor_options(cfg: Config, role: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class _ModelReplica:
         app = AppArgs.model_validate(args)
         cfg = app.load()
         models = load_serving_models(cfg, self.methods, app.adapter_dir, app.mtp_dir,
-                                     head_dir=app.head_dir)
+                                     head_dir=app.head_dir, references=app.reference_outputs())
         s = cfg.serving
         self.decoder = ReplicaDecoder(models, s.max_sessions, s.max_batch, s.batch_wait_ms)
 

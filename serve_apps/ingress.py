@@ -38,6 +38,7 @@ from peftbd.serving.responses import (
     usage_chunk,
 )
 from peftbd.serving.outcome import RequestOutcome
+from peftbd.serving.synthetic import method_label, synthetic_rates
 from peftbd.serving.validation import (
     GenerationSpec,
     Kind,
@@ -118,6 +119,7 @@ class Ingress:
             self.placement = "split"
             self.backend = SplitBackend(drafter, verifier, self.serving)
         self.metrics = RoundMetrics(self.placement)
+        self.synthetic = synthetic_rates(self.cfg)  # {method: tokens per round} of the synthetic
         self.created = int(time.time())
 
     @api.get("/v1/models")
@@ -145,7 +147,8 @@ class Ingress:
             return _error(err)
         if spec.stream:
             return StreamingResponse(self._sse(spec), media_type="text/event-stream")
-        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop)
+        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop,
+                                 self.synthetic.get(spec.method))
         try:
             text = "".join([piece async for piece in self._text(spec, outcome)])
         except BackendUnavailable as exc:
@@ -167,7 +170,7 @@ class Ingress:
         async with contextlib.aclosing(self.backend.rounds(spec)) as rounds:
             async for event in rounds:
                 delta, received = outcome.push(event)
-                self.metrics.observe(received, spec.method)
+                self.metrics.observe(received, method_label(spec.method, self.synthetic))
                 if delta:
                     yield delta
                 if outcome.stopped:
@@ -179,7 +182,8 @@ class Ingress:
     async def _sse(self, spec: GenerationSpec) -> AsyncIterator[str]:
         """The SSE events of one request; a failure after some text is an error event that
         says the text is incomplete; a client that left ends it quietly."""
-        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop)
+        outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop,
+                                 self.synthetic.get(spec.method))
         first = True
         try:
             async with contextlib.aclosing(self._text(spec, outcome)) as deltas:

@@ -1,7 +1,8 @@
 """Per-round Prometheus histograms and counters, recorded by the ingress for both apps.
 
 Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` (histograms) and
-`ray_peftbd_<name>_total` (counters) with tags `placement` (colocated | split), `method`, for the
+`ray_peftbd_<name>_total` (counters) with tags `placement` (colocated | split), `method` (a
+`serving.synthetic` method's reads "<method> [synthetic: N/round]"), for the
 per-position counters `position` (1-based), and Serve's own `deployment`, `replica`,
 `application`; `serve_apps/grafana_dashboard.json` plots them. Histograms give the quantiles only:
 Ray derives a histogram's `_sum` from bucket midpoints, so means come from exact counters,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
+from collections import OrderedDict
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -133,6 +135,41 @@ class ControlledDrafter:
         if accepted < len(greedy):
             tokens[accepted] = rejected(greedy[accepted])
         return torch.tensor([tokens], dtype=draft.dtype, device=draft.device)
+
+
+class GreedyOracle:
+    """The oracle of a server, whose prompts are not known in advance: a prompt's greedy AR
+    output comes from `references` ({prompt ids: output}, e.g. precomputed by the placement job)
+    or, the first time the prompt is seen, from `ar(prompt, budget)` (greedy AR over the same
+    verifier, adapter off; budget: `max_new_tokens`, or the request's if larger), then kept (at most `capacity` prompts, least
+    recently used go). `misses` / `miss_s` count those decodes: they run inside a draft call,
+    so the round that pays one is slower than it would be with the output known."""
+
+    def __init__(self, ar: Callable[[Sequence[int], int], Sequence[int]], max_new_tokens: int,
+                 references: dict[tuple[int, ...], Sequence[int]] | None = None,
+                 capacity: int = 4096) -> None:
+        self.ar, self.max_new_tokens, self.capacity = ar, max_new_tokens, capacity
+        self.outputs: OrderedDict[tuple[int, ...], list[int]] = OrderedDict(
+            (tuple(p), list(o)) for p, o in (references or {}).items())
+        self.misses, self.miss_s = 0, 0.0
+
+    def __call__(self, state: DecodeState) -> Sequence[int]:
+        prompt = tuple(state.tokens[: state.prompt_len])
+        output = self.outputs.get(prompt)
+        if output is None or len(output) < state.max_new_tokens and not _ended(output, state):
+            start = time.perf_counter()
+            output = list(self.ar(prompt, max(self.max_new_tokens, state.max_new_tokens)))
+            self.misses, self.miss_s = self.misses + 1, self.miss_s + time.perf_counter() - start
+        self.outputs[prompt] = output
+        self.outputs.move_to_end(prompt)
+        while len(self.outputs) > self.capacity:
+            self.outputs.popitem(last=False)
+        return output[len(state.new_tokens):]
+
+
+def _ended(output: Sequence[int], state: DecodeState) -> bool:
+    """A greedy output that stopped at an EOS: no budget makes it longer."""
+    return bool(output) and output[-1] in state.eos_ids
 
 
 def reference_oracle(references: dict[tuple[int, ...], Sequence[int]]) -> Oracle:

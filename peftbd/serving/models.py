@@ -15,11 +15,13 @@ import torch
 from peftbd.config import Config
 from peftbd.decoding import BDHeadDrafter, MTPDrafter, NoDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.controlled import ControlledDrafter, GreedyOracle
 from peftbd.models.bd_head import BDHead, HeadShape, feature_layers, saved_head
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, resolve_device
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, load_drafter_adapter, set_adapter_enabled
 from peftbd.serving.schemas import METHODS
+from peftbd.serving.synthetic import synthetic_profiles
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +76,12 @@ def load_serving_models(
     mtp_dir: str | Path | None = None,
     device: torch.device | None = None,
     head_dir: str | Path | None = None,
+    references: dict[tuple[int, ...], Sequence[int]] | None = None,
 ) -> ServingModels:
     """Load the verifier once and build the decoders of `methods` over it (and the feature taps
-    a split verifier needs for the head, whichever methods it loads)."""
+    a split verifier needs for the head, whichever methods it loads). The methods of
+    `serving.synthetic` draft under controlled acceptance; their oracle knows `references`
+    ({prompt ids: greedy AR output}) and decodes any other prompt with greedy AR when first seen."""
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
@@ -97,6 +102,9 @@ def load_serving_models(
         set_adapter_enabled(model, False)  # verify with the adapter off; drafting switches it on
     budget = cfg.serving.max_tokens_cap
     decoders: dict[str, SpeculativeDecoder] = {}
+    profiles = synthetic_profiles(cfg)
+    ar = SpeculativeDecoder(model, None, eos, budget)
+    oracle = GreedyOracle(lambda prompt, n: ar.decode(prompt, n).tokens, budget, references)
     for method in methods:
         drafter = None
         if method == "peft-bd":
@@ -114,6 +122,9 @@ def load_serving_models(
                          lambda: BDHead(verifier, HeadShape.of(cfg.head, verifier.config,
                                                                tokenizer.mask_token_id)))
             drafter = BDHeadDrafter(head, verifier, cfg.drafter.block_size)
+        if drafter is not None and method in profiles:
+            drafter = ControlledDrafter(drafter, profiles[method], oracle,
+                                        cfg.decoding.synthetic_seed)
         decoders[method] = SpeculativeDecoder(model, drafter, eos, budget)
     layers = head_feature_layers(cfg, verifier.config, head_dir)
     taps = {"peft-bd-head": SpeculativeDecoder(model, FeatureTap(layers), eos, budget)}

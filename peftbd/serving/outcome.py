@@ -17,9 +17,10 @@ class RequestOutcome:
     the client gets: after a stop sequence, the rest of the step that completed it (and the
     draft tokens accepted there) is neither returned nor counted."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, method: str, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, method: str, stop: Sequence[str] = (),
+                 synthetic: float | None = None) -> None:
         self.stream = TextStream(tokenizer, stop)
-        self.stats = RequestStats(method)
+        self.stats = RequestStats(method, synthetic)
         self.finish_reason = "length"
 
     @property

@@ -69,6 +69,7 @@ class RequestStats:
     tokens stop where its text stopped."""
 
     method: str
+    synthetic: float | None = None  # the controlled acceptance (tokens/round) it was served at
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -104,7 +105,7 @@ class RequestStats:
         """The `usage.speculative` block: tokens per round = emitted tokens / rounds."""
         t = self.times_ms
         return SpecStats(
-            method=self.method, rounds=self.rounds, proposed_tokens=self.proposed,
+            method=self.method, synthetic=self.synthetic, rounds=self.rounds, proposed_tokens=self.proposed,
             accepted_tokens=self.accepted,
             tokens_per_round=round(self.emitted / self.rounds, 4) if self.rounds else 0.0,
             acceptance_rate=round(self.accepted / self.proposed, 4) if self.proposed else 0.0,

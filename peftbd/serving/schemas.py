@@ -130,9 +130,13 @@ class SpecStats(BaseModel):
     them instead of running the verifier; prefill included), 0 for other methods and colocated;
     `mean_batch_size` = requests per batched step (colocated) or verify call (split) over its
     rounds; `transport_ms` of a batched call is this request's share (the call's / its items).
+    `synthetic`: set when the method runs under controlled acceptance (`serving.synthetic`): the
+    tokens per round its drafts were forced to (its acceptance is chosen, not measured; the
+    output is still the verifier's greedy output).
     """
 
     method: str
+    synthetic: float | None = None
     rounds: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
