@@ -5,12 +5,18 @@ peft-bd-head).
     python -m jobs.placement --preset tiny --out outputs/tiny/placement
     python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --head-dir H --out ...
 
-Reports per placement and method, one request at a time: tokens/s, tokens per round and, per
-round, draft / verify / sync / other ms (replica-side) and transport ms (ingress wall time of the
-remote calls minus the replica-side time), draft cost / verify cost, verifier feature bytes per
-token (split head); and per client concurrency (`serving.client_concurrency`, `--concurrency
-1,4,16`): requests/s, tokens/s, p50 / p95 latency, transport per generated token, mean batch;
-as placement.json and placement.md.
+Placements run on the same devices: colocated gets as many Engine replicas as split has
+Drafter + Verifier replicas (here: one CPU each). Reports per placement and method, one request
+at a time: tokens/s, tokens per round and, per round, draft / verify / sync / other ms
+(replica-side) and transport ms (ingress wall time of the remote calls minus the replica-side
+time), draft cost / verify cost, verifier feature bytes per token (split head); per client
+concurrency (`serving.client_concurrency`, `--concurrency 1,4,16,32`): requests/s, tokens/s
+(also per device and per client), p50 / p95 latency, transport per generated token, mean batch,
+each replica's busy fraction; and the verdict (`peftbd.analysis.placement_verdict`): per
+drafting method, the change in drafting cost per token, the deciding term, capacity per
+verifier device against the (1 + t_d / t_v) prediction. `serving.synthetic` methods run at their
+controlled acceptance (their greedy references are decoded here first, untimed) and are
+labelled so. Written as placement.json and placement.md.
 """
 
 from __future__ import annotations
@@ -28,18 +34,22 @@ from typing import Any
 
 from jobs.ray_env import shutdown
 from peftbd.analysis.placement import (
+    Devices,
     RequestRecord,
+    Window,
     concurrency_summary,
     markdown,
     one_at_a_time,
     outputs_identical,
     summarize,
 )
+from peftbd.analysis.placement_verdict import verdict_markdown, verdicts
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import PLACEMENT, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.serving.schemas import METHODS
+from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
@@ -51,6 +61,7 @@ DRAFTER_DIRS = {"adapter_dir": TRAIN_PEFTBD, "mtp_dir": TRAIN_MTP, "head_dir": T
 def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, Any]]]:
     """(app, per-role `.options(...)` overrides) of a named placement.
 
+    colocated: drafter_replicas + verifier_replicas Engine replicas (split's devices).
     split-cross-node: Drafter on a `drafter` node, Verifier on a `verifier` node, whole GPUs.
     split-same-node: both on one `verifier` node, sharing its GPU (half each).
     split-fractional-gpu: cross-node with two replicas of each at half a GPU.
@@ -61,8 +72,11 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
         return {"num_replicas": replicas, "ray_actor_options": {
             "num_cpus": s.replica_num_cpus, "num_gpus": gpus, "resources": {resource: share}}}
 
+    engines = {"num_replicas": s.drafter_replicas + s.verifier_replicas,  # the same devices
+               "ray_actor_options": {"num_cpus": s.replica_num_cpus,
+                                     "num_gpus": s.verifier_num_gpus}}
     table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
-        "colocated": ("colocated", {}),
+        "colocated": ("colocated", {"engine": engines}),
         "split": ("split", {}),
         "split-cross-node": ("split", {"drafter": role("drafter", 1, s.drafter_num_gpus),
                                        "verifier": role("verifier", 1, s.verifier_num_gpus)}),
@@ -93,30 +107,55 @@ def _free_port() -> int:
 
 
 def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
-             model: str) -> list[RequestRecord]:
+             model: str, replicas: dict[str, tuple[Any, int]]
+             ) -> tuple[list[RequestRecord], list[Window]]:
     """Every method's requests (the prompts x `decoding.repeats`) at each client concurrency
-    of `serving.client_concurrency` in turn: that many requests in flight at all times."""
+    of `serving.client_concurrency` in turn: that many requests in flight at all times; and
+    each run's busy fraction of every replica of `replicas` ({role: (handle, replicas)})."""
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
     jobs = [i for _ in range(cfg.decoding.repeats) for i in range(len(prompts))]
-    records = []
+    rates = synthetic_rates(cfg)
+    records, windows = [], []
     for method in METHODS:
+        label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
         for concurrency in cfg.serving.client_concurrency:
-            def one(i: int, method: str = method, concurrency: int = concurrency) -> RequestRecord:
+            def one(i: int, concurrency: int = concurrency, method: str = method) -> RequestRecord:
                 start = time.perf_counter()
                 resp = client.completions.create(model=f"{model}:{method}", prompt=prompts[i],
                                                  max_tokens=cfg.decoding.max_new_tokens)
                 end = time.perf_counter()
                 return RequestRecord(
-                    placement, method, i, resp.choices[0].text, resp.usage.completion_tokens,
+                    placement, label, i, resp.choices[0].text, resp.usage.completion_tokens,
                     (end - start) * 1e3, resp.usage.model_extra["speculative"], concurrency,
                     start, end)
 
+            before, start = _busy(replicas), time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
                 records += list(pool.map(one, jobs))
-    return records
+            wall, after = time.perf_counter() - start, _busy(replicas)
+            windows.append(Window(placement, label, concurrency, {
+                role: [(after[role][r] - before[role].get(r, 0.0)) / wall for r in after[role]]
+                for role in after}))
+    return records, windows
+
+
+def _busy(replicas: dict[str, tuple[Any, int]]) -> dict[str, dict[str, float]]:
+    """{role: {replica id: busy seconds so far}}: each role's `stats` probed until every one of
+    its replicas answered (routing picks the replica; a sticky router by probe session id)."""
+    out = {}
+    for role, (handle, count) in replicas.items():
+        seen: dict[str, float] = {}
+        for attempt in range(64):
+            if len(seen) == count:
+                break
+            probes = [handle.options(session_id=f"probe-{attempt}-{i}").stats.remote()
+                      for i in range(2 * count)]
+            seen |= {s["replica"]: s["busy_s"] for s in (p.result() for p in probes)}
+        out[role] = seen
+    return out
 
 
 def placement_call(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
@@ -154,11 +193,18 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
                             cfg.serving.max_prompt_tokens)
     dirs = {arg: str(upstream[s.name]) if s.name in upstream else None
             for arg, s in DRAFTER_DIRS.items()}
-    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), **dirs)
+    references = None
+    if cfg.serving.synthetic:  # the synthetic methods' oracle: greedy AR here, untimed
+        references = tmp / "references.json"
+        write_references(references, greedy_references(cfg, prompts))
+    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), **dirs,
+                   references=str(references) if references else None)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     builders = {"colocated": colocated.build, "split": split.build}
     records: list[RequestRecord] = []
+    windows: list[Window] = []
+    devices: dict[str, Devices] = {}
     skipped: dict[str, str] = {}
     for name in cfg.serving.placements:
         app, options = placement_options(name, cfg)
@@ -169,12 +215,19 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
             continue
         log.info("placement %s: deploying the %s app", name, app)
         serve.run(builders[app](args, options), name="placement", route_prefix="/placement")
-        records += _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
-                            cfg.serving.model_name)
+        roles = _replica_counts(app, options, cfg)
+        replicas = {role: (serve.get_deployment_handle(role.capitalize(), "placement"), n)
+                    for role, n in roles.items()}
+        devices[name] = Devices(total=sum(roles.values()),
+                                verifiers=roles.get("engine", 0) + roles.get("verifier", 0))
+        measured, loads = _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
+                                   cfg.serving.model_name, replicas)
+        records, windows = records + measured, windows + loads
         serve.delete("placement")
     serve.shutdown()
     summary = summarize(one_at_a_time(records))
-    by_concurrency = concurrency_summary(records)
+    by_concurrency = concurrency_summary(records, windows, devices)
+    found = verdicts(summary, by_concurrency, devices, cfg.serving.capacity_fraction)
     notes = [
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, client concurrency "
@@ -182,16 +235,42 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
         f"adapter: {dirs['adapter_dir'] or 'untrained'}; MTP head: {dirs['mtp_dir'] or 'untrained'}; "
         f"block-diffusion head: {dirs['head_dir'] or 'untrained'}",
+        "devices: " + ", ".join(f"{p} {d.total} ({d.verifiers} holding a verifier)"
+                                for p, d in devices.items())
+        + f"; serving.split_groups {cfg.serving.split_groups}, replica_num_cpus "
+          f"{cfg.serving.replica_num_cpus}, decoding.torch_threads {cfg.decoding.torch_threads}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
     result = {"summary": summary, "concurrency": by_concurrency, "skipped": skipped,
-              "notes": notes,
+              "notes": notes, "devices": {p: dataclasses.asdict(d) for p, d in devices.items()},
+              "verdicts": [dataclasses.asdict(v) for v in found],
               "outputs_identical": outputs_identical(records),
               "requests": [dataclasses.asdict(r) for r in records]}
     (tmp / "placement.json").write_text(json.dumps(result, indent=2))
-    (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency))
+    (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency)
+                                      + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction))
+                                      + "\n")
     return {"counts": {"prompts": len(prompts), "requests": len(records)},
             "skipped": skipped, "outputs_identical": result["outputs_identical"]}
+
+
+def _replica_counts(app: str, options: dict[str, dict[str, Any]], cfg: Config) -> dict[str, int]:
+    """{role: replicas} of the model deployments of a deployed placement."""
+    from serve_apps.args import actor_options
+
+    roles = ("engine",) if app == "colocated" else ("drafter", "verifier")
+    return {r: (options.get(r) or actor_options(cfg, r))["num_replicas"] for r in roles}
+
+
+def greedy_references(cfg: Config, prompts: list[list[int]]) -> dict[tuple[int, ...], list[int]]:
+    """Greedy AR's output of every prompt (the verifier of `cfg`, in this process)."""
+    from peftbd.data.continuations import greedy_continuations
+    from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+
+    model = load_verifier(cfg)
+    outputs = greedy_continuations(model, prompts, cfg.decoding.max_new_tokens,
+                                   eos_token_ids(model, load_tokenizer(cfg)))
+    return {tuple(p): o.ids for p, o in zip(prompts, outputs)}
 
 
 def _overrides(cfg: Config) -> list[str]:

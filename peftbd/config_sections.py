@@ -215,6 +215,9 @@ class ServingConfig:
     max_sessions: int = 64  # per-request KV states a replica keeps (least recently used go)
     max_batch: int = 16  # requests one replica steps together per method (one batched call)
     batch_wait_ms: float = 2.0  # how long a batch that is not full waits for more requests
+    # split: requests are dealt into this many groups, each moving in lockstep; with 2+ the
+    # Drafter drafts one group while the Verifier verifies another (1: all in lockstep)
+    split_groups: int = 2
     round_retries: int = 2  # a round whose replica died is retried this often elsewhere
     recovery_timeout_s: float = 120.0  # how long a retried round waits for a live replica
     replica_num_cpus: float = 1.0
@@ -223,7 +226,10 @@ class ServingConfig:
     drafter_num_gpus: float = 0.0
     verifier_num_gpus: float = 0.0  # also the colocated engine's
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
-    client_concurrency: tuple[int, ...] = (1, 4, 16)  # jobs/placement.py: requests in flight
+    client_concurrency: tuple[int, ...] = (1, 4, 16, 32)  # jobs/placement.py: requests in flight
+    # jobs/placement.py: capacity = the most clients that each still get >= this share of one
+    # client's tok/s
+    capacity_fraction: float = 0.5
     # Controlled ("synthetic") acceptance in both apps: each "method=tokens" entry serves that
     # method's real drafts forced to `tokens` accepted tokens per round (decoding.synthetic_seed;
     # oracle: the replica's own greedy AR output of the prompt); labelled synthetic in usage and

@@ -9,6 +9,7 @@ import asyncio
 import collections
 import contextvars
 import functools
+import itertools
 import logging
 import time
 import zlib
@@ -116,31 +117,36 @@ ms, the items the call carried)."""
 
 
 class _Course:
-    """Where one request is: heading to a call (`("to", kind)`, between two calls) or in one
-    (`("in", kind)`, pending or sent), counted in `counts`; `changed` runs on every move (the
-    gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
+    """Where one request of `group` is: heading to a call (`("to", kind, group)`, between two
+    calls) or in one (`("in", kind, group)`, pending or sent), counted in `counts`; `changed`
+    runs on every move (the gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
 
-    def __init__(self, counts: collections.Counter, changed: Callable[[], None]) -> None:
-        self.counts, self.changed, self.where = counts, changed, None
+    def __init__(self, counts: collections.Counter, changed: Callable[[], None],
+                 group: int = 0) -> None:
+        self.counts, self.changed, self.group = counts, changed, group
+        self.where: tuple[str, str, int] | None = None
 
     def move(self, where: tuple[str, str] | None) -> None:
         if self.where is not None:
             self.counts[self.where] -= 1
-        self.where = where
-        if where is not None:
-            self.counts[where] += 1
+        self.where = None if where is None else (*where, self.group)
+        if self.where is not None:
+            self.counts[self.where] += 1
         self.changed()
 
 
 class SplitBackend:
-    """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. The concurrent
-    requests' items are gathered per call kind (`peftbd.serving.gather.Gather`: at most
-    `serving.max_batch`, waiting up to `serving.batch_wait_ms`) into one call per shard, so
-    transport is paid per batch (a batch waits only for requests heading to it, and a verify
-    for its round's requests still proposing: `_Course`);
-    each item carries the committed tokens, and each propose the
-    verifier features of its last prefill / verify reply (a `FeatureBlock` for the
-    block-diffusion head, else None). A request's transport is its share of its calls'."""
+    """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. Requests are dealt
+    round-robin into `serving.split_groups` groups; each group's items are gathered per call
+    kind (`peftbd.serving.gather.Gather`: at most `serving.max_batch`, waiting up to
+    `serving.batch_wait_ms`) into one call per shard, so transport is paid per batch (a batch
+    waits only for its group's requests heading to it, and a verify for its group's requests
+    still proposing: `_Course`). A group moves in lockstep; groups do not wait for each other,
+    so with two or more the Drafter drafts one group while the Verifier verifies another
+    (PEARL-style overlap across requests); one group is the lockstep of every request. Each
+    item carries the committed tokens, and each propose the verifier features of its last
+    prefill / verify reply (a `FeatureBlock` for the block-diffusion head, else None). A
+    request's transport is its share of its calls'."""
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
@@ -148,16 +154,19 @@ class SplitBackend:
         self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
         self.retry = _Retrying(serving)
         self._where: collections.Counter = collections.Counter()
+        self._dealt = itertools.count()
+        self.groups = serving.split_groups
         count = self._where.__getitem__
         self._gathers = {
-            kind: Gather(functools.partial(self._send, target, f"{kind}_batch"),
-                         serving.max_batch, serving.batch_wait_ms,
-                         functools.partial(count, ("to", kind)),
-                         # a verify waits for its round's requests still proposing
-                         functools.partial(count, ("in", "propose")) if kind == "verify"
-                         else lambda: 0)
+            (kind, g): Gather(functools.partial(self._send, target, f"{kind}_batch"),
+                              serving.max_batch, serving.batch_wait_ms,
+                              functools.partial(count, ("to", kind, g)),
+                              # a verify waits for its group's requests still proposing
+                              functools.partial(count, ("in", "propose", g)) if kind == "verify"
+                              else lambda: 0)
             for kind, target in (("prefill", self.verifier), ("propose", self.drafter),
                                  ("verify", self.verifier))
+            for g in range(self.groups)
         }
 
     async def _send(self, target: _Shards, method: str,
@@ -189,7 +198,7 @@ class SplitBackend:
 
     async def _call(self, kind: str, item: Any, course: _Course) -> Reply:
         course.move(("in", kind))
-        result = await self._gathers[kind].call(item)
+        result = await self._gathers[kind, course.group].call(item)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -197,7 +206,7 @@ class SplitBackend:
     async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
         first = "verify" if spec.method == "ar" else "propose"  # of each round
-        course = _Course(self._where, self._changed)
+        course = _Course(self._where, self._changed, next(self._dealt) % self.groups)
         course.move(("to", "prefill"))
         try:
             reply, share, n = await self._call(

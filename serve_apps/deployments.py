@@ -41,9 +41,11 @@ class _ModelReplica:
 
     def stats(self) -> dict[str, Any]:
         """This replica's id, its counters (prefills, resumes, rounds), open sessions (split),
-        open requests (colocated) and `batch_sizes` (rows per batched step or call: count)."""
+        open requests (colocated), `batch_sizes` (rows per batched step or call: count) and
+        `busy_s` (seconds its model lock was held: forwards and the host work between them)."""
         return {"replica": serve.get_replica_context().replica_id.unique_id,
                 "sessions": len(self.decoder.sessions), "streams": self.decoder.streams,
+                "busy_s": self.decoder.lock.busy_s,
                 "batch_sizes": dict(self.decoder.batch_sizes), **self.decoder.counters}
 
 

@@ -30,6 +30,25 @@ class RequestRecord:
     end_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Window:
+    """One (placement, method, concurrency) run's replica load: per role (engine | drafter |
+    verifier), each replica's busy fraction (its model lock held / the run's wall time)."""
+
+    placement: str
+    method: str
+    concurrency: int
+    busy: dict[str, list[float]]
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The devices a placement ran on: all of them, and those holding a verifier."""
+
+    total: int
+    verifiers: int
+
+
 TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transport_ms")
 
 
@@ -71,12 +90,15 @@ def one_at_a_time(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if r.concurrency == low]
 
 
-def concurrency_summary(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Window] = (),
+                        devices: dict[str, Devices] | None = None) -> list[dict[str, Any]]:
     """One row per (placement, method, concurrency): requests/s and tokens/s over the run's
-    aggregate wall time (first request sent to last answered), p50 / p95 client latency, the
-    transport per generated token (each request's share of its batched calls, summed), the
-    mean batch size of its rounds, and tokens/s over the same placement and method at the
-    lowest concurrency (`speedup`)."""
+    aggregate wall time (first request sent to last answered), tokens/s per device (`devices`),
+    each client's tokens/s (mean over requests), p50 / p95 client latency, the transport per
+    generated token (each request's share of its batched calls, summed), the mean batch size of
+    its rounds, each role's mean replica busy fraction (`windows`), and tokens/s over the same
+    placement and method at the lowest concurrency (`speedup`)."""
+    load = {(w.placement, w.method, w.concurrency): w.busy for w in windows}
     key = lambda r: (r.placement, r.method, r.concurrency)  # noqa: E731
     rows = []
     for (placement, method, conc), group in itertools.groupby(sorted(records, key=key), key=key):
@@ -89,11 +111,17 @@ def concurrency_summary(records: Sequence[RequestRecord]) -> list[dict[str, Any]
             "placement": placement, "method": method, "concurrency": conc,
             "requests": len(group), "requests_per_s": _div(len(group), wall_s),
             "tokens_per_s": _div(tokens, wall_s),
+            "tokens_per_s_per_device": _div(tokens, wall_s * devices[placement].total)
+            if devices and placement in devices else None,
+            "client_tokens_per_s": _div(sum(r.completion_tokens / r.wall_ms * 1e3 for r in group),
+                                        len(group)),
             "p50_ms": round(_quantile(latencies, 0.5), 1),
             "p95_ms": round(_quantile(latencies, 0.95), 1),
             "transport_ms_per_token": _div(sum(r.spec["transport_ms"] for r in group), tokens),
             "mean_batch": _div(sum(r.spec.get("mean_batch_size", 0.0) * r.spec["rounds"]
                                    for r in group), rounds),
+            "busy": {role: _div(sum(f), len(f))
+                     for role, f in load.get((placement, method, conc), {}).items()},
         })
     base = {}
     for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
@@ -134,7 +162,8 @@ CONCURRENCY_COLUMNS = [
     ("clients", "concurrency"), ("requests", "requests"), ("requests/s", "requests_per_s"),
     ("tokens/s", "tokens_per_s"), ("x vs lowest", "speedup"), ("p50 ms", "p50_ms"),
     ("p95 ms", "p95_ms"), ("transport ms/token", "transport_ms_per_token"),
-    ("mean batch", "mean_batch"),
+    ("mean batch", "mean_batch"), ("tok/s per device", "tokens_per_s_per_device"),
+    ("tok/s per client", "client_tokens_per_s"),
 ]
 
 
@@ -155,21 +184,29 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
              "peft-bd-head drafter received (instead of a sync forward) per completion token, the "
              "prefill's included; 0 elsewhere."]
     if concurrency:
-        rows = [[r["placement"], r["method"], *(_fmt(r[k]) for _, k in CONCURRENCY_COLUMNS)]
-                for r in concurrency]
+        rows = [[r["placement"], r["method"], *(_fmt(r.get(k)) for _, k in CONCURRENCY_COLUMNS),
+                 busy_words(r.get("busy", {}))] for r in concurrency]
         lines += ["", "## Client concurrency", "",
-                  markdown_table(["placement", "method", *(c for c, _ in CONCURRENCY_COLUMNS)],
-                                 rows), "",
+                  markdown_table(["placement", "method", *(c for c, _ in CONCURRENCY_COLUMNS),
+                                  "replica busy"], rows), "",
                   "tokens/s and requests/s over each run's wall time (first request sent to "
                   "last answered); p50 / p95 = client latency per request; transport ms/token = "
                   "the requests' shares of their batched calls' transport over the tokens "
                   "generated; mean batch = requests per batched step (colocated) or verify call "
-                  "(split) of a round; x vs lowest = tokens/s over the lowest concurrency's."]
+                  "(split) of a round; x vs lowest = tokens/s over the lowest concurrency's; "
+                  "tok/s per device = tokens/s over the placement's devices (replicas); tok/s "
+                  "per client = mean over requests of tokens / latency; replica busy = the mean "
+                  "share of the run's wall time each role's replicas held their model lock."]
     if skipped:
         lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def busy_words(busy: dict[str, float | None]) -> str:
+    """"drafter 0.91, verifier 0.62" (roles' mean busy fractions), "-" when not measured."""
+    return ", ".join(f"{role} {_fmt(f)}" for role, f in sorted(busy.items())) or "-"
 
 
 def _fmt(value: float | None) -> str:

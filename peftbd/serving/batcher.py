@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from peftbd.decoding import DecodeState, RoundMetrics
+from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.sessions import resume_many
@@ -53,7 +54,7 @@ class StepLoop:
     (prefills, resumes, rounds per request) and `batch_sizes` (rows of each batched step)."""
 
     def __init__(self, models: ServingModels, max_batch: int, batch_wait_ms: float,
-                 lock: threading.Lock, counters: dict[str, int],
+                 lock: BusyLock, counters: dict[str, int],
                  batch_sizes: collections.Counter) -> None:
         if max_batch < 1:
             raise ValueError(f"serving.max_batch={max_batch}; must be >= 1")

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import queue
-import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_with_features
 from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
+from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.features import FeatureBlock
 from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.models import ServingModels
@@ -41,7 +41,7 @@ class ReplicaDecoder:
                  batch_wait_ms: float = 2.0) -> None:
         self.models = models
         self.sessions = SessionStore(max_sessions)
-        self.lock = threading.Lock()
+        self.lock = BusyLock()
         self.counters = {"prefills": 0, "resumes": 0, "rounds": 0}
         self.batch_sizes: collections.Counter = collections.Counter()
         """Rows of each batched step (colocated) or call (split): `batch_sizes[n]` = how many."""

@@ -18,7 +18,8 @@ def test_cluster_placements_need_the_cluster_yaml_resources():
     assert opts["drafter"]["ray_actor_options"]["num_gpus"] == 0.5
     assert _skip_reason(opts, {"CPU": 4.0}) is not None
     assert _skip_reason(opts, {"CPU": 4.0, "verifier": 1.0, "GPU": 1.0}) is None
-    assert placement_options("colocated", cfg) == ("colocated", {})
+    app, opts = placement_options("colocated", cfg)  # split's devices: one Engine each
+    assert app == "colocated" and opts["engine"]["num_replicas"] == 2
     with pytest.raises(ValueError, match="unknown placement"):
         placement_options("moon", cfg)
 
@@ -46,7 +47,8 @@ def test_placement_job_on_this_machine(tmp_path):
 
     cfg = load_config("tiny", overrides=[
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
-        "serving.placements=[split, split-cross-node]"])  # one deploy: the slower app
+        "serving.client_concurrency=[1, 2]", "serving.synthetic=[peft-bd=3]",
+        "serving.placements=[colocated, split, split-cross-node]"])
     import ray
 
     try:
@@ -54,14 +56,26 @@ def test_placement_job_on_this_machine(tmp_path):
     finally:
         ray.shutdown()  # leave no Ray (and no Serve) behind for later test modules
     result = json.loads((out / "placement.json").read_text())
-    assert set(result["summary"]) == {"split"}
+    assert set(result["summary"]) == {"colocated", "split"}
+    synthetic = "peft-bd [synthetic: 3/round]"
     for methods in result["summary"].values():
-        assert set(methods) == {"ar", "peft-bd", "fastmtp", "peft-bd-head"}
-        assert methods["peft-bd-head"]["feature_bytes_per_token"] > 0  # split: features sent
+        assert set(methods) == {"ar", synthetic, "fastmtp", "peft-bd-head"}
         assert methods["fastmtp"]["feature_bytes_per_token"] == 0
         assert all(m["requests"] == 2 and m["transport_ms_per_round"] is not None
                    for m in methods.values())
+    assert result["summary"]["split"]["peft-bd-head"]["feature_bytes_per_token"] > 0
+    assert result["devices"] == {"colocated": {"total": 2, "verifiers": 2},
+                                 "split": {"total": 2, "verifiers": 1}}
+    for row in result["concurrency"]:  # every replica's load was read
+        assert set(row["busy"]) == ({"engine"} if row["placement"] == "colocated"
+                                    else {"drafter", "verifier"})
+        assert all(0 <= f <= 1.05 for f in row["busy"].values()), row  # AR: an idle drafter
+        assert row["busy"].get("engine", row["busy"].get("verifier")) > 0, row
+    assert {(v["method"], v["placement"]) for v in result["verdicts"]} == {
+        (synthetic, "split"), ("fastmtp", "split"), ("peft-bd-head", "split")}
+    assert all(r["spec"]["synthetic"] == 3.0 for r in result["requests"] if r["method"] == synthetic)
     assert "split-cross-node" in result["skipped"]
     assert result["outputs_identical"] is True
-    assert (out / "placement.md").read_text().startswith("# Placement")
+    md = (out / "placement.md").read_text()
+    assert md.startswith("# Placement") and "## Verdict" in md and "largest split-only cost" in md
     assert (out / "manifest.json").is_file()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -205,3 +207,58 @@ def test_an_engine_killed_under_concurrent_load_leaves_every_answer_exact(tiny_c
                           [_spec(prompt, "fastmtp", f"r{i}") for i in range(6)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
     assert sum(e.resumes for r in results for e in r) >= 1 and max(replica.batch_sizes) > 1
+
+
+class ThreadedHandle(FakeHandle):
+    """A `FakeHandle` whose batched calls run in a worker thread, as a Serve replica's sync
+    methods do, recording each call's (start, end): a drafter and a verifier can overlap."""
+
+    def __init__(self, replica: ReplicaDecoder) -> None:
+        super().__init__(replica)
+        self.spans: list[tuple[float, float]] = []
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class Method:
+            def remote(self, *args: Any) -> Any:
+                if method == "release":
+                    return handle.replica.release(*args)
+                return asyncio.to_thread(handle.timed, method, *args)
+
+        return Method()
+
+    def timed(self, method: str, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return getattr(self.replica, method)(*args)
+        finally:
+            self.spans.append((start, time.perf_counter()))
+
+
+def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_split_groups_overlap_drafting_with_verifying_and_stay_exact(tiny_cfg, setup, groups):
+    """Two groups: the Drafter drafts one while the Verifier verifies the other (their calls
+    overlap in time); one group is lockstep (they never overlap past the round wait). Either
+    way every output is the engine's."""
+    from peftbd.serving.models import load_serving_models
+
+    models, prompt, expected = setup
+    serving = dataclasses.replace(tiny_cfg.serving, split_groups=groups)
+    # two processes' worth of models: the adapter switch is model-wide
+    drafter = ThreadedHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
+    verifier = ThreadedHandle(ReplicaDecoder(models, 16))
+    backend = SplitBackend(drafter, verifier, serving)
+    results = _concurrent(backend, [_spec(prompt, "peft-bd", f"r{i}") for i in range(8)])
+    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    overlap = _overlap_s(drafter.spans, verifier.spans)
+    busy = sum(e - s for s, e in verifier.spans)
+    if groups == 1:
+        assert overlap < 0.05 * busy
+    else:
+        assert overlap > 0.2 * busy
+        assert max(verifier.replica.batch_sizes) <= 4 + 1  # a group: half the requests

@@ -1,0 +1,207 @@
+"""The placement experiment's computed verdict: per drafting method and split placement, did
+placement change the cost of drafting per generated token, by how much, which measured term
+decides it, and the capacity gain beside the (1 + t_d / t_v) prediction of disaggregated
+speculation ("Speculation at a Distance": offloading a draft of t_d per round lets a saturated
+verifier of t_v per round serve that many times more clients)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from peftbd.analysis.placement import Devices, busy_words
+from peftbd.analysis.tables import fmt, markdown_table
+
+GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
+"""Issue 35's goals at GOAL_CLIENTS clients: both split replicas busy >= GOAL_BUSY; split tok/s
+per device >= GOAL_PER_DEVICE x colocated's; capacity per verifier device >= GOAL_CAPACITY x."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The most clients measured that each still got >= the fraction of one client's tok/s;
+    `censored`: every level measured passed, so the true capacity is at least `clients`."""
+
+    clients: int
+    censored: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One drafting method under one split placement against colocated."""
+
+    method: str
+    placement: str
+    draft_ms_per_token: tuple[float | None, float | None]  # (colocated, split)
+    clients: int  # the concurrency the throughput terms are read at
+    per_device: tuple[float | None, float | None]  # tok/s per device (colocated, split)
+    capacity: tuple[Capacity | None, Capacity | None]
+    capacity_per_verifier: tuple[float | None, float | None]
+    predicted_capacity: float | None  # 1 + t_d / t_v, colocated one request at a time
+    terms_ms_per_token: dict[str, float]  # split-only costs at `clients`
+    busy: dict[str, float | None]  # split's roles at `clients`
+    batch: tuple[float | None, float | None]  # mean batch (colocated, split) at `clients`
+
+
+def capacity(rows: Sequence[dict[str, Any]], fraction: float) -> Capacity | None:
+    """Capacity of one (placement, method)'s rows (any order) at `fraction` of the lowest
+    concurrency's per-client tok/s."""
+    rows = sorted(rows, key=lambda r: r["concurrency"])
+    if not rows or not rows[0].get("client_tokens_per_s"):
+        return None
+    floor = fraction * rows[0]["client_tokens_per_s"]
+    passing = [r["concurrency"] for r in rows if (r.get("client_tokens_per_s") or 0) >= floor]
+    return Capacity(max(passing), censored=passing[-1:] == [rows[-1]["concurrency"]])
+
+
+def verdicts(summary: dict[str, Any], rows: Sequence[dict[str, Any]],
+             devices: dict[str, Devices], fraction: float) -> list[Verdict]:
+    """A verdict per drafting method for every split placement measured beside colocated."""
+    out = []
+    for placement in summary:
+        if placement == "colocated" or "colocated" not in summary:
+            continue
+        for method in summary[placement]:
+            if method == "ar" or method not in summary["colocated"]:
+                continue
+            out.append(_verdict(method, placement, summary, rows, devices, fraction))
+    return out
+
+
+def _verdict(method: str, placement: str, summary: dict[str, Any], rows: Sequence[dict[str, Any]],
+             devices: dict[str, Devices], fraction: float) -> Verdict:
+    mine = {p: [r for r in rows if r["placement"] == p and r["method"] == method]
+            for p in ("colocated", placement)}
+    levels = sorted({r["concurrency"] for r in mine[placement]} & {r["concurrency"] for r in mine["colocated"]})
+    clients = GOAL_CLIENTS if GOAL_CLIENTS in levels else max(levels, default=1)
+    at = {p: next((r for r in mine[p] if r["concurrency"] == clients), {}) for p in mine}
+    caps = tuple(capacity(mine[p], fraction) for p in mine)
+    per_verifier = tuple(c and c.clients / devices[p].verifiers for c, p in zip(caps, mine))
+    one = {p: summary[p][method] for p in mine}
+    t_d = _add(one["colocated"]["draft_ms_per_round"], one["colocated"]["sync_ms_per_round"])
+    split = at[placement]
+    return Verdict(
+        method=method, placement=placement,
+        draft_ms_per_token=tuple(_per_token(one[p]) for p in mine),
+        clients=clients,
+        per_device=tuple(at[p].get("tokens_per_s_per_device") for p in mine),
+        capacity=caps, capacity_per_verifier=per_verifier,
+        predicted_capacity=1 + t_d / one["colocated"]["verify_ms_per_round"]
+        if t_d is not None and one["colocated"]["verify_ms_per_round"] else None,
+        terms_ms_per_token=_terms(one[placement], split),
+        busy=split.get("busy", {}), batch=tuple(at[p].get("mean_batch") for p in mine),
+    )
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a + (b or 0.0)
+
+
+def _per_token(row: dict[str, Any]) -> float | None:
+    """Draft + catch-up ms per generated token, one request at a time."""
+    cost = _add(row["draft_ms_per_round"], row["sync_ms_per_round"])
+    return cost / row["tokens_per_round"] if cost is not None and row["tokens_per_round"] else None
+
+
+def _terms(one: dict[str, Any], split: dict[str, Any]) -> dict[str, float]:
+    """Split-only costs per generated token at the verdict's concurrency: transport, the
+    drafter's catch-up forward (one request at a time), and the verifier's idle time."""
+    terms = {"transport": split.get("transport_ms_per_token") or 0.0}
+    if one.get("sync_ms_per_round") and one.get("tokens_per_round"):
+        terms["catch-up"] = one["sync_ms_per_round"] / one["tokens_per_round"]
+    busy, rate = split.get("busy", {}).get("verifier"), split.get("tokens_per_s")
+    if busy is not None and rate:
+        terms["verifier idle"] = (1 - busy) * 1e3 / rate
+    return terms
+
+
+def _ratio(pair: tuple[float | None, float | None]) -> float | None:
+    a, b = pair
+    return b / a if a and b is not None else None
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return fmt(value, digits) or "-"
+
+
+def capacity_gain(v: Verdict) -> tuple[float | None, str]:
+    """Split's capacity per verifier device over colocated's, and what it is: "" (measured),
+    ">=" / "<=" (a bound: one side passed every level measured), or "unknown" (both did)."""
+    ratio, (colocated, split) = _ratio(v.capacity_per_verifier), v.capacity
+    if ratio is None or colocated is None or split is None:
+        return None, "unknown"
+    kinds = {(False, False): "", (False, True): ">=", (True, False): "<=", (True, True): "unknown"}
+    return ratio, kinds[colocated.censored, split.censored]
+
+
+def _bounded_goal(gain: tuple[float | None, str], goal: float) -> str:
+    value, kind = gain
+    if value is None or kind == "unknown":
+        return ("undecided (every client level measured passed in both placements: measure "
+                "more, serving.client_concurrency)")
+    if kind == ">=" and value < goal or kind == "<=" and value >= goal:
+        return f"undecided ({kind} {value:.2f}x: measure more, serving.client_concurrency)"
+    return _goal(value, goal).replace("(", f"({kind} " if kind else "(", 1)
+
+
+def _gain_words(gain: tuple[float | None, str]) -> str:
+    value, kind = gain
+    return "unknown" if value is None or kind == "unknown" else f"{kind} {value:.2f}x".strip()
+
+
+def _cap_words(c: Capacity | None) -> str:
+    return "-" if c is None else f"{'>= ' if c.censored else ''}{c.clients}"
+
+
+def sentence(v: Verdict) -> str:
+    """The verdict in words: the change, the deciding term, the prediction, the goals."""
+    change = _ratio(v.draft_ms_per_token)
+    decider = max(v.terms_ms_per_token.items(), key=lambda kv: kv[1], default=("none", 0.0))
+    goals = [
+        f"both split replicas busy >= {GOAL_BUSY:.0%}: "
+        + ("met" if all((f or 0) >= GOAL_BUSY for f in v.busy.values()) and v.busy else "missed")
+        + f" ({busy_words(v.busy)})",
+        f"tok/s per device >= {GOAL_PER_DEVICE}x colocated: "
+        + _goal(_ratio(v.per_device), GOAL_PER_DEVICE),
+        f"capacity per verifier device >= {GOAL_CAPACITY}x colocated: "
+        + _bounded_goal(capacity_gain(v), GOAL_CAPACITY),
+    ]
+    return (
+        f"**{v.method}, {v.placement}:** drafting costs {_f(v.draft_ms_per_token[1], 2)} ms per "
+        f"generated token split against {_f(v.draft_ms_per_token[0], 2)} colocated "
+        f"({_f(change, 2)}x, one request at a time). At {v.clients} clients split serves "
+        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device; the largest split-only "
+        f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
+        + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
+        + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
+        f"per verifier device {_gain_words(capacity_gain(v))} colocated's (clients "
+        f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated), against "
+        f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. Goals: "
+        + "; ".join(goals) + "."
+    )
+
+
+def _goal(value: float | None, goal: float) -> str:
+    if value is None:
+        return "not measured"
+    return f"{'met' if value >= goal else 'missed'} ({value:.2f}x" + (
+        f", short by {goal - value:.2f})" if value < goal else ")")
+
+
+def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
+    """The verdict section of placement.md (nothing when no split ran beside colocated)."""
+    if not found:
+        return []
+    rows = [[v.method, v.placement, _f(v.draft_ms_per_token[0], 2), _f(v.draft_ms_per_token[1], 2),
+             _f(_ratio(v.per_device), 2), _cap_words(v.capacity[0]), _cap_words(v.capacity[1]),
+             _gain_words(capacity_gain(v)), _f(v.predicted_capacity, 2)] for v in found]
+    header = ["method", "placement", "draft ms/token colocated", "draft ms/token split",
+              "split/colocated tok/s per device", "capacity colocated", "capacity split",
+              "capacity per verifier device (x)", "predicted 1 + t_d/t_v"]
+    return ["", "## Verdict", "", markdown_table(header, rows), "",
+            f"Capacity = the most clients measured that each still got >= {fraction:.0%} of one "
+            "client's tok/s (>= : every level passed). Draft ms/token = (draft + catch-up) per "
+            "round over tokens per round, one request at a time. The prediction uses colocated's "
+            "t_d = draft + catch-up and t_v = verify per round.", "",
+            *[f"- {sentence(v)}" for v in found]]

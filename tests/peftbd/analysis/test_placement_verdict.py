@@ -1,0 +1,76 @@
+"""The placement verdict from hand-made measurements: capacity with its bounds, the deciding
+term, the (1 + t_d / t_v) prediction and the goals, in numbers and in words."""
+
+from __future__ import annotations
+
+import pytest
+
+from peftbd.analysis.placement import Devices
+from peftbd.analysis.placement_verdict import (
+    Capacity,
+    capacity,
+    capacity_gain,
+    sentence,
+    verdict_markdown,
+    verdicts,
+)
+
+DEVICES = {"colocated": Devices(2, 2), "split": Devices(2, 1)}
+
+
+def _one(draft: float, sync: float, verify: float, per_round: float = 3.0) -> dict:
+    return {"draft_ms_per_round": draft, "sync_ms_per_round": sync, "verify_ms_per_round": verify,
+            "tokens_per_round": per_round}
+
+
+def _row(placement: str, clients: int, client_tps: float, tps: float, **extra) -> dict:
+    return {"placement": placement, "method": "peft-bd", "concurrency": clients,
+            "client_tokens_per_s": client_tps, "tokens_per_s": tps,
+            "tokens_per_s_per_device": tps / 2, "mean_batch": extra.pop("batch", 1.0),
+            "transport_ms_per_token": extra.pop("transport", 0.0), "busy": extra.pop("busy", {})}
+
+
+def test_capacity_is_the_last_level_above_the_fraction_and_says_when_it_is_a_bound():
+    rows = [_row("split", c, t, 0) for c, t in ((1, 100), (4, 80), (16, 49), (32, 20))]
+    assert capacity(rows, 0.5) == Capacity(4, censored=False)
+    assert capacity(rows[:2], 0.5) == Capacity(4, censored=True)
+    assert capacity([], 0.5) is None
+
+
+def _measured(split_client_tps: tuple[float, ...]) -> list:
+    summary = {"colocated": {"ar": _one(0, 0, 10, 1), "peft-bd": _one(10, 0, 10)},
+               "split": {"ar": _one(0, 0, 10, 1), "peft-bd": _one(10, 5, 10)}}
+    rows = [_row("colocated", c, t, 100 * c ** 0.5) for c, t in ((1, 100), (4, 60), (16, 30))]
+    rows += [_row("split", c, t, 60 * c ** 0.5, transport=4.0, batch=8.0,
+                  busy={"drafter": 0.9, "verifier": 0.5})
+             for c, t in zip((1, 4, 16), split_client_tps)]
+    return verdicts(summary, rows, DEVICES, 0.5)
+
+
+def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
+    [v] = _measured((90, 80, 70))
+    assert v.method == "peft-bd" and v.clients == 16
+    assert v.draft_ms_per_token == pytest.approx((10 / 3, 15 / 3))
+    assert v.predicted_capacity == pytest.approx(2.0)  # 1 + 10 / 10
+    # transport 4 ms/token, catch-up 5/3, verifier idle (1 - 0.5) * 1000 / 240
+    assert v.terms_ms_per_token == pytest.approx({"transport": 4.0, "catch-up": 5 / 3,
+                                                   "verifier idle": 500 / 240})
+    words = sentence(v)
+    assert "largest split-only cost is transport at 4.00 ms" in words
+    assert "both split replicas busy >= 80%: missed (drafter 0.900, verifier 0.500)" in words
+    assert "tok/s per device >= 0.9x colocated: missed (0.60x, short by 0.30)" in words
+    # split passed every level (a lower bound), colocated's capacity is 4: >= 16 / 1 over 4 / 2
+    assert capacity_gain(v) == (pytest.approx(8.0), ">=")
+    assert "capacity per verifier device >= 1.5x colocated: met (>= 8.00x)" in words
+    assert "## Verdict" in verdict_markdown([v], 0.5)
+
+
+def test_a_capacity_that_no_level_bounded_is_undecided_not_a_number():
+    [v] = _measured((90, 20, 10))  # split's capacity 1 (measured), colocated's 4
+    assert capacity_gain(v) == (pytest.approx(0.5), "")
+    assert "capacity per verifier device >= 1.5x colocated: missed (0.50x" in sentence(v)
+    summary = {"colocated": {"peft-bd": _one(10, 0, 10)}, "split": {"peft-bd": _one(10, 5, 10)}}
+    rows = [_row(p, c, 100, 100) for p in ("colocated", "split") for c in (1, 4)]
+    [both] = verdicts(summary, rows, DEVICES, 0.5)
+    assert capacity_gain(both) == (pytest.approx(2.0), "unknown")
+    assert "undecided" in sentence(both)
