@@ -8,7 +8,8 @@ storage_path=cfg.training.storage_path or <out dir>/../ray_train)`: rerunning wi
 names resumes from its latest checkpoint (Ray Train V2 restores the run), and a lost worker
 restarts the group from that checkpoint (`FailureConfig`); errors that fail the same way every
 time are raised at once (`jobs.train_failures`). What is computed lives in
-`peftbd.training` (no Ray there).
+`peftbd.training` (no Ray there), the step / eval / checkpoint schedule in
+`peftbd.training.schedule`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import logging
 import os
 import shutil
 import tempfile
-from itertools import islice
+from collections.abc import Iterable
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 import pyarrow as pa
@@ -59,12 +59,20 @@ from peftbd.training.checkpoint import (
     run_location,
     save_checkpoint,
 )
-from peftbd.training.deepspeed_config import batch_plan, deepspeed_config, torch_extensions_dir
-from peftbd.training.evaluate import evaluate, rank_rows
-from peftbd.training.examples import collate_sequences, load_training_split
-from peftbd.training.memory import peaks_over_ranks, step_memory
+from peftbd.training.deepspeed_config import (
+    BatchPlan,
+    batch_plan,
+    deepspeed_config,
+    torch_extensions_dir,
+)
+from peftbd.training.distill_task import parameter_summary
+from peftbd.training.evaluate import rank_rows
+from peftbd.training.examples import SequenceBatch, collate_sequences, load_training_split
+from peftbd.training.memory import log_step_memory, peaks_over_ranks, step_memory
 from peftbd.training.outputs import training_sections
-from peftbd.training.tasks import make_task, parameter_summary
+from peftbd.training.schedule import Rows, Schedule, WorkerData, train
+from peftbd.training.tasks import make_task
+from peftbd.training.worker_args import WorkerArgs
 from peftbd.untrained import untrained_reasons
 
 log = logging.getLogger(__name__)
@@ -73,16 +81,18 @@ WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head", "head": "block-diffu
 """The stage each kind's job runs (its default --out is the stage's dir in the main job's layout)."""
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """One Ray Train worker: DeepSpeed engine, resume, train/eval/checkpoint, final export."""
+def train_loop_per_worker(args: WorkerArgs) -> None:
+    """One Ray Train worker: the DeepSpeed engine, resumed from Ray Train's checkpoint, trained by
+    `peftbd.training.schedule.train` on this worker's shards, reported with its checkpoints, and
+    the final checkpoint with the export."""
     import deepspeed  # here, not at the top: the driver never needs it (its import logs a warning)
 
-    cfg: Config = config["cfg"]
+    cfg = args.cfg
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(cfg.paths.cache_dir)))
     device = ray.train.torch.get_device()
-    task = make_task(config["kind"], cfg)
+    task = make_task(args.kind, cfg)
     module = task.build(device)
     trainable = [p for p in module.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
@@ -91,97 +101,76 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     )
     plan = batch_plan(cfg.training, task.optim, world)
     dtype = str(next(engine.module.parameters()).dtype).removeprefix("torch.")  # what runs
-    estimate = step_memory(config["kind"], cfg, engine.module.config,
+    estimate = step_memory(args.kind, cfg, engine.module.config,
                            *task.parameter_counts(engine.module), plan, dtype)
     if rank == 0:
-        log.info("estimated peak per training step on each worker: %.0f MiB (%s)",
-                 estimate.total_mib, estimate)
-        if device.type == "cuda":
-            card_mib = torch.cuda.get_device_properties(device).total_memory / 2**20
-            if estimate.total_mib > 0.9 * card_mib:
-                log.warning("the estimated step peak (%.0f MiB) is above 90%% of this GPU's %.0f MiB: "
-                            "lower training.micro_batch_size or training.logits_chunk_rows",
-                            estimate.total_mib, card_mib)
-    state = TrainState()
+        log_step_memory(estimate, device)
+    start = TrainState()
     if (ckpt := ray.train.get_checkpoint()) is not None:
         with ckpt.as_directory() as ckpt_dir:
-            state = load_checkpoint(engine, ckpt_dir, config["fingerprint"])
-        log.info("rank %d resumed at step %d", rank, state.step)
+            start = load_checkpoint(engine, ckpt_dir, args.fingerprint)
+        log.info("rank %d resumed at step %d", rank, start.step)
 
-    optim, pad_id, max_steps = task.optim, config["pad_id"], config["max_steps"]
-    # max_steps 0 (asked for with training.allow_untrained): evaluate and export, no train data read
-    steps_per_epoch = plan.steps_per_epoch(config["train_rows"]) if max_steps else 0
-    train_shard = ray.train.get_dataset_shard("train") if max_steps else None
-    val_shard = ray.train.get_dataset_shard("val")
-
-    val_rows = [  # this worker's val rows, read once (each eval reuses them)
-        rank_rows(rows, rank, world)
-        for rows in val_shard.iter_batches(batch_size=plan.micro_batch * world, batch_format="numpy")
-    ]
-    val_batches = [collate_sequences(r, pad_id).to(device) for r in val_rows if len(r["id"])]
-
-    def report(metrics: dict[str, Any], checkpoint: bool, final: bool) -> None:
+    def report(state: TrainState, metrics: dict[str, Any], checkpoint: bool,
+               final: bool = False) -> None:
+        """`ray.train.report` with, when `checkpoint`, one of `state` (the final one: + export)."""
         with tempfile.TemporaryDirectory() as tmp:
             if checkpoint:
-                save_checkpoint(engine, tmp, state, config["fingerprint"])
+                save_checkpoint(engine, tmp, state, args.fingerprint)
             if final:
                 with deepspeed.zero.GatheredParameters(trainable, enabled=cfg.training.zero_stage == 3):
                     if rank == 0:
                         task.export(engine.module, Path(tmp) / EXPORT_DIR)
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp) if checkpoint else None)
 
-    losses: list[float] = []
-    train_seconds, steps_run, metrics, evaluated_at = 0.0, 0, {}, -1
-    while state.step < max_steps:
-        epoch, done_in_epoch = divmod(state.step, steps_per_epoch)
-        micro_batches = islice(
-            train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy", drop_last=True),
-            steps_per_epoch * plan.accumulation,
-        )
-        for i, rows in enumerate(micro_batches):
-            if i < done_in_epoch * plan.accumulation:
-                continue  # consumed before the checkpoint this run resumed from
-            start = perf_counter()
-            loss = task.train_loss(engine.module, collate_sequences(rows, pad_id).to(device), epoch)
-            engine.backward(loss)
-            engine.step()
-            train_seconds += perf_counter() - start
-            losses.append(loss.item())
-            if (i + 1) % plan.accumulation:
-                continue
-            state = TrainState(step=state.step + 1)
-            steps_run += 1
-            if rank == 0 and config.get("progress") is not None:
-                config["progress"](state.step, max_steps, loss=losses[-1])
-            if state.step % optim.eval_every == 0 or state.step == max_steps:
-                metrics, evaluated_at = evaluate(task, engine.module, val_batches), state.step
-            metrics.update(step=state.step, epoch=epoch, lr=engine.get_lr()[0],
-                           train_loss=sum(losses) / len(losses))
-            if state.step == max_steps:
-                break
-            if evaluated_at == state.step or state.step % optim.checkpoint_every == 0:
-                log.info("rank %d step %d: %s", rank, state.step, metrics)
-                losses.clear()
-                report(dict(metrics), checkpoint=state.step % optim.checkpoint_every == 0, final=False)
-                _maybe_inject_failure(config, state.step, rank)
-    if evaluated_at != state.step:  # resumed from the last step's checkpoint: nothing trained
-        metrics = {**evaluate(task, engine.module, val_batches), "step": state.step}
+    def report_step(state: TrainState, metrics: dict[str, Any], checkpoint: bool) -> None:
+        log.info("rank %d step %d: %s", rank, state.step, metrics)
+        report(state, metrics, checkpoint)
+        _maybe_inject_failure(args, state.step, rank)
+
+    data = _worker_data(args, plan, rank, world, device)
+    trained = train(engine, task, args.schedule, start, data, report_step,
+                    args.progress if rank == 0 else None)
     peaks = peaks_over_ranks(WorkerPeaks.here(dtype), device)  # every rank's, so all ranks call it
-    metrics.update(
-        parameters=parameter_summary(*task.parameter_counts(engine.module)), steps_run=steps_run,
-        train_seconds=round(train_seconds, 2), workers=peaks.to_dict(),
-        memory_estimate=estimate.to_dict(),
-        steps_per_second=round(steps_run / train_seconds, 3) if steps_run else None,
-    )
-    log.info("rank %d finished at step %d: %s", rank, state.step, metrics)
-    report(metrics, checkpoint=True, final=True)
+    metrics = {
+        **trained.metrics,
+        "parameters": parameter_summary(*task.parameter_counts(engine.module)),
+        "steps_run": trained.steps_run, "train_seconds": round(trained.train_seconds, 2),
+        "workers": peaks.to_dict(), "memory_estimate": estimate.to_dict(),
+        "steps_per_second": (round(trained.steps_run / trained.train_seconds, 3)
+                             if trained.steps_run else None),
+    }
+    log.info("rank %d finished at step %d: %s", rank, trained.state.step, metrics)
+    report(trained.state, metrics, checkpoint=True, final=True)
 
 
-def _maybe_inject_failure(config: dict[str, Any], step: int, rank: int) -> None:
-    """Fault injection for tests and drills: fail once, right after the checkpoint of a step."""
-    marker = config.get("failure_marker")
-    if rank == 0 and step == config.get("fail_once_at_step") and not Path(marker).exists():
-        Path(marker).touch()
+def _worker_data(args: WorkerArgs, plan: BatchPlan, rank: int, world: int,
+                 device: torch.device) -> WorkerData:
+    """This worker's Ray Data shards as the schedule reads them: its train shard in micro-batches
+    (none read when the schedule has no step) and its rows of the val split, read once."""
+    def collate(rows: Rows) -> SequenceBatch:
+        return collate_sequences(rows, args.pad_id).to(device)
+
+    train_shard = ray.train.get_dataset_shard("train") if args.schedule.max_steps else None
+
+    def train_pass() -> Iterable[Rows]:
+        if train_shard is None:  # a schedule without steps: the driver passed no train split
+            return ()
+        return train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy",
+                                        drop_last=True)
+
+    val_rows = [  # every worker reads the whole val split and keeps its own rows
+        rank_rows(rows, rank, world) for rows in ray.train.get_dataset_shard("val").iter_batches(
+            batch_size=plan.micro_batch * world, batch_format="numpy")
+    ]
+    return WorkerData(train_pass, collate, [collate(r) for r in val_rows if len(r["id"])])
+
+
+def _maybe_inject_failure(args: WorkerArgs, step: int, rank: int) -> None:
+    """Fault injection for tests and drills: fail once, right after the report of a step."""
+    marker = Path(args.failure_marker)
+    if rank == 0 and step == args.fail_once_at_step and not marker.exists():
+        marker.touch()
         raise RuntimeError(f"injected failure after the checkpoint of step {step}")
 
 
@@ -222,11 +211,11 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     train, train_counts = load_training_split(data_dir, "train", block, seed,
                                               allow_empty=cfg.training.allow_untrained)
     untrained = untrained_reasons(cfg, kind, train.num_rows)  # refused unless allow_untrained
-    max_steps = task.optim.max_steps if train.num_rows else 0
     val, val_counts = load_training_split(data_dir, "val", block, seed)
     plan = batch_plan(cfg.training, task.optim, world)
-    if max_steps:
-        plan.steps_per_epoch(train.num_rows)  # fails early when the split cannot fill one step
+    # fails early when the split cannot fill one step; no steps (and no train data) without rows
+    schedule = Schedule.of(task.optim, plan, task.optim.max_steps if train.num_rows else 0,
+                           train.num_rows)
     if untrained:
         log.warning("publishing an untrained %s drafter (training.allow_untrained): %s",
                     kind, "; ".join(untrained))
@@ -244,15 +233,11 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     wait_for_resources(f"training ({world} Ray Train workers)", [
         {"CPU": cfg.training.cpus_per_worker, "GPU": float(cfg.training.use_gpu)}] * world)
     with relay() as sink:
+        args = WorkerArgs(cfg, kind, fingerprint, schedule, load_tokenizer(cfg).pad_token_id,
+                          progress=sink, fail_once_at_step=fail_once_at_step,
+                          failure_marker=str(Path(storage) / name / "injected_failure"))
         trainer = Trainer(
-            train_loop_per_worker,
-            train_loop_config={
-                "cfg": cfg, "kind": kind, "fingerprint": fingerprint, "train_rows": train.num_rows,
-                "max_steps": max_steps,
-                "pad_id": load_tokenizer(cfg).pad_token_id, "fail_once_at_step": fail_once_at_step,
-                "failure_marker": str(Path(storage) / name / "injected_failure"),
-                "progress": sink,
-            },
+            functools.partial(train_loop_per_worker, args),
             scaling_config=ScalingConfig(
                 num_workers=world, use_gpu=cfg.training.use_gpu,
                 resources_per_worker={"CPU": cfg.training.cpus_per_worker},
@@ -262,10 +247,10 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
                 failure_config=FailureConfig(max_failures=cfg.training.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=2),
             ),
-            datasets={**({"train": _dataset(train)} if max_steps else {}),
+            datasets={**({"train": _dataset(train)} if schedule.max_steps else {}),
                       "val": _dataset(val.slice(0, n_eval))},
             dataset_config=DataConfig(
-                datasets_to_split=["train"] if max_steps else [],
+                datasets_to_split=["train"] if schedule.max_steps else [],
                 execution_options=ExecutionOptions(preserve_order=True),  # deterministic shards
             ),
         )

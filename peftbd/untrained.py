@@ -10,12 +10,10 @@ change nothing), `mtp.loss_weights` all 0 (no loss) or a train split with no row
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from peftbd.config_merge import ConfigError
-
-if TYPE_CHECKING:  # config.py imports this module: no runtime import back
-    from peftbd.config import Config
+from peftbd.config_sections import Config
 
 Kind = Literal["peftbd", "mtp", "head"]
 KINDS: tuple[Kind, ...] = ("peftbd", "mtp", "head")

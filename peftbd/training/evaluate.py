@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from peftbd.training.distill_task import DistillTask
 from peftbd.training.examples import SequenceBatch
-from peftbd.training.tasks import DistillTask
 
 
 def rank_rows(batch: dict, rank: int, world_size: int) -> dict:

@@ -1,5 +1,6 @@
-"""The block-diffusion head's training task (`peftbd.training.tasks.DistillTask`): the head trains
-on the frozen verifier's features (`peftbd.training.head_objective`); `bd_head/` is exported.
+"""The block-diffusion head's training task (`peftbd.training.distill_task.DistillTask`): the head
+trains on the frozen verifier's features (`peftbd.training.head_objective`); `bd_head/` is
+exported.
 
 Eval metrics: `eval_loss` (the objective at the eval epoch's offsets), `eval_masked_token_accuracy`
 (top-1 == target over the block positions), `eval_block_accepted_prefix_mean` (the leading correct
@@ -21,10 +22,10 @@ from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape
 from peftbd.models.loading import DTYPES, load_tokenizer, load_verifier
 from peftbd.training.block_diffusion import BlockStats, block_starts, build_draft_batch
 from peftbd.training.deepspeed_config import training_dtype
+from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, ratio
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.head_objective import head_block_stats, head_drafts
 from peftbd.training.rounds import replay_rounds, round_sums
-from peftbd.training.tasks import EVAL_EPOCH, head_parameter_counts, ratio
 
 
 class HeadTask:

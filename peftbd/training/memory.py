@@ -24,6 +24,7 @@ formula gives 2.7 GB for one 768-token PEFT-BD row with unchunked logits (the is
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from peftbd.config import Config
 from peftbd.manifest import WorkerPeaks
 from peftbd.training.deepspeed_config import BatchPlan
 
+log = logging.getLogger(__name__)
 MIB = 2**20
 FP32 = 4
 LOGIT_BYTES = 4 + 4 + 4  # per logit of a chunk beyond its own dtype: fp32 copy, log-softmax, top-1 copy
@@ -154,6 +156,18 @@ def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total
         mtp_steps=cfg.mtp.num_steps, head_layers=cfg.head.layers,
         head_features=len(cfg.head.feature_layers) or 3,
     )
+
+
+def log_step_memory(estimate: StepMemory, device: torch.device) -> None:
+    """Log `estimate`; warn when it is above 90% of the memory of `device` (a GPU)."""
+    log.info("estimated peak per training step on each worker: %.0f MiB (%s)",
+             estimate.total_mib, estimate)
+    if device.type == "cuda":
+        card_mib = torch.cuda.get_device_properties(device).total_memory / MIB
+        if estimate.total_mib > 0.9 * card_mib:
+            log.warning("the estimated step peak (%.0f MiB) is above 90%% of this GPU's %.0f MiB: "
+                        "lower training.micro_batch_size or training.logits_chunk_rows",
+                        estimate.total_mib, card_mib)
 
 
 def peaks_over_ranks(peaks: WorkerPeaks, device: torch.device) -> WorkerPeaks:

@@ -1,10 +1,9 @@
-"""The distillation tasks behind one interface (the block-diffusion head's: `head_task`): what trains, its loss, its eval, its export.
+"""The PEFT-BD and FastMTP distillation tasks (`peftbd.training.distill_task.DistillTask`) and
+`make_task`, which names every task (the block-diffusion head's: `head_task`).
 
-The training job (`jobs/train_common.py`) is the same for both; a task decides which module
-DeepSpeed trains (the PEFT-BD `PeftModel`, whose only trainable tensors are LoRA and the
-mask-token row, or the `MTPHead`), the train loss of a batch, the eval sums and metrics, and
-what is exported (`adapter/` via `PeftModel.save_pretrained`, `mtp_head/` via
-`MTPHead.save_pretrained`).
+PEFT-BD trains a `PeftModel` whose only trainable tensors are LoRA and the mask-token row and
+exports `adapter/` (`PeftModel.save_pretrained`); FastMTP trains the `MTPHead` and exports
+`mtp_head/` (`MTPHead.save_pretrained`).
 
 Eval metrics (all over the rows of the val split that are evaluated; see `docs/architecture.md`):
 
@@ -25,13 +24,12 @@ Eval metrics (all over the rows of the val split that are evaluated; see `docs/a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from peftbd.config import Config, OptimConfig
+from peftbd.config import Config
 from peftbd.models.loading import DTYPES, load_tokenizer, load_verifier
 from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
 from peftbd.models.peft_bd import (
@@ -47,50 +45,11 @@ from peftbd.training.block_diffusion import (
     build_draft_batch,
 )
 from peftbd.training.deepspeed_config import training_dtype
+from peftbd.training.distill_task import EVAL_EPOCH, DistillTask, head_parameter_counts, ratio
 from peftbd.training.examples import SequenceBatch
+from peftbd.training.head_task import HeadTask
 from peftbd.training.mtp_objective import mtp_drafts, mtp_stats
 from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
-
-EVAL_EPOCH = -1
-"""The noise epoch of evaluation: the same eval noise at every eval of every run."""
-
-
-class DistillTask(Protocol):
-    """What the training job needs from a task (see module doc)."""
-
-    kind: str
-    optim: OptimConfig
-    export_subdir: str
-
-    def build(self, device: torch.device) -> nn.Module: ...
-
-    def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor: ...
-
-    def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]: ...
-
-    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]: ...
-
-    def parameter_counts(self, module: nn.Module) -> tuple[int, int]: ...
-
-    def export(self, module: nn.Module, out_dir: Path) -> Path: ...
-
-
-def parameter_summary(trainable: int, total: int) -> dict[str, float | int]:
-    """Trainable and total parameters and the trainable share in percent."""
-    return {"trainable": trainable, "total": total,
-            "trainable_percent": round(100.0 * trainable / total, 4)}
-
-
-def head_parameter_counts(head: nn.Module, verifier: nn.Module) -> tuple[int, int]:
-    """(trainable, total) of the verifier enhanced with a head (FastMTP's, the block-diffusion
-    head): the head's own weights train; the total adds the verifier's (the head shares its
-    embeddings and LM head)."""
-    trainable, head_total = count_parameters(head)
-    return trainable, head_total + count_parameters(verifier)[1]
-
-
-def ratio(num: torch.Tensor, den: torch.Tensor) -> float:
-    return float(num) / max(float(den), 1e-12)
 
 
 class PeftBDTask:
@@ -230,8 +189,6 @@ class MTPTask:
 
 def make_task(kind: str, cfg: Config) -> DistillTask:
     """The task named `kind` ("peftbd", "mtp" or "head")."""
-    from peftbd.training.head_task import HeadTask  # it builds on this module's helpers
-
     tasks = {"peftbd": PeftBDTask, "mtp": MTPTask, "head": HeadTask}
     if kind not in tasks:
         raise ValueError(f"training task {kind!r} is not one of {', '.join(tasks)}")

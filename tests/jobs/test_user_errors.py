@@ -65,7 +65,7 @@ COMMANDS: dict[str, Runner] = {
 }
 NOT_USER_COMMANDS = {
     "peftbd.oracle": "takes numbers, no config, output or Ray: a bad one is argparse's usage error",
-    "peftbd.tiny_world.shipped": "a maintainer's rebuild of the shipped world from the tiny recipe",
+    "peftbd.tiny_world.refresh": "a maintainer's rebuild of the shipped world from the tiny recipe",
     "scripts.device_check": "a developer's GPU check on a borrowed device (no Ray, no stage)",
 }
 MIN_COMMANDS, MIN_CLASSES = 11, 11

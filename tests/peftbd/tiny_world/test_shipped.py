@@ -11,14 +11,15 @@ import pytest
 from peftbd.config import load_config
 from peftbd.tiny_world import build
 from peftbd.tiny_world.build import world_call
-from peftbd.tiny_world.shipped import MANIFEST, SHIPPED, copy_shipped, refresh, shipped_fingerprint
+from peftbd.tiny_world.refresh import refresh
+from peftbd.tiny_world.shipped import MANIFEST, SHIPPED, copy_shipped, shipped_fingerprint
 
 
 def test_the_shipped_world_is_current(tmp_path):
     tw = load_config("tiny").tiny_world
     assert shipped_fingerprint() == world_call(tw, str(tmp_path)).inputs().fingerprint, (
         "the shipped world was built by other code or tiny_world settings than today's: "
-        "rebuild it with python -m peftbd.tiny_world.shipped (~4 min) and commit it")
+        "rebuild it with python -m peftbd.tiny_world.refresh (~4 min) and commit it")
 
 
 def test_the_world_stage_copies_the_shipped_world_in(tmp_path, monkeypatch):

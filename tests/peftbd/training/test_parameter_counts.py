@@ -12,7 +12,7 @@ from peftbd.config import load_config
 from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter, count_parameters
-from peftbd.training.tasks import head_parameter_counts, parameter_summary
+from peftbd.training.distill_task import head_parameter_counts, parameter_summary
 
 QWEN3_MASK_ID = 151669  # <|mask|>, added by load_tokenizer below the 151936 embedding rows
 
