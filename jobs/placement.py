@@ -48,7 +48,6 @@ from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_st
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import PLACEMENT, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
-from peftbd.serving.schemas import METHODS
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.stage import StageCall, StageInputs
 
@@ -118,7 +117,7 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     jobs = [i for _ in range(cfg.decoding.repeats) for i in range(len(prompts))]
     rates = synthetic_rates(cfg)
     records, windows = [], []
-    for method in METHODS:
+    for method in cfg.serving.placement_methods:
         label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
         for concurrency in cfg.serving.client_concurrency:
@@ -297,12 +296,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtp-dir", default=None, help="a trained MTP head: the output dir of train_mtp")
     parser.add_argument("--head-dir", default=None,
                         help="a trained block-diffusion head: the output dir of train_head")
+    parser.add_argument("--methods", default=None,
+                        help="methods to measure, e.g. ar,peft-bd (sets serving.placement_methods)")
     parser.add_argument("--concurrency", default=None,
                         help="client concurrencies to measure, e.g. 1,4,16 (sets "
                              "serving.client_concurrency)")
     args = parser.parse_args(argv)
     if args.concurrency:
         args.overrides.append(f"serving.client_concurrency=[{args.concurrency}]")
+    if args.methods:
+        args.overrides.append(f"serving.placement_methods=[{args.methods}]")
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
     call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731

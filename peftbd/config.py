@@ -40,11 +40,11 @@ from peftbd.config_sections import (
     TinyWorldConfig,
     TrainingConfig,
 )
-from peftbd.presets import EMBEDDED_TINY, PRESETS
+from peftbd.presets import EMBEDDED_TINY, PRESETS, RANDOM_WEIGHTS
 from peftbd.untrained import check_config as _check_untrained
 
 __all__ = [  # the sections and EMBEDDED_TINY are re-exported: import them from here
-    "EMBEDDED_TINY", "Config", "ConfigError", "CostProfileConfig", "DataConfig", "DecodingConfig",
+    "EMBEDDED_TINY", "RANDOM_WEIGHTS", "Config", "ConfigError", "CostProfileConfig", "DataConfig", "DecodingConfig",
     "DrafterConfig", "GenerateConfig", "HeadConfig", "MTPConfig", "ModelConfig", "OptimConfig",
     "PathsConfig", "ServingConfig", "TinyWorldConfig", "TrainingConfig", "apply_override",
     "cache_root", "cpu_only", "load_config", "preset_names", "save_config",

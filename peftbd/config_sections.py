@@ -226,6 +226,7 @@ class ServingConfig:
     drafter_num_gpus: float = 0.0
     verifier_num_gpus: float = 0.0  # also the colocated engine's
     placements: tuple[Placement, ...] = ("colocated", "split")  # run by jobs/placement.py
+    placement_methods: tuple[Method, ...] = ("ar", "peft-bd", "fastmtp", "peft-bd-head")  # ditto
     client_concurrency: tuple[int, ...] = (1, 4, 16, 32)  # jobs/placement.py: requests in flight
     # jobs/placement.py: capacity = the most clients that each still get >= this share of one
     # client's tok/s

@@ -20,12 +20,14 @@ WORLD = StageSpec(
 )
 _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
                   "peftbd.decoding.state", "peftbd.decoding.drafter", "peftbd.decoding.metrics",
-                  "peftbd.decoding.clock", "peftbd.decoding.fast_path", "peftbd.models.early_exit")
+                  "peftbd.decoding.clock", "peftbd.decoding.fast_path", "peftbd.decoding.sampling",
+                  "peftbd.models.early_exit")
 """The engine's greedy AR, which decodes generate's continuations (its drafters do not)."""
 GENERATE = StageSpec(
     "generate", "generate continuations", "continuations", reads=("model", "data"),
     ignores=("data.source",),  # where the prompts lie: their content is in extra["source"]
-    inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "jobs.generate", *_GREEDY_ENGINE),
+    inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "peftbd.models.sources",
+                           "peftbd.models.architecture", "jobs.generate", *_GREEDY_ENGINE),
     command="python -m jobs.generate",
 )
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
@@ -111,6 +113,7 @@ PLACEMENT = StageSpec(
            "decoding"),
     inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
     code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
+          "peftbd.analysis.placement_verdict",
           "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
           "serve_apps", "jobs.placement"),
     command="python -m jobs.placement",

@@ -14,6 +14,12 @@ import yaml
 EMBEDDED_TINY = "embedded:tiny"
 """`model.name_or_path` / `data.source` value that selects the embedded tiny world."""
 
+RANDOM_WEIGHTS = "random:"
+"""`model.name_or_path` prefix: `random:<architecture>` (as `cost_profile.architecture`, e.g.
+random:Qwen/Qwen3-0.6B) is that architecture with random weights seeded by `training.seed` (the
+same in every process) and the tiny world's tokenizer: real cost at a model's shape, e.g. for
+serving and placement (cost does not depend on the weights' values), meaningless text."""
+
 CONFIGS = resources.files("peftbd") / "configs"
 """The preset files (package data)."""
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, Qwen3Config
 
-from peftbd.config import EMBEDDED_TINY, Config
-from peftbd.models.loading import ModelUnavailableError, model_dirs
+from peftbd.config import EMBEDDED_TINY, RANDOM_WEIGHTS, Config
+from peftbd.models.sources import ModelUnavailableError, model_dirs
 
 QWEN3_0_6B = "Qwen/Qwen3-0.6B"
 QWEN3_0_6B_CONFIG = dict(  # Qwen/Qwen3-0.6B's config.json (architecture fields)
@@ -50,16 +50,22 @@ def _has_weights(path: Path) -> bool:
 
 def resolve_architecture(cfg: Config) -> Architecture:
     """`cfg.cost_profile.architecture` as a config plus weights, without touching the network."""
-    name = cfg.cost_profile.architecture
+    return architecture_named(cfg.cost_profile.architecture, cfg, "cost_profile.architecture")
+
+
+def architecture_named(name: str, cfg: Config, key: str) -> Architecture:
+    """Architecture `name` (as the module doc says; `key`: the config key that named it, for
+    errors) as a config plus weights, without touching the network."""
     if name == THE_VERIFIER:
         name = cfg.model.name_or_path
         if name == EMBEDDED_TINY:
             name = model_dirs(cfg)[1]
+        name = name.removeprefix(RANDOM_WEIGHTS)  # a random verifier: its architecture
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelUnavailableError(
-                f"cost_profile.architecture={name!r} is a directory without config.json; pass a "
+                f"{key}={name!r} is a directory without config.json; pass a "
                 f"model directory (config.json, optionally weights), a cached hub id or {QWEN3_0_6B}")
         return Architecture(name, AutoConfig.from_pretrained(path), f"local directory {path}",
                             str(path) if _has_weights(path) else None)
@@ -68,7 +74,7 @@ def resolve_architecture(cfg: Config) -> Architecture:
     except (OSError, ValueError) as exc:
         if name != QWEN3_0_6B:
             raise ModelUnavailableError(
-                f"cost_profile.architecture={name!r} is neither a local directory nor in the local "
+                f"{key}={name!r} is neither a local directory nor in the local "
                 f"Hugging Face cache ({type(exc).__name__}); copy its config.json into a directory "
                 f"and pass that, or use {QWEN3_0_6B} (embedded)") from exc
         return Architecture(name, Qwen3Config(**QWEN3_0_6B_CONFIG), "embedded config", None)

@@ -1,25 +1,25 @@
-"""Load the verifier and its tokenizer by hub id, local directory or the embedded tiny world."""
+"""Load the verifier and its tokenizer by hub id, local directory, the embedded tiny world, or
+random weights at an architecture (`random:<architecture>`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 from typing import get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.config import RANDOM_WEIGHTS, Config
 from peftbd.config_sections import Dtype
 from peftbd.data.chat import QWEN3_CHAT_TEMPLATE
-from peftbd.errors import UserError
+from peftbd.models.architecture import architecture_named, build_model
+from peftbd.models.sources import ModelUnavailableError, unavailable_error, model_dirs
 from peftbd.tiny_world.tokenizer import MASK
-from peftbd.tiny_world.build import ensure_tiny_world
+
+__all__ = ["ModelUnavailableError", "eos_token_ids", "load_tokenizer", "load_verifier",
+           "model_dirs", "resolve_device", "resolve_dtype"]
 
 DTYPES = {name: getattr(torch, name) for name in get_args(Dtype)}
-
-
-class ModelUnavailableError(UserError, RuntimeError):
-    """The configured model or tokenizer cannot be loaded; the message says how to fix it."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,37 +37,13 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def model_dirs(cfg: Config) -> tuple[str, str]:
-    """(tokenizer source, model source): hub ids or local paths; builds the tiny world if needed."""
-    if cfg.model.name_or_path == EMBEDDED_TINY:
-        world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
-        return str(world.tokenizer_dir), str(world.verifier_dir)
-    return cfg.model.name_or_path, cfg.model.name_or_path
-
-
-def _unavailable(name: str, preset: str, what: str, exc: Exception) -> ModelUnavailableError:
-    looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
-    where = (
-        f"the local directory {name!r} does not hold a loadable {what}"
-        if looks_local
-        else f"{name!r} is not in the local Hugging Face cache and the hub is unreachable"
-    )
-    return ModelUnavailableError(
-        f"cannot load the {what} for preset {preset!r}: {where} ({type(exc).__name__}: "
-        f"{str(exc).splitlines()[0] if str(exc) else ''}). Download it on a machine with "
-        f"network access (e.g. `hf download {name} --local-dir /models/{name.split('/')[-1]}`), "
-        f"copy it here and run with --set model.name_or_path=/models/{name.split('/')[-1]}; "
-        f"or use --preset tiny, which needs no network."
-    )
-
-
 def load_tokenizer(cfg: Config) -> PreTrainedTokenizerBase:
     """The verifier's tokenizer with a mask token for the drafter and the Qwen3 chat template."""
     source, _ = model_dirs(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
-        raise _unavailable(cfg.model.name_or_path, cfg.preset, "tokenizer", exc) from exc
+        raise unavailable_error(cfg.model.name_or_path, cfg.preset, "tokenizer", exc) from exc
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": MASK})
     if not tokenizer.chat_template:
@@ -83,6 +59,14 @@ def load_verifier(cfg: Config, device: torch.device | None = None,
     (default: `cfg.model.dtype`; training passes its `training.precision`)."""
     _, source = model_dirs(cfg)
     device = device or resolve_device(cfg.model.device)
+    if source.startswith(RANDOM_WEIGHTS):
+        arch = architecture_named(source.removeprefix(RANDOM_WEIGHTS), cfg, "model.name_or_path")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.training.seed)  # the same weights in every process
+            model = build_model(dataclasses.replace(arch, weights_dir=None),
+                                dtype or resolve_dtype(cfg.model.dtype), torch.device("cpu"),
+                                cfg.model.attn_implementation)
+        return model.to(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
@@ -90,7 +74,7 @@ def load_verifier(cfg: Config, device: torch.device | None = None,
             attn_implementation=cfg.model.attn_implementation,
         )
     except (OSError, ValueError) as exc:
-        raise _unavailable(cfg.model.name_or_path, cfg.preset, "model", exc) from exc
+        raise unavailable_error(cfg.model.name_or_path, cfg.preset, "model", exc) from exc
     return model.to(device).eval().requires_grad_(False)
 
 

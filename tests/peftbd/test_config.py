@@ -137,7 +137,7 @@ def _literal_fields(section, prefix=""):
 
 def test_every_allowed_value_of_every_enum_field_loads():
     fields = dict(_literal_fields(Config()))
-    lists = {"serving.placements", "cost_profile.dtypes"}
+    lists = {"serving.placements", "serving.placement_methods", "cost_profile.dtypes"}
     assert set(fields) == set(ENUMS) | lists  # ENUMS covers every enum field
     for key, values in fields.items():
         for value in values:

@@ -50,3 +50,23 @@ def test_the_configured_dtype_runs_on_cpu_too(tiny_cfg, dtype):
     assert next(model.parameters()).dtype == getattr(torch, dtype)
     logits = model(torch.tensor([[5, 6, 7, 8]])).logits
     assert logits.dtype == getattr(torch, dtype) and torch.isfinite(logits).all()
+
+
+def test_random_weights_at_an_architecture_are_the_same_in_every_process(tmp_path):
+    """`random:<architecture>`: the architecture's shape, weights seeded by training.seed (so a
+    drafter replica and a verifier replica hold the same model), the tiny world's tokenizer."""
+    import json
+
+    small = {"model_type": "qwen3", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "head_dim": 32, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    cfg = load_config("tiny", overrides=[f"model.name_or_path=random:{tmp_path}"])
+    a, b = load_verifier(cfg), load_verifier(cfg)
+    assert a.config.vocab_size == 4096 and a.config.num_hidden_layers == 2
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    other = load_verifier(dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, seed=1)))
+    assert not torch.equal(a.lm_head.weight, other.lm_head.weight)
+    assert len(load_tokenizer(cfg)) == len(load_tokenizer(load_config("tiny")))  # the tiny world's
+    with pytest.raises(ModelUnavailableError, match="model.name_or_path="):
+        load_verifier(load_config("tiny", overrides=["model.name_or_path=random:acme/none"]))
