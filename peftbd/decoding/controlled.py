@@ -118,6 +118,11 @@ class ControlledDrafter:
         self.feature_layers = inner.feature_layers
 
     def start(self, state: DecodeState) -> None:
+        if not state.sampling.greedy:
+            raise ValueError(
+                f"{self.name} is controlled acceptance, which forces drafts to greedy AR's tokens: "
+                "it needs temperature 0 (a sampled request's tokens are not greedy AR's, and its "
+                "acceptance is drawn by the lossless rule, not by the profile)")
         self.inner.start(state)
 
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:

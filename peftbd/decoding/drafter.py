@@ -7,7 +7,10 @@ is the batch-1 engine): it may read each state's `tokens`, `cache` (the verifier
 `peftbd.decoding.ragged.pack`, and must leave each `state.cache` exactly as it found it. Time
 each of its (batched) forwards with `peftbd.decoding.state.timed(states, "draft")`.
 New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement these two methods
-and join the loop unchanged.
+and join the loop unchanged. A sampled request verifies a proposal as one-hot (q = 1 on each
+proposed token, as argmax drafts are; `peftbd.decoding.sampling`): lossless whatever proposed it.
+A drafter that scripts its acceptance against the verifier's greedy tokens (the controlled
+drafter) does not hold that script for sampled requests.
 """
 
 from __future__ import annotations

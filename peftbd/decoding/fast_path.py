@@ -10,7 +10,9 @@ batch change (7 graphs, 165 s, for one AR pass at batch 1 and 16 on the 2-core b
 CPU; CUDA graphs (`mode="reduce-overhead"`) on CUDA. Compile time is kept apart from steady
 state (`compile_s`, one log line per compile). Prefill, the drafters' forwards and catching a
 state up stay eager, and so does a verify that keeps verifier features (`feature_layers`).
-Tokens equal eager's; logits need not be bit-identical (fused kernels round differently).
+Tokens equal eager's; logits need not be bit-identical (fused kernels round differently). A batch
+with sampled rows runs the same graph: their logits come from its hidden states through the eager
+LM head (`peftbd.decoding.verify.choose`).
 """
 
 from __future__ import annotations

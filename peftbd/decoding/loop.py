@@ -1,5 +1,5 @@
 """The one decoding loop: prefill, then rounds of (drafter proposes, verifier verifies) until EOS
-or the token budget. Greedy AR is the same loop with `NoDrafter`."""
+or the token budget. AR (greedy or sampled) is the same loop with `NoDrafter`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import torch
 
 from peftbd.decoding.drafter import Drafter, NoDrafter
 from peftbd.decoding.metrics import DecodeResult
+from peftbd.decoding.sampling import SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import FastVerify
 from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
 
 
 class SpeculativeDecoder:
-    """Greedy speculative decoding of one verifier with one drafter (None = greedy AR), over any
-    number of requests at once.
+    """Speculative decoding of one verifier with one drafter (None = AR), over any number of
+    requests at once, each greedy or sampled (`SamplingParams`, per request: lossless, see
+    `peftbd.decoding.sampling`).
 
     `decode` runs one request, `decode_many` a stream of them with continuous batching. A server
     that holds a `DecodeState` per request can instead call `start` / `start_many`, then per
@@ -34,16 +36,21 @@ class SpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         self.fast = FastVerify(model_device(model)) if fast_path else None
 
-    def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeState:
-        """Prefill a new request (commits its first token) and set up the drafter's state."""
-        return self.start_many([prompt_ids], max_new_tokens)[0]
+    def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
+              sampling: SamplingParams | None = None) -> DecodeState:
+        """Prefill a new request (commits its first token) and set up the drafter's state;
+        `sampling`: None = greedy."""
+        return self.start_many([prompt_ids], max_new_tokens, sampling)[0]
 
     def start_many(self, prompts: Sequence[Sequence[int]],
-                   max_new_tokens: int | Sequence[int] | None = None) -> list[DecodeState]:
+                   max_new_tokens: int | Sequence[int] | None = None,
+                   sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[DecodeState]:
         """`start` of several requests with one batched prefill (`max_new_tokens`: one budget
-        for all, or one per prompt)."""
+        for all, or one per prompt; `sampling`: None = greedy, one for all, or one per prompt;
+        a sampled request without a seed gets a random one, in `state.sampling.seed`)."""
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
-                              self.eos_ids, self.drafter.feature_layers)
+                              self.eos_ids, self.drafter.feature_layers,
+                              per_request(sampling, len(prompts)))
         for state in states:
             self.drafter.start(state)
         return states
@@ -101,28 +108,33 @@ class SpeculativeDecoder:
         return records
 
     @torch.inference_mode()
-    def decode(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> DecodeResult:
-        """Decode one request to EOS or the budget; exact greedy output plus per-round metrics."""
-        return self.decode_many([prompt_ids], 1, max_new_tokens)[0]
+    def decode(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
+               sampling: SamplingParams | None = None) -> DecodeResult:
+        """Decode one request to EOS or the budget: the exact greedy output (or, `sampling`, a
+        sample of the verifier's distribution) plus per-round metrics."""
+        return self.decode_many([prompt_ids], 1, max_new_tokens, sampling)[0]
 
     @torch.inference_mode()
     def decode_many(self, prompts: Sequence[Sequence[int]], batch_size: int,
-                    max_new_tokens: int | Sequence[int] | None = None) -> list[DecodeResult]:
-        """Decode `prompts` with continuous batching (vLLM's scheduler, greedy): at most
-        `batch_size` requests run together; before each round the queue's next requests join
-        (one batched prefill) in the places of finished ones. `max_new_tokens`: one budget, or
-        one per prompt. Results in prompt order; each row's output is its own greedy output."""
+                    max_new_tokens: int | Sequence[int] | None = None,
+                    sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[DecodeResult]:
+        """Decode `prompts` with continuous batching (vLLM's scheduler): at most `batch_size`
+        requests run together; before each round the queue's next requests join (one batched
+        prefill) in the places of finished ones. `max_new_tokens`: one budget, or one per prompt;
+        `sampling` as in `start_many`. Results in prompt order; each row's output is its own
+        greedy output, or its own sample (a seeded row's: whatever its batch company)."""
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; decoding.batch_sizes entries must be >= 1")
         budgets = self._budgets(len(prompts), max_new_tokens)
-        queue = list(zip(range(len(prompts)), prompts, budgets))[::-1]
+        params = per_request(sampling, len(prompts))
+        queue = list(zip(range(len(prompts)), prompts, budgets, params))[::-1]
         running: list[tuple[int, DecodeState]] = []
         results: list[DecodeResult | None] = [None] * len(prompts)
         while queue or running:
             joining = [queue.pop() for _ in range(min(batch_size - len(running), len(queue)))]
             if joining:
-                started = self.start_many([p for _, p, _ in joining], [n for _, _, n in joining])
-                running += [(i, s) for (i, _, _), s in zip(joining, started)]
+                indices, joined, joined_budgets, joined_params = zip(*joining)
+                running += list(zip(indices, self.start_many(joined, joined_budgets, joined_params)))
             live = [s for _, s in running if not s.done]
             if live:
                 self.step_many(live)
@@ -142,6 +154,7 @@ def result_of(state: DecodeState) -> DecodeResult:
 
 
 def decode(model: torch.nn.Module, prompt_ids: Sequence[int], drafter: Drafter | None = None,
-           max_new_tokens: int = 256, eos_ids: Sequence[int] = ()) -> DecodeResult:
-    """Greedy (speculative when `drafter` is given) decoding of one prompt."""
-    return SpeculativeDecoder(model, drafter, eos_ids, max_new_tokens).decode(prompt_ids)
+           max_new_tokens: int = 256, eos_ids: Sequence[int] = (),
+           sampling: SamplingParams | None = None) -> DecodeResult:
+    """Decoding of one prompt (speculative when `drafter` is given), greedy unless `sampling`."""
+    return SpeculativeDecoder(model, drafter, eos_ids, max_new_tokens).decode(prompt_ids, None, sampling)

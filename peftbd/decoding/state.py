@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from peftbd.decoding.clock import ForwardLog
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 
 
 @dataclass
@@ -18,7 +19,8 @@ class RoundMetrics:
     """One speculative round (draft + verify).
 
     proposed: drafted tokens sent to verification (k). accepted: the longest prefix of the draft
-    that equals the verifier's greedy tokens (0..k) and is in the output: a round whose output
+    that the verifier accepted (0..k; greedy: equal to its argmax tokens, sampled: passed the
+    rejection rule of `peftbd.decoding.sampling`) and is in the output: a round whose output
     ends at an EOS or `max_new_tokens` inside that prefix counts it up to there (EOS included,
     nothing after it); the verifier's bonus token is NOT counted. emitted: tokens appended to the
     output this round = accepted + 1 (the bonus), or = accepted when the output ended inside the
@@ -57,7 +59,8 @@ class DecodeState:
     it). `features` (1, n, m*d), when `feature_layers` names m verifier hidden states (indices
     into transformers' `hidden_states`), holds them concatenated for the same n positions (the
     block-diffusion head reads them). `drafter_state` is the drafter's own per-request slot (e.g.
-    the MTP head's cache).
+    the MTP head's cache). `sampling`: how the verifier picks tokens (greedy, or sampled with a
+    seed: `peftbd.decoding.sampling`).
     """
 
     tokens: list[int]
@@ -75,6 +78,7 @@ class DecodeState:
     prefill_s: float = 0.0
     mark: float = 0.0  # clock reading at the end of the last prefill/round (for `other_ms`)
     drafter_state: Any = None
+    sampling: SamplingParams = GREEDY
 
     @property
     def new_tokens(self) -> list[int]:

@@ -3,7 +3,9 @@
 All three run the verifier (adapter OFF) over the tokens not yet in the cache, with explicit
 positions, and keep the cache invariant of `DecodeState`: after each call the cache holds the
 verifier KV of every committed token but the last. `advance_with_features` is the exception a
-split drafter that reads only verifier features uses: it commits without a forward.
+split drafter that reads only verifier features uses: it commits without a forward. The token
+the verifier picks at a slot is its argmax for a greedy request and the lossless sampling rule
+(`peftbd.decoding.sampling`) for a sampled one (`choose`), rows of both in one batch.
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ from transformers import PreTrainedModel
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.fast_path import FastVerify
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
+from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
 from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.early_exit import first_layers
+
+
+Pick = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""(lm_head, final hidden states, the fast path's argmax tokens or None) -> the verifier's token
+at every slot (`choose`)."""
 
 
 @dataclass(frozen=True)
@@ -46,13 +54,13 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequence[Sequence[int]],
-             mode: str, greedy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             mode: str, pick: Pick | None = None,
              fast: FastVerify | None = None) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list]:
     """One verifier forward over each row's `inputs` at its next positions, the rows' caches
     packed (`peftbd.decoding.ragged`): (their `RaggedKV`, the final hidden states (B, Q, d) and
     `feature_layers` features (or None) of every slot, row i's being its first len(inputs[i]);
-    `greedy(lm_head, hidden)`'s tokens as lists, [] without it). `fast`: the compiled verify
-    forward (its greedy is every slot's argmax), used when no features are kept. The caller
+    `pick`'s tokens as lists, [] without it). `fast`: the compiled verify forward (it computes
+    every slot's argmax, which `pick` is given), used when no features are kept. The caller
     `commit`s what the rows keep."""
     base = unwrap(model)
     device = states[0].device
@@ -63,6 +71,7 @@ def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequ
     if fast is not None and not layers:
         with timed(states, mode):
             hidden, tokens = fast(base, kv, ids.to(device), positions.to(device), valid)
+            tokens = tokens if pick is None else pick(base.lm_head, hidden, tokens)
             return kv, hidden, None, tokens.tolist()  # one device sync
     mask = kv.chunk_mask(None if valid.all() else valid, ids.shape[1], None, base.dtype)
     with timed(states, mode):
@@ -70,8 +79,28 @@ def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequ
                          attention_mask=mask, use_cache=True, output_hidden_states=bool(layers))
         hidden = out.last_hidden_state
         features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
-        tokens = greedy(base.lm_head, hidden).tolist() if greedy else []  # one device sync
+        tokens = pick(base.lm_head, hidden, None).tolist() if pick else []  # one device sync
     return kv, hidden, features, tokens
+
+
+def choose(head: torch.nn.Module, hidden: torch.Tensor, states: Sequence[DecodeState],
+           drafts: Sequence[Sequence[int]], argmax: torch.Tensor | None = None) -> torch.Tensor:
+    """The verifier's token at every slot of `hidden` ((B, Q, d), or (B, d): one slot per row):
+    greedy rows take the argmax (`argmax`: the fast path's, already computed), exactly the greedy
+    code path; sampled rows take `lossless_tokens` against their `drafts` (no draft: a draw from p)."""
+    rows = [i for i, s in enumerate(states) if not s.sampling.greedy]
+    if not rows:
+        return head(hidden).argmax(-1) if argmax is None else argmax
+    if argmax is None:
+        logits = head(hidden)
+        argmax, logits = logits.argmax(-1), logits[rows]
+    else:  # the fast path: only the sampled rows' logits, from its hidden states
+        logits = head(hidden[rows])
+    tokens = lossless_tokens(logits.reshape(len(rows), -1, logits.shape[-1]),
+                             [states[i].sampling for i in rows], [drafts[i] for i in rows],
+                             [len(states[i].new_tokens) for i in rows])
+    index = torch.tensor(rows, device=argmax.device)
+    return argmax.index_put((index,), tokens.reshape(len(rows), *argmax.shape[1:]))
 
 
 def _commit(state: DecodeState, tokens: Sequence[int]) -> list[int]:
@@ -94,18 +123,24 @@ def _as_list(tokens: Sequence[int] | torch.Tensor) -> list[int]:
 
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
-            eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
-    """A new request's state: one verifier forward over the prompt commits the first token;
-    `feature_layers`: the verifier hidden states every forward keeps in `state.features`."""
-    return prefill_rows(model, [prompt_ids], [max_new_tokens], eos_ids, feature_layers)[0]
+            eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = (),
+            sampling: SamplingParams = GREEDY) -> DecodeState:
+    """A new request's state: one verifier forward over the prompt commits the first token
+    (its argmax, or a draw from p under `sampling`); `feature_layers`: the verifier hidden
+    states every forward keeps in `state.features`."""
+    return prefill_rows(model, [prompt_ids], [max_new_tokens], eos_ids, feature_layers, [sampling])[0]
 
 
 @torch.inference_mode()
 def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Sequence[int], eos_ids: Sequence[int] = (),
-                 feature_layers: Sequence[int] = ()) -> list[DecodeState]:
-    """`prefill` of several requests in one batched forward (prompts of any lengths)."""
-    states = [new_state(model, p, n, eos_ids, feature_layers) for p, n in zip(prompts, max_new_tokens)]
+                 feature_layers: Sequence[int] = (),
+                 sampling: Sequence[SamplingParams] | None = None) -> list[DecodeState]:
+    """`prefill` of several requests in one batched forward (prompts of any lengths; `sampling`:
+    one per prompt, None: all greedy)."""
+    sampling = sampling or [GREEDY] * len(prompts)
+    states = [new_state(model, p, n, eos_ids, feature_layers, s)
+              for p, n, s in zip(prompts, max_new_tokens, sampling)]
     live = [s for s in states if not s.done]
     if not live:
         return states
@@ -113,8 +148,9 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
     start = clock.now()
     lasts = torch.tensor([len(s.tokens) - 1 for s in live], device=live[0].device)
     rows = torch.arange(len(live), device=live[0].device)
+    no_drafts = [[]] * len(live)
     kv, hidden, features, firsts = _forward(model, live, [s.tokens for s in live], "prefill",
-                                            lambda head, h: head(h[rows, lasts]).argmax(-1))
+                                            lambda head, h, _: choose(head, h[rows, lasts], live, no_drafts))
     kv.commit([len(s.tokens) for s in live])
     end = clock.now()
     for i, (state, first) in enumerate(zip(live, firsts)):
@@ -127,8 +163,10 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
 
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
-              eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = ()) -> DecodeState:
-    """A request's state before any forward: `prompt_ids` committed, an empty cache."""
+              eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = (),
+              sampling: SamplingParams = GREEDY) -> DecodeState:
+    """A request's state before any forward: `prompt_ids` committed, an empty cache; a sampled
+    request without a seed gets a random one (`state.sampling.seed`)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; pass at least one token id (e.g. the chat-template prompt)")
     if max_new_tokens < 0:
@@ -139,12 +177,13 @@ def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
         eos_ids=frozenset(eos_ids), cache=RowCache.empty(device),
         forwards=ForwardLog(Clock(device)), device=device, done=max_new_tokens == 0,
-        feature_layers=tuple(feature_layers),
+        feature_layers=tuple(feature_layers), sampling=sampling.resolved(),
     )
 
 
 def accepted_prefix(draft: Sequence[int], preds: Sequence[int]) -> int:
-    """Length of the longest prefix of `draft` equal to the verifier's greedy tokens `preds`."""
+    """Length of the longest prefix of `draft` equal to the verifier's tokens `preds` (`choose`'s:
+    a sampled row's token differs from the draft token exactly where the rule rejected it)."""
     n = 0
     for d, p in zip(draft, preds):
         if d != p:
@@ -157,8 +196,10 @@ def accepted_prefix(draft: Sequence[int], preds: Sequence[int]) -> int:
 def verify(model: torch.nn.Module, state: DecodeState,
            draft: Sequence[int] | torch.Tensor) -> VerifyResult:
     """The verify-and-accept step: one verifier forward over [last committed token, draft]
-    (k + 1 positions), greedy argmax, accept the longest matching prefix plus the bonus token,
-    keep the cache at the committed length, commit into `state`."""
+    (k + 1 positions), the verifier's token at each (`choose`: argmax, or the lossless sampling
+    rule), accept the longest matching prefix plus the verifier's token after it (the bonus, or
+    the replacement of the first rejected draft token), keep the cache at the committed length,
+    commit into `state`."""
     return verify_rows(model, [state], [draft])[0]
 
 
@@ -172,12 +213,12 @@ def verify_rows(model: torch.nn.Module, states: Sequence[DecodeState],
         if state.done:
             raise ValueError("verify() on a finished request (state.done is True); start a new one")
     drafted = [_as_list(d) for d in drafts]
-    kv, hidden, features, greedy = _forward(
+    kv, hidden, features, picked = _forward(
         model, states, [s.tokens[-1:] + d for s, d in zip(states, drafted)], "verify",
-        lambda head, h: head(h).argmax(-1), fast)
+        lambda head, h, argmax: choose(head, h, states, drafted, argmax), fast)
     results, kept_slots = [], []
     for i, (state, draft) in enumerate(zip(states, drafted)):
-        preds = greedy[i][: len(draft) + 1]
+        preds = picked[i][: len(draft) + 1]
         accepted = accepted_prefix(draft, preds)
         kept_slots.append(accepted + 1)
         state.hidden = row_entries(hidden, i, 0, accepted + 1)

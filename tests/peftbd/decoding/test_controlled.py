@@ -103,3 +103,13 @@ def test_the_oracle_names_a_prompt_it_does_not_know(setup, rows, eos):
     drafter = ControlledDrafter(inner["peftbd"], AcceptanceProfile.with_mean(2.0, 8), oracle)
     with pytest.raises(KeyError, match="greedy AR output"):
         SpeculativeDecoder(model, drafter, eos, 8).decode(rows[0] + [5])
+
+
+def test_controlled_acceptance_refuses_a_sampled_request(setup, rows, eos):
+    from peftbd.decoding import SamplingParams
+
+    model, inner, oracle, _ = setup
+    drafter = ControlledDrafter(inner["peftbd"], AcceptanceProfile.with_mean(2.0, 8), oracle)
+    with pytest.raises(ValueError, match="temperature 0"):
+        SpeculativeDecoder(model, drafter, eos, 8).decode_many(
+            [rows[0]], 1, sampling=SamplingParams(temperature=1.0, seed=0))
