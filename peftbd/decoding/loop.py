@@ -9,7 +9,7 @@ import torch
 
 from peftbd.decoding.drafter import Drafter, NoDrafter
 from peftbd.decoding.metrics import DecodeResult
-from peftbd.decoding.sampling import SamplingParams, per_request
+from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import FastVerify
 from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
@@ -50,20 +50,13 @@ class SpeculativeDecoder:
         a sampled request without a seed gets a random one, in `state.sampling.seed`)."""
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
                               self.eos_ids, self.drafter.feature_layers,
-                              per_request(sampling, len(prompts)))
+                              per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"))
         for state in states:
             self.drafter.start(state)
         return states
 
     def _budgets(self, n: int, max_new_tokens: int | Sequence[int] | None) -> list[int]:
-        if max_new_tokens is None:
-            return [self.max_new_tokens] * n
-        if isinstance(max_new_tokens, int):
-            return [max_new_tokens] * n
-        if len(max_new_tokens) != n:
-            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} budgets for {n} prompts; "
-                             "pass one int, or one budget per prompt")
-        return list(max_new_tokens)
+        return per_request(max_new_tokens, n, self.max_new_tokens, int, "max_new_tokens")
 
     def propose(self, state: DecodeState) -> torch.Tensor:
         """The drafter's block for the next round, never longer than the budget can use."""
@@ -126,7 +119,7 @@ class SpeculativeDecoder:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; decoding.batch_sizes entries must be >= 1")
         budgets = self._budgets(len(prompts), max_new_tokens)
-        params = per_request(sampling, len(prompts))
+        params = per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling")
         queue = list(zip(range(len(prompts)), prompts, budgets, params))[::-1]
         running: list[tuple[int, DecodeState]] = []
         results: list[DecodeResult | None] = [None] * len(prompts)

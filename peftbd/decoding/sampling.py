@@ -25,6 +25,7 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
@@ -69,16 +70,20 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def per_request(sampling: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
-    """One `SamplingParams` per request from None (greedy), one for all, or one each."""
-    if sampling is None:
-        return [GREEDY] * n
-    if isinstance(sampling, SamplingParams):
-        return [sampling] * n
-    if len(sampling) != n:
-        raise ValueError(f"sampling has {len(sampling)} entries for {n} prompts; pass one "
-                         "SamplingParams, or one per prompt")
-    return list(sampling)
+T = TypeVar("T")
+
+
+def per_request(value: T | Sequence[T] | None, n: int, default: T, one: type, name: str) -> list[T]:
+    """One `value` per request of `n` from None (`default`), one for all (an instance of `one`),
+    or one each; `name` (the argument) in the error for a list of the wrong length."""
+    if value is None:
+        return [default] * n
+    if isinstance(value, one):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{name} has {len(value)} entries for {n} prompts; pass one "
+                         f"{one.__name__}, or one per prompt")
+    return list(value)
 
 
 def target_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
