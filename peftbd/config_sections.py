@@ -20,6 +20,7 @@ Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or
 ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
 Method = Literal["ar", "peft-bd", "fastmtp", "peft-bd-head"]  # peftbd.serving.schemas.METHODS
+DrafterSync = Literal["ship", "forward"]  # peftbd.serving.models.SHIPPED
 Placement = Literal[  # jobs.placement.placement_options
     "colocated", "split", "split-cross-node", "split-same-node", "split-fractional-gpu",
 ]
@@ -218,6 +219,11 @@ class ServingConfig:
     # split: requests are dealt into this many groups, each moving in lockstep; with 2+ the
     # Drafter drafts one group while the Verifier verifies another (1: all in lockstep)
     split_groups: int = 2
+    # split: how a Drafter catches a request up with what the Verifier committed. ship: the
+    # Verifier sends the state the drafter reads (PEFT-BD: the KV of the positions it cached;
+    # FastMTP: their final hidden states); forward: the Drafter runs its own verifier forward
+    # over them. The block-diffusion head always takes the Verifier's features.
+    drafter_sync: DrafterSync = "ship"
     round_retries: int = 2  # a round whose replica died is retried this often elsewhere
     recovery_timeout_s: float = 120.0  # how long a retried round waits for a live replica
     replica_num_cpus: float = 1.0

@@ -21,7 +21,14 @@ from ray.serve.handle import DeploymentHandle
 
 from peftbd.config import ServingConfig
 from peftbd.serving.gather import Gather
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
+from peftbd.serving.messages import (
+    PrefillItem,
+    PrefillReply,
+    ProposeItem,
+    ProposeReply,
+    VerifyItem,
+    VerifyReply,
+)
 from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
 from peftbd.serving.validation import GenerationSpec
 
@@ -111,7 +118,7 @@ class _Shards:
         return self.handle.options(session_id=self.key(session_id))
 
 
-Reply = tuple[dict[str, Any], float, int]
+Reply = tuple[PrefillReply | ProposeReply | VerifyReply, float, int]
 """A batched call's reply for one item: (the reply, the item's share of the call's transport
 ms, the items the call carried)."""
 
@@ -181,7 +188,7 @@ class SplitBackend:
             handle, batch = target.handle.options(session_id=key), [items[i] for i in idx]
             replies, wall = await self.retry.call(
                 target.name, lambda: getattr(handle, method).remote(batch))
-            share = max(wall - replies[0]["handler_ms"], 0.0) / len(idx)
+            share = max(wall - replies[0].handler_ms, 0.0) / len(idx)
             return [(reply, share, len(idx)) for reply in replies]
 
         out: list[Reply | BaseException] = [None] * len(items)  # type: ignore[list-item]
@@ -216,12 +223,12 @@ class SplitBackend:
             course.move(None if event.done else ("to", first))
             yield event
             while not event.done:
-                proposal, draft_share, features = None, 0.0, reply["features"]
+                proposal, draft_share, shipped = None, 0.0, reply.shipped
                 if spec.method != "ar":
                     proposal, draft_share, _ = await self._call("propose", ProposeItem(
-                        sid, committed, len(prompt), budget, spec.method, features), course)
+                        sid, committed, len(prompt), budget, spec.method, shipped), course)
                     course.move(("to", "verify"))
-                draft = proposal["draft"] if proposal else []
+                draft = proposal.draft if proposal else []
                 reply, verify_share, n = await self._call("verify", VerifyItem(
                     sid, committed, len(prompt), budget, draft, spec.method), course)
                 event = split_round(proposal, draft_share, reply, verify_share, n)

@@ -15,7 +15,14 @@ from typing import Any
 
 from ray import serve
 
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
+from peftbd.serving.messages import (
+    PrefillItem,
+    PrefillReply,
+    ProposeItem,
+    ProposeReply,
+    VerifyItem,
+    VerifyReply,
+)
 from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.schemas import METHODS
@@ -72,9 +79,9 @@ class Drafter(_ModelReplica):
 
     methods = tuple(m for m in METHODS if m != "ar")
 
-    def propose_batch(self, items: list[ProposeItem]) -> list[dict[str, Any]]:
-        """Catch each request up with its `committed` (the head: with the verifier's features,
-        no forward) and draft its next block: one batched draft per method."""
+    def propose_batch(self, items: list[ProposeItem]) -> list[ProposeReply]:
+        """Catch each request up with its `committed` (with what the Verifier shipped, no
+        forward; `serving.drafter_sync`) and draft its next block: one batched draft per method."""
         return self.decoder.propose_batch(items)
 
 
@@ -85,12 +92,12 @@ class Verifier(_ModelReplica):
 
     methods = ("ar",)
 
-    def prefill_batch(self, items: list[PrefillItem]) -> list[dict[str, Any]]:
+    def prefill_batch(self, items: list[PrefillItem]) -> list[PrefillReply]:
         """Start requests; commits each one's first token (with the features its drafter
         reads): one batched prefill."""
         return self.decoder.prefill_batch(items)
 
-    def verify_batch(self, items: list[VerifyItem]) -> list[dict[str, Any]]:
+    def verify_batch(self, items: list[VerifyItem]) -> list[VerifyReply]:
         """Verify each draft after its `committed`; commits its accepted prefix plus the bonus
-        token: one batched verify."""
+        token and ships what the request's drafter reads of it: one batched verify."""
         return self.decoder.verify_batch(items)

@@ -154,7 +154,7 @@ COLUMNS = [
     ("draft ms", "draft_ms_per_round"), ("sync ms", "sync_ms_per_round"),
     ("verify ms", "verify_ms_per_round"), ("other ms", "other_ms_per_round"),
     ("transport ms", "transport_ms_per_round"), ("draft/verify cost", "draft_over_verify"),
-    ("transport share", "transport_share"), ("feature bytes/token", "feature_bytes_per_token"),
+    ("transport share", "transport_share"), ("shipped bytes/token", "feature_bytes_per_token"),
 ]
 
 
@@ -180,9 +180,10 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
              "(plus any state rebuild); other = the rest of the replica-side work; transport = "
              "the ingress's wall time of its remote calls minus all replica-side time. "
              "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
-             "(HTTP and ingress included). feature bytes/token = the verifier features a split "
-             "peft-bd-head drafter received (instead of a sync forward) per completion token, the "
-             "prefill's included; 0 elsewhere."]
+             "(HTTP and ingress included). shipped bytes/token = the verifier state a split "
+             "drafter received instead of running a catch-up forward (the head's features, "
+             "FastMTP's final hidden states, PEFT-BD's KV: serving.drafter_sync ship) per "
+             "completion token, the head's prefill features included; 0 colocated."]
     if concurrency:
         rows = [[r["placement"], r["method"], *(_fmt(r.get(k)) for _, k in CONCURRENCY_COLUMNS),
                  busy_words(r.get("busy", {}))] for r in concurrency]

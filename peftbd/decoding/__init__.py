@@ -24,7 +24,7 @@ from peftbd.decoding.verify import (
     VerifyResult,
     advance,
     advance_rows,
-    advance_with_features,
+    advance_shipped,
     new_state,
     prefill,
     prefill_rows,
@@ -35,7 +35,7 @@ from peftbd.decoding.verify import (
 __all__ = [
     "BDHeadDrafter", "DecodeResult", "DecodeState", "Drafter", "MTPDrafter", "Mismatch", "NoDrafter",
     "PeftBDDrafter", "RaggedKV", "RoundMetrics", "RowCache", "SamplingParams", "SpeculativeDecoder",
-    "VerifyResult", "advance", "advance_rows", "advance_with_features", "audit_summary", "compare",
+    "VerifyResult", "advance", "advance_rows", "advance_shipped", "audit_summary", "compare",
     "decode", "greedy_audit", "new_state", "prefill", "prefill_rows", "result_of", "summarize",
     "verify", "verify_rows",
 ]

@@ -192,6 +192,22 @@ class RowCache:
         n, r = self.get_seq_length(), self.row
         return [(k[r : r + 1, :, :n], v[r : r + 1, :, :n]) for k, v in zip(self.kv.keys, self.kv.values)]
 
+    def append(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Commit q more positions to this row from another cache's keys and values: per layer
+        (1, heads, q, head_dim), the first len(layers) layers (deeper ones fall behind)."""
+        kv, r, n = self.kv, self.row, self.get_seq_length()
+        q = layers[0][0].shape[2]
+        for idx, (key, value) in enumerate(layers):
+            if idx == len(kv.keys):
+                shape = (kv.size, key.shape[1], max(_MIN_CAPACITY, 2 * (n + q)), key.shape[3])
+                kv.keys.append(key.new_zeros(shape))
+                kv.values.append(value.new_zeros(shape))
+            if n + q > kv.keys[idx].shape[2]:
+                kv._grow(idx, 2 * (n + q))
+            kv.keys[idx][r, :, n : n + q] = key[0].to(kv.keys[idx].dtype)
+            kv.values[idx][r, :, n : n + q] = value[0].to(kv.values[idx].dtype)
+        kv.commit([q if i == r else 0 for i in range(kv.size)])
+
 
 def pack(caches: Sequence[RowCache]) -> RaggedKV:
     """One `RaggedKV` whose rows 0..B-1 are `caches` (see module doc): theirs when they already

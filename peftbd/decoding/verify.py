@@ -2,8 +2,8 @@
 
 All three run the verifier (adapter OFF) over the tokens not yet in the cache, with explicit
 positions, and keep the cache invariant of `DecodeState`: after each call the cache holds the
-verifier KV of every committed token but the last. `advance_with_features` is the exception a
-split drafter that reads only verifier features uses: it commits without a forward. The token
+verifier KV of every committed token but the last. `advance_shipped` is the exception a split
+drafter uses when the verifier's process ships what it reads: it commits without a forward. The token
 the verifier picks at a slot is its argmax for a greedy request and the lossless sampling rule
 (`peftbd.decoding.sampling`) for a sampled one (`choose`), rows of both in one batch.
 """
@@ -264,17 +264,30 @@ def advance_rows(model: torch.nn.Module, states: Sequence[DecodeState],
     return kept
 
 
-def advance_with_features(state: DecodeState, new_tokens: Sequence[int],
-                          features: torch.Tensor) -> list[int]:
-    """`advance` without a forward, for a drafter that reads only `state.features`
-    (`kv_layers == 0`, the block-diffusion head): commit tokens another process verified and take
-    `features` (1, n, m*d), the verifier features that process computed for the n positions its
-    forward added to its cache, as this round's `state.features`. `state.cache` and `hidden` fall
-    behind (`hidden` becomes None): such a state may draft but never verify."""
+@torch.inference_mode()
+def advance_shipped(state: DecodeState, new_tokens: Sequence[int], *,
+                    features: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                    kv: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[int]:
+    """`advance` without a forward: commit tokens another process verified and take what that
+    process's verify computed for the n positions it added to its cache, which is what this
+    state's drafter reads:
+
+    - `features` (1, n, m*d), the verifier features (the block-diffusion head, `kv_layers == 0`)
+      or `hidden` (1, n, d), its final hidden states (FastMTP): `state.cache` falls behind;
+    - `kv`, per layer (1, heads, n, head_dim) keys and values (PEFT-BD): appended to
+      `state.cache`, so a forward catch-up can follow later; `hidden` becomes None.
+
+    Such a state may draft but never verify."""
     if state.done:
-        raise ValueError("advance_with_features() on a finished request (state.done is True)")
+        raise ValueError("advance_shipped() on a finished request (state.done is True)")
     if len(new_tokens) == 0:
-        raise ValueError("advance_with_features() got no new_tokens; pass what a verify committed")
+        raise ValueError("advance_shipped() got no new_tokens; pass what a verify committed")
     kept = _commit(state, new_tokens)
-    state.hidden, state.features = None, features.to(state.device)
+    if kv is not None:
+        if kv[0][0].shape[2] != len(kept):
+            raise ValueError(f"the shipped KV covers {kv[0][0].shape[2]} positions, the verify "
+                             f"committed {len(kept)} tokens: they must match")
+        state.cache.append(kv)
+    state.hidden = hidden if hidden is None else hidden.to(state.device)
+    state.features = features if features is None else features.to(state.device)
     return kept

@@ -1,12 +1,13 @@
-"""The typed items a batched split call carries, one per request (plain data: they cross Ray
-hops pickled). Each carries the committed tokens, the ingress's truth, so any replica can
-rebuild a request it does not hold; replies stay plain dicts (see `ReplicaDecoder`)."""
+"""The typed items a batched split call carries, one per request, and the typed replies (plain
+data: they cross Ray hops pickled). Each item carries the committed tokens, the ingress's truth,
+so any replica can rebuild a request it does not hold. Times in a reply are the replica's (its
+engine clock); `handler_ms` is the whole batched call's, which every item waited for."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peftbd.serving.features import FeatureBlock
+from peftbd.serving.features import Shipped
 
 
 @dataclass(frozen=True)
@@ -21,15 +22,15 @@ class PrefillItem:
 
 @dataclass(frozen=True)
 class ProposeItem:
-    """Draft the next block after `committed`; `features`: the verifier features of the last
-    prefill / verify reply (the block-diffusion head), else None."""
+    """Draft the next block after `committed`; `shipped`: what the last prefill / verify reply
+    shipped for this request's drafter (`peftbd.serving.features`), else None."""
 
     session_id: str
     committed: list[int]
     prompt_len: int
     max_new_tokens: int
     method: str
-    features: FeatureBlock | None = None
+    shipped: Shipped = None
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,46 @@ class VerifyItem:
     max_new_tokens: int
     draft: list[int]
     method: str = "ar"
+
+
+@dataclass(frozen=True)
+class PrefillReply:
+    """A started request: the token(s) its prefill committed; `shipped`: the prompt positions'
+    state its drafter reads when it can start from it (the head's features), else None."""
+
+    tokens: list[int]
+    done: bool
+    finish_reason: str | None
+    prefill_ms: float
+    shipped: Shipped = None
+    handler_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProposeReply:
+    """A draft; `sync_ms`: catching the drafter's state up first (a forward, or taking what the
+    verifier shipped); `resumed`: the state was rebuilt past the first round."""
+
+    draft: list[int]
+    draft_ms: float
+    sync_ms: float
+    resumed: bool
+    handler_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class VerifyReply:
+    """A verify: what it committed (`tokens`: the accepted prefix plus the bonus), how much of
+    the draft it accepted; `shipped`: the state of the positions it cached that the request's
+    drafter reads (`serving.drafter_sync: ship`), else None."""
+
+    tokens: list[int]
+    proposed: int
+    accepted: int
+    done: bool
+    finish_reason: str | None
+    verify_ms: float
+    sync_ms: float
+    resumed: bool
+    shipped: Shipped = None
+    handler_ms: float = 0.0

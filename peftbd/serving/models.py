@@ -38,6 +38,8 @@ class ServingModels:
     taps: dict[str, SpeculativeDecoder]
     """Per method whose drafter reads verifier features: a drafter-less decoder over the same
     verifier whose forwards keep them (`FeatureTap`), for a split verifier replica."""
+    shipped: dict[str, str]
+    """Per method, what a split verifier ships its drafter each round (`SHIPPED`), when it does."""
 
     def decoder(self, method: str) -> SpeculativeDecoder:
         """The decoder of `method`; a method this replica did not load is a clear error."""
@@ -51,6 +53,11 @@ class ServingModels:
         """What a split verifier replica runs for a request of `method`: greedy AR, keeping the
         verifier features that method's remote drafter reads (none for most methods)."""
         return self.taps.get(method) or self.decoder("ar")
+
+
+SHIPPED = {"peft-bd-head": "features", "fastmtp": "hidden", "peft-bd": "kv"}
+"""What a split verifier ships each method's drafter (`peftbd.serving.features`): the head
+always; the others under `serving.drafter_sync: ship`."""
 
 
 class FeatureTap(NoDrafter):
@@ -128,7 +135,10 @@ def load_serving_models(
         decoders[method] = SpeculativeDecoder(model, drafter, eos, budget)
     layers = head_feature_layers(cfg, verifier.config, head_dir)
     taps = {"peft-bd-head": SpeculativeDecoder(model, FeatureTap(layers), eos, budget)}
-    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device), taps=taps)
+    shipped = {m: kind for m, kind in SHIPPED.items()
+               if kind == "features" or cfg.serving.drafter_sync == "ship"}
+    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device), taps=taps,
+                         shipped=shipped)
 
 
 def _head(arg: str, head_dir: str | Path | None, seed: int, load, build) -> torch.nn.Module:

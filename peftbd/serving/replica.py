@@ -1,4 +1,5 @@
-"""The compute behind every serving replica, as plain-data calls (typed items in, dicts out).
+"""The compute behind every serving replica, as plain-data calls (typed items in, typed replies
+out: `peftbd.serving.messages`).
 
 - colocated: `rounds` / `arounds` stream one request's steps (prefill, then rounds) from the
   replica's step loop (`peftbd.serving.batcher.StepLoop`), which decodes the concurrent requests
@@ -7,9 +8,10 @@
   `verify_batch`, each over a list of per-request items (`peftbd.serving.messages`): the items
   of one method share one batched catch-up and one batched draft / verify forward. Each item
   carries the committed tokens, and a request's session is reused only when it agrees with them
-  (else rebuilt: a `resume`, batched too). For a drafter that reads verifier features (the
-  block-diffusion head), the verifier's replies carry the features of the positions it cached
-  (`FeatureBlock`) and the next propose takes them instead of running the verifier itself.
+  (else rebuilt: a `resume`, batched too). The verifier's replies ship what the request's
+  drafter reads of the positions it cached (`peftbd.serving.features`: the head's features,
+  FastMTP's final hidden states, PEFT-BD's KV) and the next propose takes them instead of
+  running the verifier itself (`serving.drafter_sync`).
 
 One lock serializes model work: the PEFT-BD adapter switch is model-wide, so two batched calls
 (or a call and the step loop) must never run forwards at the same time in one replica. Times
@@ -20,15 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_with_features
+from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
 from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.busy_lock import BusyLock
-from peftbd.serving.features import FeatureBlock
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
+from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock, Shipped
+from peftbd.serving.messages import (
+    PrefillItem,
+    PrefillReply,
+    ProposeItem,
+    ProposeReply,
+    VerifyItem,
+    VerifyReply,
+)
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.sessions import Session, SessionStore, from_features, resume_many
@@ -94,19 +104,18 @@ class ReplicaDecoder:
 
     # split: drafter side -------------------------------------------------------------------
 
-    def propose_batch(self, items: Sequence[ProposeItem]) -> list[dict[str, Any]]:
-        """Per item {draft, draft_ms, sync_ms, handler_ms, resumed}: catch each session up with
-        its newly committed tokens (one batched adapter-off forward per method, `advance_rows`;
-        none for a drafter that reads verifier features, whose items carry them), then one
-        batched draft per method."""
+    def propose_batch(self, items: Sequence[ProposeItem]) -> list[ProposeReply]:
+        """Catch each request up with its `committed` (taking what the verifier shipped, or one
+        batched adapter-off forward per method, `advance_rows`), then one batched draft per
+        method."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[dict[str, Any]] = [{} for _ in items]
+        replies: list[ProposeReply | None] = [None] * len(items)
         with self.lock:
             for method, idx in _by([it.method for it in items]).items():
                 dec, group = self.models.decoder(method), [items[i] for i in idx]
                 for it in group:
-                    _check_layers(dec, it.features)
+                    _check_layers(dec, it.shipped)
                 sync_start = clock.now()
                 sessions, resumed = self._catch_up(dec, group)
                 draft_start = clock.now()
@@ -114,37 +123,46 @@ class ReplicaDecoder:
                 end = clock.now()
                 for i, sess, draft, r in zip(idx, sessions, drafts, resumed):
                     sess.proposed_at = len(sess.state.tokens)
-                    replies[i] = {"draft": draft[0].tolist(), "draft_ms": (end - draft_start) * 1e3,
-                                  "sync_ms": (draft_start - sync_start) * 1e3, "resumed": r}
+                    replies[i] = ProposeReply(draft[0].tolist(), (end - draft_start) * 1e3,
+                                              (draft_start - sync_start) * 1e3, r)
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, (clock.now() - start) * 1e3)
 
     def _catch_up(self, dec: SpeculativeDecoder,
                   items: Sequence[ProposeItem]) -> tuple[list[Session], list[bool]]:
-        """Each item's session brought up to its `committed` (reused, or rebuilt: from the
-        prefill's features without a forward, else by one batched `resume_many`), and whether
-        it was a rebuild past the first round."""
+        """Each item's session brought up to its `committed`: with what the verifier shipped for
+        exactly the positions cached since its last round (no forward), else by one batched
+        forward, else (a new, lost or stale session, or one whose verifier cache fell behind)
+        rebuilt: from the prefill's features without a forward, or by one batched
+        `resume_many`. Also whether each was a rebuild past the first round."""
         sessions: list[Session | None] = [self.sessions.get(it.session_id) for it in items]
         behind, rebuild = [], []
         for i, (it, sess) in enumerate(zip(items, sessions)):
-            if not _reusable(dec, sess, it):
+            if sess is None or not _extends(sess, it.committed):
                 rebuild.append(i)
                 continue
             state, new = sess.state, it.committed[len(sess.state.tokens):]
-            if new and dec.drafter.feature_layers:
-                advance_with_features(state, new, it.features.decode(state.device))
-            elif new:
+            block = it.shipped
+            if not new:
+                continue
+            if block is not None and block.covers(len(state.tokens) - 1, len(it.committed) - 1):
+                advance_shipped(state, new, **_taken(block, state.device, dec.drafter.kv_layers))
+                sess.cache_behind |= not isinstance(block, KVBlock)
+            elif sess.cache_behind:
+                rebuild.append(i)
+            else:
                 behind.append(i)
         if behind:  # early exit syncs only its k layers
             advance_rows(dec.model, [sessions[i].state for i in behind],
                          [items[i].committed[len(sessions[i].state.tokens):] for i in behind],
                          layers=dec.drafter.kv_layers)
-        featured = [i for i in rebuild if items[i].features is not None
-                    and items[i].features.covers(0, len(items[i].committed) - 1)]
+        featured = [i for i in rebuild if isinstance(items[i].shipped, FeatureBlock)
+                    and items[i].shipped.layers != FINAL_HIDDEN
+                    and items[i].shipped.covers(0, len(items[i].committed) - 1)]
         for i in featured:  # the prefill's features of every cached position: no forward
             it = items[i]
             sessions[i] = Session(from_features(dec, it.committed, it.prompt_len,
-                                                it.max_new_tokens, it.features))
+                                                it.max_new_tokens, it.shipped), cache_behind=True)
         resumed = [i for i in rebuild if i not in featured]
         for i, state in zip(resumed, self._resume(dec, [items[i] for i in resumed])):
             sessions[i] = Session(state)
@@ -165,13 +183,12 @@ class ReplicaDecoder:
 
     # split: verifier side ------------------------------------------------------------------
 
-    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[dict[str, Any]]:
-        """Start requests (one batched prefill per verifier decoder): per item {tokens, done,
-        finish_reason, prefill_ms, handler_ms, features}; `features` are the prompt positions'
-        when the request's drafter reads them, else None."""
+    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[PrefillReply]:
+        """Start requests (one batched prefill per verifier decoder); a request whose drafter
+        reads verifier features gets those of every prompt position."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[dict[str, Any]] = [{} for _ in items]
+        replies: list[PrefillReply | None] = [None] * len(items)
         decs = [self.models.verifier_decoder(it.method) for it in items]
         with self.lock:
             for dec, idx in _by(decs).items():
@@ -181,21 +198,18 @@ class ReplicaDecoder:
                 for i, state in zip(idx, states):
                     if not state.done:
                         self.sessions.put(items[i].session_id, Session(state))
-                    replies[i] = {"tokens": state.new_tokens, "done": state.done,
-                                  "finish_reason": finish_reason(state),
-                                  "prefill_ms": state.prefill_s * 1e3,
-                                  "features": _reply_features(state)}
+                    replies[i] = PrefillReply(state.new_tokens, state.done, finish_reason(state),
+                                              state.prefill_s * 1e3, _features(state))
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, (clock.now() - start) * 1e3)
 
-    def verify_batch(self, items: Sequence[VerifyItem]) -> list[dict[str, Any]]:
+    def verify_batch(self, items: Sequence[VerifyItem]) -> list[VerifyReply]:
         """Verify each item's draft after its `committed` (one batched forward per verifier
-        decoder): per item {tokens, proposed, accepted, done, finish_reason, verify_ms, sync_ms,
-        handler_ms, resumed, features}; a session is dropped once its request is done.
-        `features`: as in `prefill_batch`, of the positions this verify cached."""
+        decoder); a session is dropped once its request is done. Each reply ships what the
+        request's drafter reads of the positions this verify cached (`ServingModels.shipped`)."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[dict[str, Any]] = [{} for _ in items]
+        replies: list[VerifyReply | None] = [None] * len(items)
         decs = [self.models.verifier_decoder(it.method) for it in items]
         with self.lock:
             for dec, idx in _by(decs).items():
@@ -215,12 +229,11 @@ class ReplicaDecoder:
                 for j, (i, sess, result) in enumerate(zip(idx, sessions, results)):
                     if result.done:
                         self.sessions.drop(items[i].session_id)
-                    replies[i] = {"tokens": result.tokens, "proposed": result.proposed,
-                                  "accepted": result.accepted, "done": result.done,
-                                  "finish_reason": finish_reason(sess.state),
-                                  "verify_ms": (end - verify_start) * 1e3,
-                                  "sync_ms": (verify_start - sync_start) * 1e3,
-                                  "resumed": j in lost, "features": _reply_features(sess.state)}
+                    kind = self.models.shipped.get(items[i].method)
+                    replies[i] = VerifyReply(
+                        result.tokens, result.proposed, result.accepted, result.done,
+                        finish_reason(sess.state), (end - verify_start) * 1e3,
+                        (verify_start - sync_start) * 1e3, j in lost, _shipped(sess.state, kind))
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, (clock.now() - start) * 1e3)
 
@@ -239,14 +252,15 @@ def _event(item: RoundEvent | BaseException) -> RoundEvent:
     return item
 
 
-def _stamp(replies: list[dict[str, Any]], handler_ms: float) -> list[dict[str, Any]]:
+Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
+
+
+def _stamp(replies: list[Reply], handler_ms: float) -> list[Reply]:
     """Every reply of a batched call carries the whole call's handler time."""
-    for reply in replies:
-        reply["handler_ms"] = handler_ms
-    return replies
+    return [dataclasses.replace(reply, handler_ms=handler_ms) for reply in replies]
 
 
-def _reply_features(state: DecodeState) -> FeatureBlock | None:
+def _features(state: DecodeState) -> FeatureBlock | None:
     """The features of the positions the last forward added to `state.cache`, for the remote
     drafter's next `propose` (None when the request keeps none or is done)."""
     if state.features is None or state.done:
@@ -255,25 +269,38 @@ def _reply_features(state: DecodeState) -> FeatureBlock | None:
     return FeatureBlock.encode(state.features, state.feature_layers, start)
 
 
-def _check_layers(dec: SpeculativeDecoder, block: FeatureBlock | None) -> None:
-    if block is not None and block.layers != dec.drafter.feature_layers:
+def _shipped(state: DecodeState, kind: str | None) -> Shipped:
+    """What a verify ships the request's drafter (`kind`, `ServingModels.shipped`) of the
+    positions it added to `state.cache`: the head's features, the final hidden states, or every
+    layer's KV (None when the request is done or its drafter is sent nothing)."""
+    if kind is None or state.done:
+        return None
+    if kind == "features":
+        return _features(state)
+    n = state.hidden.shape[1]
+    start = state.cache.get_seq_length() - n
+    if kind == "hidden":
+        return FeatureBlock.encode(state.hidden, FINAL_HIDDEN, start)
+    return KVBlock.encode([(k[:, :, start:], v[:, :, start:]) for k, v in state.cache.committed()],
+                          start)
+
+
+def _taken(block: FeatureBlock | KVBlock, device: Any, kv_layers: int | None) -> dict[str, Any]:
+    """`advance_shipped`'s keyword for a shipped block (KV: the drafter's `kv_layers` first
+    layers, all for None; the verifier ships every layer)."""
+    if isinstance(block, KVBlock):
+        return {"kv": block.decode(device)[:kv_layers]}
+    return {"hidden" if block.layers == FINAL_HIDDEN else "features": block.decode(device)}
+
+
+def _check_layers(dec: SpeculativeDecoder, block: Shipped) -> None:
+    if isinstance(block, FeatureBlock) and block.layers != FINAL_HIDDEN \
+            and block.layers != dec.drafter.feature_layers:
         raise ValueError(
             f"the Verifier sent features of verifier layers {list(block.layers)} but this "
             f"Drafter's {dec.drafter.name} reads {list(dec.drafter.feature_layers)}: deploy both "
             "with the same head_dir (or, untrained, the same head.feature_layers)"
         )
-
-
-def _reusable(dec: SpeculativeDecoder, sess: Session | None, item: ProposeItem) -> bool:
-    """Whether `sess` can be caught up to `item.committed`. A drafter that reads verifier
-    features needs `item.features` to cover exactly the positions cached since the session's
-    last round (else, e.g. a session of an earlier replica several rounds behind: rebuild)."""
-    if sess is None or not _extends(sess, item.committed):
-        return False
-    if not dec.drafter.feature_layers:
-        return True
-    block, n = item.features, len(sess.state.tokens)
-    return block is not None and block.covers(n - 1, len(item.committed) - 1)
 
 
 def _by(keys: Sequence[Any]) -> dict[Any, list[int]]:

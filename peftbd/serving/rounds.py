@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from peftbd.serving.features import feature_bytes
+from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
 from peftbd.serving.schemas import SpecStats
 
 
@@ -21,8 +22,9 @@ class RoundEvent:
     replica-side work); `transport_ms` is the ingress-side wall time of the step minus all of
     those. `resumes` counts replicas that had to rebuild the request's state for this step;
     `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
-    the verifier features the step's verifier reply carried for a split drafter (the
-    block-diffusion head; they cross verifier -> ingress -> drafter), else 0. `batch_size`:
+    the verifier state the step's verifier reply shipped for a split drafter (the head's
+    features, FastMTP's hidden states, PEFT-BD's KV; they cross verifier -> ingress -> drafter),
+    else 0. `batch_size`:
     the requests the step's batched call carried (split: its verify call's).
     """
 
@@ -117,30 +119,30 @@ class RequestStats:
         )
 
 
-def prefill_event(reply: dict[str, Any], transport_ms: float, batch_size: int = 1) -> RoundEvent:
+def prefill_event(reply: PrefillReply, transport_ms: float, batch_size: int = 1) -> RoundEvent:
     """The prefill step of a split request from its verifier `prefill_batch` reply, with the
     request's share of that call's transport."""
     return RoundEvent(
-        tokens=reply["tokens"], other_ms=reply["prefill_ms"], transport_ms=transport_ms,
-        done=reply["done"], prefill=True, finish_reason=reply["finish_reason"],
-        feature_bytes=feature_bytes(reply["features"]), batch_size=batch_size,
+        tokens=reply.tokens, other_ms=reply.prefill_ms, transport_ms=transport_ms,
+        done=reply.done, prefill=True, finish_reason=reply.finish_reason,
+        feature_bytes=feature_bytes(reply.shipped), batch_size=batch_size,
     )
 
 
-def split_round(draft: dict[str, Any] | None, draft_transport_ms: float, verify: dict[str, Any],
+def split_round(draft: ProposeReply | None, draft_transport_ms: float, verify: VerifyReply,
                 verify_transport_ms: float, batch_size: int = 1) -> RoundEvent:
     """One split round from the drafter's `propose_batch` reply (None for greedy AR) and the
     verifier's `verify_batch` reply, with the request's share of each call's transport (the
     call's ingress-side wall time minus its handler time, over the items it carried)."""
-    d = draft or {"draft_ms": 0.0, "sync_ms": 0.0, "handler_ms": 0.0, "resumed": False}
-    handler_ms = d["handler_ms"] + verify["handler_ms"]
-    compute_ms = d["draft_ms"] + d["sync_ms"] + verify["verify_ms"] + verify["sync_ms"]
+    d = draft or ProposeReply([], 0.0, 0.0, False)
+    handler_ms = d.handler_ms + verify.handler_ms
+    compute_ms = d.draft_ms + d.sync_ms + verify.verify_ms + verify.sync_ms
     return RoundEvent(
-        tokens=verify["tokens"], proposed=verify["proposed"], accepted=verify["accepted"],
-        draft_ms=d["draft_ms"], verify_ms=verify["verify_ms"],
-        sync_ms=d["sync_ms"] + verify["sync_ms"], other_ms=max(handler_ms - compute_ms, 0.0),
+        tokens=verify.tokens, proposed=verify.proposed, accepted=verify.accepted,
+        draft_ms=d.draft_ms, verify_ms=verify.verify_ms,
+        sync_ms=d.sync_ms + verify.sync_ms, other_ms=max(handler_ms - compute_ms, 0.0),
         transport_ms=draft_transport_ms + verify_transport_ms,
-        resumes=int(d["resumed"]) + int(verify["resumed"]), done=verify["done"],
-        finish_reason=verify["finish_reason"], feature_bytes=feature_bytes(verify["features"]),
+        resumes=int(d.resumed) + int(verify.resumed), done=verify.done,
+        finish_reason=verify.finish_reason, feature_bytes=feature_bytes(verify.shipped),
         batch_size=batch_size,
     )

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_with_features, new_state
+from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_shipped, new_state
 from peftbd.serving.features import FeatureBlock
 
 
@@ -23,6 +23,9 @@ class Session:
 
     state: DecodeState
     proposed_at: int = -1
+    cache_behind: bool = False
+    """Its verifier cache fell behind (it took shipped features or hidden states): it can catch
+    up only with what the verifier ships, or be rebuilt."""
 
 
 def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
@@ -62,7 +65,7 @@ def from_features(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_
     state = new_state(decoder.model, committed[:-1], max_new_tokens, decoder.eos_ids,
                       decoder.drafter.feature_layers)
     state.prompt_len = prompt_len
-    advance_with_features(state, committed[-1:], block.decode(state.device))
+    advance_shipped(state, committed[-1:], features=block.decode(state.device))
     decoder.drafter.start(state)
     return state
 

@@ -100,6 +100,7 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "training.precision": ("fp16", "'fp32', 'bf16'"),
     "training.zero_stage": ("4", "0, 1, 2, 3"),
     "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp', 'peft-bd-head'"),
+    "serving.drafter_sync": ("mail", "'ship', 'forward'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
 }
 

@@ -47,7 +47,7 @@ def test_head_rows_report_the_feature_bytes_per_token():
     assert summary["split"]["peft-bd-head"]["feature_bytes_per_token"] == pytest.approx(1536)
     assert summary["split"]["fastmtp"]["feature_bytes_per_token"] == 0  # no key: none sent
     table = markdown(summary, {}, [])
-    assert "| split | peft-bd-head |" in table and "feature bytes/token" in table
+    assert "| split | peft-bd-head |" in table and "shipped bytes/token" in table
 
 
 def test_concurrency_rows_use_the_runs_wall_time_and_latency_quantiles():

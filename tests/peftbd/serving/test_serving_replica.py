@@ -71,7 +71,7 @@ def _split(models, prompt, method, lose_at: int | None = None,
     drafter, verifier = drafter or ReplicaDecoder(models, 4), verifier or ReplicaDecoder(models, 4)
     reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, method)])[0]
     event = prefill_event(reply, 5.0)
-    committed, done, resumes, n = list(prompt) + reply["tokens"], reply["done"], 0, 0
+    committed, done, resumes, n = list(prompt) + reply.tokens, reply.done, 0, 0
     steps = [event]
     while not done:
         if n == lose_at:  # as a replaced replica would: no sessions (a release is for good)
@@ -81,10 +81,10 @@ def _split(models, prompt, method, lose_at: int | None = None,
         proposal = None
         if method != "ar":
             proposal = drafter.propose_batch([ProposeItem(
-                "s", committed, len(prompt), MAX_NEW, method, reply["features"])])[0]
+                "s", committed, len(prompt), MAX_NEW, method, reply.shipped)])[0]
             if drafts is not None:
-                drafts.append(proposal["draft"])
-        draft = proposal["draft"] if proposal else []
+                drafts.append(proposal.draft)
+        draft = proposal.draft if proposal else []
         if oracle is not None:
             done_n = len(committed) - len(prompt)
             draft = oracle[done_n:done_n + len(draft)]
@@ -199,28 +199,60 @@ def test_split_head_drafts_from_transported_features_without_a_verifier_forward(
         assert torch.allclose(k0, k1, atol=1e-4) and torch.allclose(v0, v1, atol=1e-4)
 
 
-def test_split_head_drafts_equal_the_colocated_ones(models, prompt, reference):
-    dec, colocated = models.decoder(HEAD), []
+@pytest.mark.parametrize("method", [HEAD, "fastmtp", "peft-bd"])
+def test_split_drafts_from_shipped_state_equal_the_colocated_ones(models, prompt, reference, method):
+    """The Verifier ships what each drafter reads (features, final hidden states, KV): the
+    Drafter runs no verifier forward after its first round, and drafts what colocated does."""
+    dec, colocated = models.decoder(method), []
     state = dec.start(prompt, MAX_NEW)
     while not state.done:
         colocated.append(dec.propose(state)[0].tolist())
         dec.verify(state, colocated[-1])
     split: list = []
-    assert _split(models, prompt, HEAD, drafts=split)[0] == reference
+    drafter = ReplicaDecoder(models, 4)
+    assert _split(models, prompt, method, drafts=split, drafter=drafter, oracle=None)[0] == reference
     assert split == colocated
+    calls = drafter.sessions.get("s").state.forwards.calls  # the head starts from features
+    assert set(calls) == ({"draft"} if method == HEAD else {"prefill", "draft"})
 
 
-def test_feature_bytes_are_counted_for_the_head_only(models, prompt, reference):
-    row = _row_bytes(models)
-    assert row == 2 * 192 * 4  # tiny: m = 2 feature layers, d = 192, float32
+def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, reference):
+    from peftbd.serving.models import load_serving_models
+
+    cfg = dataclasses.replace(tiny_cfg, serving=dataclasses.replace(tiny_cfg.serving,
+                                                                    drafter_sync="forward"))
+    models = load_serving_models(cfg)
+    assert models.shipped == {HEAD: "features"}
+    for method in ("fastmtp", "peft-bd"):
+        events, drafter = [], ReplicaDecoder(models, 4)
+        assert _split(models, prompt, method, drafter=drafter, events=events)[0] == reference
+        assert sum(e.feature_bytes for e in events) == 0
+        assert drafter.sessions.get("s").state.forwards.calls["sync"] == len(events) - 2
+
+
+def _bytes_per_position(models, method: str) -> int:
+    """What the Verifier ships per cached position: the head's m features, FastMTP's final
+    hidden state, PEFT-BD's keys and values of every layer."""
+    c, size = models.model.config, next(models.model.parameters()).element_size()
+    if method == HEAD:
+        return len(models.decoder(HEAD).drafter.feature_layers) * c.hidden_size * size
+    if method == "fastmtp":
+        return c.hidden_size * size
+    return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * size
+
+
+def test_shipped_bytes_are_counted_per_method(models, prompt, reference):
+    assert _bytes_per_position(models, HEAD) == 2 * 192 * 4  # tiny: m = 2, d = 192, float32
     for method in METHODS:
         events: list = []
         _split(models, prompt, method, events=events)
         stats = RequestStats(method)
         for e in events:
             stats.add(e)
-        rows = len(prompt) + sum(len(e.tokens) for e in events[1:] if not e.done)
-        assert stats.summary().feature_bytes == (rows * row if method == HEAD else 0)
+        rounds = sum(len(e.tokens) for e in events[1:] if not e.done)
+        rows = rounds + (len(prompt) if method == HEAD else 0)  # the head starts from features
+        want = 0 if method == "ar" else rows * _bytes_per_position(models, method)
+        assert stats.summary().feature_bytes == want, method
     colocated = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, HEAD))
     assert sum(e.feature_bytes for e in colocated) == 0
 
@@ -254,8 +286,8 @@ def test_split_head_resumes_exactly_after_a_lost_or_stale_drafter_session(models
 def test_features_of_another_head_are_a_clear_error(models, prompt):
     verifier = ReplicaDecoder(models, 4)
     reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, HEAD)])[0]
-    block = dataclasses.replace(reply["features"], layers=(0,))
-    committed = list(prompt) + reply["tokens"]
+    block = dataclasses.replace(reply.shipped, layers=(0,))
+    committed = list(prompt) + reply.tokens
     with pytest.raises(ValueError, match="same head_dir"):
         ReplicaDecoder(models, 4).propose_batch(
             [ProposeItem("s", committed, len(prompt), MAX_NEW, HEAD, block)])
@@ -270,8 +302,18 @@ def test_feature_block_round_trips_in_its_dtype():
         assert (block.nbytes, block.end, block.dtype) == (3 * 8 * x.element_size(), 8,
                                                           str(dtype)[6:])
         assert torch.equal(block.decode(), x)
-    with pytest.raises(ValueError, match="rows x width"):
+    with pytest.raises(ValueError, match="needs 32"):
         dataclasses.replace(block, rows=4).decode()
+
+
+def test_kv_block_round_trips_every_layer():
+    from peftbd.serving.features import KVBlock
+
+    kv = [(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)) for _ in range(5)]
+    block = KVBlock.encode(kv, start=7)
+    assert (block.rows, block.layers, block.end, block.nbytes) == (3, 5, 10, 5 * 2 * 2 * 3 * 4 * 4)
+    for (k0, v0), (k1, v1) in zip(kv, block.decode(), strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
 def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models, prompt, reference,

@@ -86,21 +86,21 @@ def test_split_synthetic_batched_is_exact(models, prompts, references, method):
     ids = [f"r{i}" for i in range(len(prompts))]
     replies = verifier.prefill_batch([PrefillItem(i, p, MAX_NEW, method)
                                       for i, p in zip(ids, prompts)])
-    committed = {i: list(p) + r["tokens"] for i, p, r in zip(ids, prompts, replies)}
-    features = {i: r["features"] for i, r in zip(ids, replies)}
-    live, accepted = {i for i, r in zip(ids, replies) if not r["done"]}, 0
+    committed = {i: list(p) + r.tokens for i, p, r in zip(ids, prompts, replies)}
+    features = {i: r.shipped for i, r in zip(ids, replies)}
+    live, accepted = {i for i, r in zip(ids, replies) if not r.done}, 0
     starts = {i: len(p) for i, p in zip(ids, prompts)}
     while live:
         order = sorted(live)
         drafts = drafter.propose_batch([ProposeItem(i, committed[i], starts[i], MAX_NEW, method,
                                                     features[i]) for i in order])
         verified = verifier.verify_batch([VerifyItem(i, committed[i], starts[i], MAX_NEW,
-                                                     d["draft"], method)
+                                                     d.draft, method)
                                           for i, d in zip(order, drafts)])
         for i, v in zip(order, verified):
-            committed[i] += v["tokens"]
-            features[i], accepted = v["features"], accepted + v["accepted"]
-            if v["done"]:
+            committed[i] += v.tokens
+            features[i], accepted = v.shipped, accepted + v.accepted
+            if v.done:
                 live.discard(i)
     assert all(committed[i][starts[i]:] == references[tuple(p)] for i, p in zip(ids, prompts))
     assert accepted > len(prompts) * MAX_NEW / 3  # an untrained drafter alone accepts ~nothing
