@@ -85,7 +85,7 @@ class ColocatedBackend:
         committed = list(spec.prompt_ids)
         for attempt in range(self.retry.retries + 1):
             stream = self.engine.rounds.remote(
-                spec.prompt_ids, spec.max_new_tokens, spec.method, committed
+                spec.prompt_ids, spec.max_new_tokens, spec.method, committed, spec.sampling
             )
             try:
                 last = time.perf_counter()
@@ -217,7 +217,7 @@ class SplitBackend:
         course.move(("to", "prefill"))
         try:
             reply, share, n = await self._call(
-                "prefill", PrefillItem(sid, prompt, budget, spec.method), course)
+                "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling), course)
             event = prefill_event(reply, share, n)
             committed = prompt + event.tokens
             course.move(None if event.done else ("to", first))
@@ -226,11 +226,12 @@ class SplitBackend:
                 proposal, draft_share, shipped = None, 0.0, reply.shipped
                 if spec.method != "ar":
                     proposal, draft_share, _ = await self._call("propose", ProposeItem(
-                        sid, committed, len(prompt), budget, spec.method, shipped), course)
+                        sid, committed, len(prompt), budget, spec.method, shipped, spec.sampling),
+                        course)
                     course.move(("to", "verify"))
                 draft = proposal.draft if proposal else []
                 reply, verify_share, n = await self._call("verify", VerifyItem(
-                    sid, committed, len(prompt), budget, draft, spec.method), course)
+                    sid, committed, len(prompt), budget, draft, spec.method, spec.sampling), course)
                 event = split_round(proposal, draft_share, reply, verify_share, n)
                 committed = committed + event.tokens
                 course.move(None if event.done else ("to", first))

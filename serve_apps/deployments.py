@@ -15,6 +15,7 @@ from typing import Any
 
 from ray import serve
 
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.messages import (
     PrefillItem,
     PrefillReply,
@@ -64,10 +65,12 @@ class Engine(_ModelReplica):
     methods = METHODS
 
     async def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
-                     committed: Sequence[int] = ()) -> AsyncIterator[dict[str, Any]]:
+                     committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
+                     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's steps (prefill, then rounds) as `RoundEvent` dicts; the
         replica's step loop batches it with the other requests of its method."""
-        async for event in self.decoder.arounds(prompt_ids, max_new_tokens, method, committed):
+        async for event in self.decoder.arounds(prompt_ids, max_new_tokens, method, committed,
+                                                sampling):
             yield event.to_dict()
 
 

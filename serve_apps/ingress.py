@@ -38,7 +38,7 @@ from peftbd.serving.responses import (
     usage_chunk,
 )
 from peftbd.serving.outcome import RequestOutcome
-from peftbd.serving.synthetic import method_label, synthetic_rates
+from peftbd.serving.synthetic import check_sampled, method_label, synthetic_rates
 from peftbd.serving.validation import (
     GenerationSpec,
     Kind,
@@ -143,12 +143,13 @@ class Ingress:
             req = parse_body(body, kind, self.serving)
             spec = build_spec(req, kind, self.tokenizer, self.serving,
                               request_id=f"{prefix}-{uuid.uuid4().hex}")
+            check_sampled(spec, self.synthetic)
         except RequestError as err:
             return _error(err)
         if spec.stream:
             return StreamingResponse(self._sse(spec), media_type="text/event-stream")
         outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop,
-                                 self.synthetic.get(spec.method))
+                                 self.synthetic.get(spec.method), spec.sampling.temperature)
         try:
             text = "".join([piece async for piece in self._text(spec, outcome)])
         except BackendUnavailable as exc:
@@ -170,7 +171,8 @@ class Ingress:
         async with contextlib.aclosing(self.backend.rounds(spec)) as rounds:
             async for event in rounds:
                 delta, received = outcome.push(event)
-                self.metrics.observe(received, method_label(spec.method, self.synthetic))
+                self.metrics.observe(received, method_label(spec.method, self.synthetic),
+                                     spec.sampling.temperature)
                 if delta:
                     yield delta
                 if outcome.stopped:
@@ -183,7 +185,7 @@ class Ingress:
         """The SSE events of one request; a failure after some text is an error event that
         says the text is incomplete; a client that left ends it quietly."""
         outcome = RequestOutcome(self.tokenizer, spec.method, spec.stop,
-                                 self.synthetic.get(spec.method))
+                                 self.synthetic.get(spec.method), spec.sampling.temperature)
         first = True
         try:
             async with contextlib.aclosing(self._text(spec, outcome)) as deltas:

@@ -2,7 +2,8 @@
 
 Exported by Ray as `ray_peftbd_<name>_bucket|_sum|_count` (histograms) and
 `ray_peftbd_<name>_total` (counters) with tags `placement` (colocated | split), `method` (a
-`serving.synthetic` method's reads "<method> [synthetic: N/round]"), for the
+`serving.synthetic` method's reads "<method> [synthetic: N/round]"), `temperature` (its band:
+0 = greedy, (0,0.5], (0.5,1], (1,2]: acceptance per band), for the
 per-position counters `position` (1-based), and Serve's own `deployment`, `replica`,
 `application`; `serve_apps/grafana_dashboard.json` plots them. Histograms give the quantiles only:
 Ray derives a histogram's `_sum` from bucket midpoints, so means come from exact counters,
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 from ray.serve.metrics import Counter, Histogram
 
-from peftbd.serving.rounds import RoundEvent
+from peftbd.serving.rounds import RoundEvent, temperature_band
 
 MS_BUCKETS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 TOKEN_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
-TAGS = ("placement", "method")
+TAGS = ("placement", "method", "temperature")  # temperature: its band (`temperature_band`)
 POSITION_TAGS = (*TAGS, "position")
 
 HISTOGRAMS = {
@@ -79,9 +80,11 @@ class RoundMetrics:
             for name, (desc, keys) in COUNTERS.items()
         }
 
-    def observe(self, event: RoundEvent, method: str) -> None:
-        """Record one step (the prefill step only counts its resumes)."""
-        tags = {"placement": self.placement, "method": method}
+    def observe(self, event: RoundEvent, method: str, temperature: float = 0.0) -> None:
+        """Record one step (the prefill step only counts its resumes) of a request of `method`
+        sampled at `temperature` (0: greedy)."""
+        tags = {"placement": self.placement, "method": method,
+                "temperature": temperature_band(temperature)}
         if event.resumes:
             self.counters["peftbd_session_resumes"].inc(event.resumes, tags=tags)
         if event.feature_bytes:  # Ray's counters take increments > 0 only

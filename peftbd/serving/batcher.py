@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from peftbd.decoding import DecodeState, RoundMetrics
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
@@ -40,6 +41,7 @@ class Ticket:
     method: str
     committed: list[int]
     deliver: Deliver
+    sampling: SamplingParams = GREEDY
     state: DecodeState | None = None
     closed: bool = False
 
@@ -140,11 +142,13 @@ class StepLoop:
                     if resumed:
                         states = resume_many(dec, [t.committed for t in group],
                                              [len(t.prompt_ids) for t in group],
-                                             [t.max_new_tokens for t in group])
+                                             [t.max_new_tokens for t in group],
+                                             [t.sampling for t in group])
                         self.counters["resumes"] += len(group)
                     else:
                         states = dec.start_many([t.prompt_ids for t in group],
-                                                [t.max_new_tokens for t in group])
+                                                [t.max_new_tokens for t in group],
+                                                [t.sampling for t in group])
                         self.counters["prefills"] += len(group)
             except Exception as exc:  # a bug: fail these requests, keep serving the others
                 self._fail(group, exc)

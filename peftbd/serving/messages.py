@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.features import Shipped
 
 
@@ -18,6 +19,7 @@ class PrefillItem:
     prompt_ids: list[int]
     max_new_tokens: int
     method: str = "ar"
+    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class ProposeItem:
     max_new_tokens: int
     method: str
     shipped: Shipped = None
+    sampling: SamplingParams = GREEDY  # drafts are argmax; a rebuilt state keeps the request's
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class VerifyItem:
     max_new_tokens: int
     draft: list[int]
     method: str = "ar"
+    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)

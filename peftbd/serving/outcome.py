@@ -18,9 +18,9 @@ class RequestOutcome:
     draft tokens accepted there) is neither returned nor counted."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, method: str, stop: Sequence[str] = (),
-                 synthetic: float | None = None) -> None:
+                 synthetic: float | None = None, temperature: float = 0.0) -> None:
         self.stream = TextStream(tokenizer, stop)
-        self.stats = RequestStats(method, synthetic)
+        self.stats = RequestStats(method, synthetic, temperature)
         self.finish_reason = "length"
 
     @property

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, TypeVar
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock, Shipped
@@ -66,12 +67,13 @@ class ReplicaDecoder:
     # colocated -----------------------------------------------------------------------------
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
-               committed: Sequence[int] = ()) -> Iterator[RoundEvent]:
+               committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
+               ) -> Iterator[RoundEvent]:
         """One request's steps from the step loop. `committed` (prompt + tokens already sent)
         resumes a request whose replica died: its first event then commits nothing. Closing
         the generator early (client gone, stop sequence) takes the request out of its batch."""
         inbox: queue.SimpleQueue = queue.SimpleQueue()
-        ticket = self._ticket(prompt_ids, max_new_tokens, method, committed, inbox.put)
+        ticket = self._ticket(prompt_ids, max_new_tokens, method, committed, inbox.put, sampling)
         try:
             while True:
                 event = _event(inbox.get())
@@ -82,11 +84,13 @@ class ReplicaDecoder:
             self.loop.close(ticket)
 
     async def arounds(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
-                      committed: Sequence[int] = ()) -> AsyncIterator[RoundEvent]:
+                      committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
+                      ) -> AsyncIterator[RoundEvent]:
         """`rounds` for an asyncio caller (a Serve replica): waiting never blocks its loop."""
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
         ticket = self._ticket(prompt_ids, max_new_tokens, method, committed,
-                              lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item))
+                              lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
+                              sampling)
         try:
             while True:
                 event = _event(await inbox.get())
@@ -97,10 +101,10 @@ class ReplicaDecoder:
             self.loop.close(ticket)
 
     def _ticket(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
-                committed: Sequence[int], deliver) -> Ticket:
+                committed: Sequence[int], deliver, sampling: SamplingParams) -> Ticket:
         committed = list(committed) if len(committed) > len(prompt_ids) else list(prompt_ids)
         return self.loop.submit(Ticket(list(prompt_ids), max_new_tokens, method, committed,
-                                       deliver))
+                                       deliver, sampling.resolved()))
 
     # split: drafter side -------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ class ReplicaDecoder:
         if not items:
             return []
         return resume_many(dec, [it.committed for it in items], [it.prompt_len for it in items],
-                           [it.max_new_tokens for it in items])
+                           [it.max_new_tokens for it in items], [it.sampling for it in items])
 
     # split: verifier side ------------------------------------------------------------------
 
@@ -193,7 +197,8 @@ class ReplicaDecoder:
         with self.lock:
             for dec, idx in _by(decs).items():
                 states = dec.start_many([items[i].prompt_ids for i in idx],
-                                        [items[i].max_new_tokens for i in idx])
+                                        [items[i].max_new_tokens for i in idx],
+                                        [items[i].sampling for i in idx])
                 self.counters["prefills"] += len(idx)
                 for i, state in zip(idx, states):
                     if not state.done:

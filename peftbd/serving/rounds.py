@@ -64,6 +64,13 @@ class RoundEvent:
         return asdict(self)
 
 
+def temperature_band(temperature: float) -> str:
+    """The metrics' band of a sampling temperature: "0" (greedy), "(0,0.5]", "(0.5,1]", "(1,2]"."""
+    if temperature < 1e-5:
+        return "0"
+    return "(0,0.5]" if temperature <= 0.5 else "(0.5,1]" if temperature <= 1 else "(1,2]"
+
+
 @dataclass
 class RequestStats:
     """Sums over one request's speculative rounds; the prefill step's time goes to `prefill`.
@@ -72,6 +79,7 @@ class RequestStats:
 
     method: str
     synthetic: float | None = None  # the controlled acceptance (tokens/round) it was served at
+    temperature: float = 0.0  # its sampling temperature (0: greedy)
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -107,7 +115,8 @@ class RequestStats:
         """The `usage.speculative` block: tokens per round = emitted tokens / rounds."""
         t = self.times_ms
         return SpecStats(
-            method=self.method, synthetic=self.synthetic, rounds=self.rounds, proposed_tokens=self.proposed,
+            method=self.method, synthetic=self.synthetic, temperature=self.temperature,
+            rounds=self.rounds, proposed_tokens=self.proposed,
             accepted_tokens=self.accepted,
             tokens_per_round=round(self.emitted / self.rounds, 4) if self.rounds else 0.0,
             acceptance_rate=round(self.accepted / self.proposed, 4) if self.proposed else 0.0,

@@ -2,7 +2,7 @@
 
 Requests are strict (no type coercion: `"max_tokens": "8"` is an error) and closed (an unknown
 field is an error that names it). These models check shapes and types only; serving policy
-(greedy only, limits, the method choice) lives in `peftbd.serving.validation`.
+(sampling, limits, the method choice) lives in `peftbd.serving.validation`.
 """
 
 from __future__ import annotations
@@ -132,11 +132,13 @@ class SpecStats(BaseModel):
     rounds; `transport_ms` of a batched call is this request's share (the call's / its items).
     `synthetic`: set when the method runs under controlled acceptance (`serving.synthetic`): the
     tokens per round its drafts were forced to (its acceptance is chosen, not measured; the
-    output is still the verifier's greedy output).
+    output is still the verifier's greedy output). `temperature`: the request's sampling
+    temperature (0: greedy); acceptance under sampling follows the lossless rule.
     """
 
     method: str
     synthetic: float | None = None
+    temperature: float = 0.0
     rounds: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_shipped, new_state
+from peftbd.decoding.sampling import SamplingParams
 from peftbd.serving.features import FeatureBlock
 
 
@@ -29,7 +30,8 @@ class Session:
 
 
 def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
-                prompt_lens: Sequence[int], max_new_tokens: Sequence[int]) -> list[DecodeState]:
+                prompt_lens: Sequence[int], max_new_tokens: Sequence[int],
+                sampling: Sequence[SamplingParams] | None = None) -> list[DecodeState]:
     """States whose committed tokens are exactly `committed` (prompt + generated so far), one per
     request, with one batched prefill.
 
@@ -45,7 +47,7 @@ def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
                 f"resume needs the prompt plus at least one generated token: prompt_len={n}, "
                 f"{len(c)} committed tokens"
             )
-    states = decoder.start_many([c[:-1] for c in committed], 1)
+    states = decoder.start_many([c[:-1] for c in committed], 1, sampling)
     for state, c, n, budget in zip(states, committed, prompt_lens, max_new_tokens):
         state.tokens[-1] = c[-1]
         state.prompt_len = n

@@ -15,6 +15,7 @@ from pathlib import Path
 from peftbd.config import Config, ConfigError
 from peftbd.decoding.controlled import AcceptanceProfile
 from peftbd.serving.schemas import METHODS
+from peftbd.serving.validation import GenerationSpec, RequestError
 
 
 def draft_positions(cfg: Config, method: str) -> int:
@@ -47,6 +48,16 @@ def synthetic_profiles(cfg: Config) -> dict[str, AcceptanceProfile]:
     """The acceptance profile of each synthetic method."""
     return {m: AcceptanceProfile.with_mean(r, draft_positions(cfg, m))
             for m, r in synthetic_rates(cfg).items()}
+
+
+def check_sampled(spec: GenerationSpec, rates: dict[str, float]) -> None:
+    """400 for a sampled request of a synthetic method: controlled acceptance forces drafts to
+    greedy AR's tokens, which a sampled output does not follow."""
+    if spec.method in rates and not spec.sampling.greedy:
+        raise RequestError(
+            f"method {spec.method!r} is served at controlled acceptance (serving.synthetic), which "
+            "needs greedy decoding: send temperature 0 (or omit it), or pick another method",
+            param="temperature")
 
 
 def method_label(method: str, rates: dict[str, float]) -> str:

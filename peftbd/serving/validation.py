@@ -1,8 +1,10 @@
 """Turn an HTTP body into a `GenerationSpec`, or a `RequestError` that names the field.
 
 Policy on top of the schemas: body size (refused as soon as the cap is crossed), JSON, text that
-UTF-8 can carry, types (via `peftbd.serving.schemas`), greedy only (sampling, penalty, logprob and
-tool fields accepted only at their neutral values), one choice per request, stop sequences, the
+UTF-8 can carry, types (via `peftbd.serving.schemas`), sampling (`temperature`, `top_p`, `top_k`,
+`seed`: lossless speculative sampling; a sampled request without a seed gets one here, so every
+replica that resumes it continues the same draws), penalty, logprob and tool fields accepted only
+at their neutral values, one choice per request, stop sequences, the
 `max_tokens` cap, the prompt-length limit and the method choice (model name suffix
 `<served>:<method>` or the extra `method` field). User text is tokenized as plain text: no
 special token can be written into a prompt as text (`peftbd.data.chat`).
@@ -20,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from peftbd.config import ConfigError, ServingConfig
 from peftbd.data.chat import encode_plain, encode_prompt
+from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.schemas import (
     METHODS,
     ChatCompletionRequest,
@@ -62,6 +65,7 @@ class GenerationSpec:
     stream: bool
     include_usage: bool
     stop: tuple[str, ...] = ()
+    sampling: SamplingParams = GREEDY
 
 
 def check_serving_config(serving: ServingConfig) -> None:
@@ -189,18 +193,18 @@ def resolve_method(model: str, method: str | None, served_name: str, default: st
     return from_model or method or default
 
 
-_GREEDY = "this server decodes greedily only (its output is exactly the verifier's greedy output)"
+_EXACT = ("this server's output is distributed exactly as the verifier's own (greedy, or "
+          "sampled with temperature / top_p / top_k)")
+_ONE = ("one choice per request; send n separate requests (with different seeds when sampling, "
+        "or none: each then gets its own)")
 NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
-    "temperature": ((0.0,), _GREEDY),
-    "top_p": ((1.0,), _GREEDY),
-    "top_k": ((-1, 0), _GREEDY),
-    "min_p": ((0.0,), _GREEDY),
-    "n": ((1,), "greedy decoding has one answer per prompt"),
-    "best_of": ((1,), "greedy decoding has one answer per prompt"),
-    "presence_penalty": ((0.0,), f"{_GREEDY}, with no penalties"),
-    "frequency_penalty": ((0.0,), f"{_GREEDY}, with no penalties"),
-    "repetition_penalty": ((1.0,), f"{_GREEDY}, with no penalties"),
-    "logit_bias": (({},), f"{_GREEDY}, with no logit bias"),
+    "min_p": ((0.0,), f"{_EXACT}, with no min_p filter"),
+    "n": ((1,), _ONE),
+    "best_of": ((1,), _ONE),
+    "presence_penalty": ((0.0,), f"{_EXACT}, with no penalties"),
+    "frequency_penalty": ((0.0,), f"{_EXACT}, with no penalties"),
+    "repetition_penalty": ((1.0,), f"{_EXACT}, with no penalties"),
+    "logit_bias": (({},), f"{_EXACT}, with no logit bias"),
     "logprobs": ((False,), "this server returns no log probabilities"),
     "top_logprobs": ((0,), "this server returns no log probabilities"),
     "echo": ((False,), "this server does not echo the prompt"),
@@ -223,6 +227,22 @@ def _check_neutral(req: BaseModel) -> None:
             f"{field}={json.dumps(value)[:80]} is not supported: {supported}; omit {field} or "
             f"send {allowed}", param=field,
         )
+
+
+def sampling_params(req: BaseModel) -> SamplingParams:
+    """The request's sampling (omitted / null fields: OpenAI's defaults, which for this server
+    mean greedy at temperature 0 or absent; `top_k` -1 or 0: no top-k filter); a sampled request
+    without a seed gets a random one."""
+    if req.top_k is not None and req.top_k < -1:
+        raise RequestError(f"top_k={req.top_k}; use -1 or 0 (no filter) or a positive count",
+                           param="top_k")
+    try:
+        params = SamplingParams(temperature=float(req.temperature or 0.0),
+                                top_p=float(1.0 if req.top_p is None else req.top_p),
+                                top_k=max(req.top_k or 0, 0), seed=req.seed)
+    except ValueError as exc:
+        raise RequestError(str(exc), param=str(exc).partition("=")[0]) from exc
+    return params.resolved()
 
 
 def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> int:
@@ -289,4 +309,5 @@ def build_spec(
         max_new_tokens=max_new, stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
+        sampling=sampling_params(req),
     )

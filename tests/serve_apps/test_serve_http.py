@@ -98,8 +98,23 @@ def test_bad_requests_get_4xx_naming_the_field(served):
         assert err["param"] == param and words in err["message"], err
     with pytest.raises(openai.BadRequestError) as info:
         served.client("colocated").chat.completions.create(
-            model=served.model, messages=ok["messages"], temperature=0.8)
-    assert info.value.body["param"] == "temperature" and "greedily" in info.value.body["message"]
+            model=served.model, messages=ok["messages"], n=2)
+    assert info.value.body["param"] == "n" and "one choice" in info.value.body["message"]
+
+
+def test_seeded_sampling_is_the_same_answer_on_both_apps(served):
+    """temperature / top_p / seed as LangChain and the openai client send them: a seeded request
+    gives one answer whichever app (and method) serves it twice, and usage names its temperature."""
+    messages = [{"role": "user", "content": "Name three list methods."}]
+    texts = []
+    for app in ("colocated", "split"):
+        for _ in range(2):
+            resp = served.client(app).chat.completions.create(
+                model=f"{served.model}:peft-bd", messages=messages, temperature=0.7, top_p=0.9,
+                seed=11, max_tokens=12)
+            texts.append(resp.choices[0].message.content)
+            assert resp.usage.model_extra["speculative"]["temperature"] == 0.7
+    assert len(set(texts)) == 1, texts
 
 
 def test_round_metrics_are_exported_under_the_dashboard_names(served):

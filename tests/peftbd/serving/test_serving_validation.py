@@ -87,9 +87,10 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": ""}, "prompt", "empty"),
         ({"model": MODEL, "prompt": [10**7]}, "prompt", "ids in [0,"),
         ({"model": MODEL, "prompt": "x", "method": "medusa"}, "method", "'peft-bd'"),
-        ({"model": MODEL, "prompt": "x", "temperature": 0.7}, "temperature", "greedily only"),
-        ({"model": MODEL, "prompt": "x", "top_p": 0.9}, "top_p", "greedily only"),
-        ({"model": MODEL, "prompt": "x", "n": 2}, "n", "one answer"),
+        ({"model": MODEL, "prompt": "x", "temperature": 2.5}, "temperature", "less than or equal to 2"),
+        ({"model": MODEL, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
+        ({"model": MODEL, "prompt": "x", "top_k": -2}, "top_k", "positive count"),
+        ({"model": MODEL, "prompt": "x", "n": 2}, "n", "one choice per request"),
         ({"model": MODEL, "prompt": "x", "max_tokens": 10_000}, "max_tokens", "serving.max_tokens_cap"),
         ({"model": MODEL, "prompt": "word " * 2400}, "prompt", "serving.max_prompt_tokens"),
         ({"model": f"{MODEL}:ar", "prompt": "x", "method": "fastmtp"}, "method", "contradicts"),
@@ -202,7 +203,7 @@ def test_neutral_values_of_common_fields_are_accepted(tok, serving):
 @pytest.mark.parametrize(("field", "value", "words"), [
     ("presence_penalty", 0.5, "no penalties"), ("frequency_penalty", -1, "no penalties"),
     ("logit_bias", {"12": 5}, "no logit bias"), ("seed", "1", "valid integer"),
-    ("top_k", 5, "greedily only"), ("echo", True, "echo"), ("best_of", 3, "one answer"),
+    ("min_p", 0.1, "no min_p filter"), ("echo", True, "echo"), ("best_of", 3, "one choice"),
     ("logprobs", 0, "no log probabilities"), ("suffix", "end", "suffix"),
 ])
 def test_non_neutral_values_say_what_is_supported(tok, serving, field, value, words):
@@ -240,3 +241,16 @@ def test_special_token_text_in_a_completion_prompt_is_plain_text(tok, serving):
     spec = _spec({"model": MODEL, "prompt": text}, tok, serving)
     assert not set(spec.prompt_ids) & set(tok.get_added_vocab().values())
     assert tok.decode(spec.prompt_ids) == text
+
+
+def test_sampling_fields_make_the_requests_sampling(tok, serving):
+    from peftbd.decoding import SamplingParams
+
+    body = {"model": MODEL, "prompt": "x", "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3}
+    assert _spec(body, tok, serving).sampling == SamplingParams(0.7, 0.9, 5, 3)
+    unseeded = [_spec({"model": MODEL, "prompt": "x", "temperature": 1}, tok, serving).sampling
+                for _ in range(2)]
+    assert all(s.seed is not None for s in unseeded)  # every replica continues the same draws
+    assert unseeded[0].seed != unseeded[1].seed and unseeded[0].top_k == 0
+    greedy = _spec({"model": MODEL, "prompt": "x", "top_k": -1, "seed": 9}, tok, serving).sampling
+    assert greedy.greedy and greedy.top_k == 0
