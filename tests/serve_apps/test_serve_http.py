@@ -45,8 +45,9 @@ def test_both_apps_answer_with_the_engine_output(served, engine, app):
         spec = resp.usage.model_extra["speculative"]
         assert spec["method"] == method and spec["rounds"] >= 1
         assert resp.usage.completion_tokens >= spec["rounds"] + 1  # prefill + >= 1 per round
-        # only a split head drafter is sent verifier features (instead of syncing a KV copy)
-        assert (spec["feature_bytes"] > 0) == (app == "split" and method == "peft-bd-head")
+        # a split drafter is shipped verifier state (features, hidden states or KV) instead of
+        # running its own catch-up forward (serving.drafter_sync: ship)
+        assert (spec["feature_bytes"] > 0) == (app == "split" and method != "ar")
     stream = client.chat.completions.create(
         model=served.model, messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=MAX_TOKENS,
         stream=True, stream_options={"include_usage": True}, extra_body={"method": "fastmtp"},
