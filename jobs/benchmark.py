@@ -16,9 +16,12 @@ acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
 and the concurrency sweep: every arm again at each `decoding.batch_sizes` entry B > 1 (continuous
 batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`) in the first
-`decoding.sweep_repeats` repeats, aggregate tok/s = tokens / wall time of the whole pass. Last, untimed, every one-step drafter's rounds are replayed
-offline on the same prompts + AR's outputs (results.json `arms.*.replay`; the report's Table 6
-sets the engine's acceptance beside it and beside training's estimate).
+`decoding.sweep_repeats` repeats, aggregate tok/s = tokens / wall time of the whole pass; then at
+each `decoding.temperatures` entry > 0 one sampled batch-1 pass per arm but the synthetic ones over
+the first `decoding.sampling_prompts` prompts (results.json `sampling`, the report's Table 11).
+Last, untimed, every one-step drafter's rounds are replayed offline on the same prompts + AR's
+outputs (results.json `arms.*.replay`; the report's Table 6 sets the engine's acceptance beside
+it and beside training's estimate).
 
 Timing placement: the prompts are split round-robin over `decoding.workers` Ray tasks, each with
 `decoding.worker_num_gpus` GPUs / `worker_num_cpus` CPUs and `decoding.torch_threads` torch
@@ -57,6 +60,7 @@ from peftbd.benchmarking.cost_profile import PROFILE_FILE
 from peftbd.benchmarking.prompts import PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
+from peftbd.benchmarking.sampled import sampled_prompts, sampled_temperatures
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job
 from peftbd.config import Config
 from peftbd.data.draft_vocab import draft_vocabulary
@@ -99,10 +103,10 @@ def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
     d = cfg.decoding
     n = max(1, min(d.workers, len(prompt_set.prompts)))
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
-    specs = arm_specs(cfg)
+    specs, sampled = arm_specs(cfg), sampled_prompts(cfg, prompt_set.prompts)
     with relay() as sink:
         refs = [task.remote(cfg, dirs, specs, prompt_set.prompts[i::n], repeats,
-                            sink and sink.part(i)) for i in range(n)]
+                            sink and sink.part(i), sampled[i::n]) for i in range(n)]
         return ray.get(refs)
 
 
@@ -163,6 +167,7 @@ def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
             f"decoding.max_new_tokens={cfg.decoding.max_new_tokens}: need >= 2, since prefill "
             "commits the first token and speculative rounds start with the second"
         )
+    sampled_temperatures(cfg)  # a temperature the engine would decode greedily: say so now
     signature = prompts if prompts == "test" else source_identity(cfg, prompts)
     build = functools.partial(_build, cfg=cfg, upstream=dict(inputs), prompts=prompts, repeats=repeats)
     return StageCall(BENCHMARK, cfg.to_dict(), Path(out_dir), dict(inputs), build,

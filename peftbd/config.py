@@ -90,7 +90,8 @@ _RANGES: dict[type, dict[str, _Bounds]] = {
     DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
                      "repeats": _POSITIVE, "workers": _POSITIVE,
                      "worker_num_cpus": _NON_NEGATIVE, "worker_num_gpus": _NON_NEGATIVE,
-                     "torch_threads": _NON_NEGATIVE, "sweep_repeats": _POSITIVE},
+                     "torch_threads": _NON_NEGATIVE, "sweep_repeats": _POSITIVE,
+                     "sampling_prompts": _NON_NEGATIVE},
     ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
                     "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
                     "max_batch": _POSITIVE, "split_groups": _POSITIVE,
@@ -124,12 +125,12 @@ _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
 # list fields whose every item must lie within bounds.
 _ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
     MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
-    DecodingConfig: {"batch_sizes": _POSITIVE},
+    DecodingConfig: {"batch_sizes": _POSITIVE, "temperatures": _NON_NEGATIVE},
     ServingConfig: {"client_concurrency": _POSITIVE},
 }
 # list fields that must hold at least one item, none twice.
 _DISTINCT: dict[type, tuple[str, ...]] = {
-    DecodingConfig: ("batch_sizes",),  # one concurrency row per (arm, batch size)
+    DecodingConfig: ("batch_sizes", "temperatures"),  # one row per (arm, batch size / temperature)
     ServingConfig: ("client_concurrency",),  # one placement row per concurrency
 }
 # (list field, count field): the list must hold exactly count items.

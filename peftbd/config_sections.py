@@ -202,6 +202,13 @@ class DecodingConfig:
     # so its output is AR's. The cost profile decodes the same arms at the paper's architecture.
     synthetic: tuple[str, ...] = ()
     synthetic_seed: int = 0  # the draws' seed (a request's draws depend on it and its prompt only)
+    # Acceptance under sampling (peftbd.benchmarking.sampled; results.json `sampling`): at each
+    # temperature > 0 every arm but the synthetic ones decodes the first `sampling_prompts`
+    # prompts (0: all) once more at batch 1, each request seeded by `sampling_seed` and its
+    # prompt's id; 0 is the greedy batch-1 pass itself (not decoded again).
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    sampling_prompts: int = 0
+    sampling_seed: int = 0
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Figure 1: throughput vs mean accepted tokens per round, one point per arm. Figure 2: acceptance
 rate vs draft position, one line per speculative arm, beside the loss's gamma^j. Figure 3:
 aggregate throughput and speedup vs AR against the batch size, one line per arm. Figure 4:
-speedup vs AR against accepted tokens per round under each round-cost source.
+speedup vs AR against accepted tokens per round under each round-cost source. Figure 5: accepted
+tokens per round against the temperature, one line per arm that samples.
 
 Arms can coincide (the 1-step and anchored PEFT-BD points often do), so no marker may hide
 another: each arm has its own colour and shape, all markers are hollow and each is smaller than
@@ -177,6 +178,27 @@ def speedup_vs_accepted(results: dict[str, Any]) -> Figure:
         ax.legend(fontsize=6, loc="upper left")
     fig.suptitle("Speedup vs acceptance: o this run, * reference (paper / synthetic), "
                  "x break-even", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_vs_temperature(results: dict[str, Any]) -> Figure:
+    """Figure 5: per arm with sampled entries (results.json `sampling`; not the synthetic arms),
+    accepted tokens per round (bonus included) against the temperature (0: greedy)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
+    block = results["sampling"]
+    for i, (arm_id, arm) in enumerate(arm_items(results)):
+        mine = block["arms"].get(arm_id)
+        if mine and not mine["skipped"] and mine["by_temperature"]:
+            entries = mine["by_temperature"]
+            ax.plot([e["temperature"] for e in entries], [e["mean_accepted"] for e in entries],
+                    label=arm["label"], **_marker_style(i))
+    ax.set_xticks(block["temperatures"])
+    ax.set_xlabel("temperature (0: greedy)")
+    ax.set_ylabel("accepted tokens per round (bonus included)")
+    ax.set_title(f"Acceptance under sampling ({block['prompts']} prompts, batch 1)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 

@@ -1,4 +1,4 @@
-"""The benchmark report: `report.md` + Figures 1-4, built only from `results.json` and stage
+"""The benchmark report: `report.md` + Figures 1-5, built only from `results.json` and stage
 manifests.
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
@@ -16,12 +16,13 @@ from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
 from peftbd.analysis.figures import (
     acceptance_by_position,
+    acceptance_vs_temperature,
     save_png,
     speedup_vs_accepted,
     throughput_vs_accepted,
     throughput_vs_batch,
 )
-from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals
+from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals, sampling
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, STAGES
@@ -33,6 +34,7 @@ FIGURE_1 = "figure1_throughput_vs_accepted.png"
 FIGURE_2 = "figure2_acceptance_by_position.png"
 FIGURE_3 = "figure3_concurrency.png"
 FIGURE_4 = "figure4_speedup_vs_acceptance.png"
+FIGURE_5 = "figure5_acceptance_vs_temperature.png"
 BENCHMARK_STAGE = BENCHMARK.title
 
 
@@ -102,9 +104,9 @@ def _sweep_words(results: dict[str, Any]) -> str:
 
 def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
-    """Write `report.md` and Figures 1, 2 (and 3, with a concurrency sweep) into `out_dir` from
-    `results` (the benchmark's results.json) and `manifests` ({stage name: manifest.json});
-    return the report's path."""
+    """Write `report.md` and Figures 1, 2 (3 with a concurrency sweep, 4 with a reference
+    acceptance, 5 with a sampled temperature) into `out_dir` from `results` (the benchmark's
+    results.json) and `manifests` ({stage name: manifest.json}); return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
@@ -113,13 +115,16 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         save_png(throughput_vs_batch(results), out_dir / FIGURE_3)
     if break_even.rows(results):
         save_png(speedup_vs_accepted(results), out_dir / FIGURE_4)
+    if sampling.sampled(results):
+        save_png(acceptance_vs_temperature(results), out_dir / FIGURE_5)
     mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
     parts = [
         f"# PEFT-BD benchmark report ({results['preset']})",
         f"Measured on: **{mo['model']}** ({mo['dtype']}), engine: {mo['engine']}, "
         f"hardware: {mo['hardware']}.",
         f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1"
-        f"{_sweep_words(results)}, at most {pr['max_new_tokens']} new tokens; "
+        f"{_sweep_words(results)}{sampling.intro_words(results)}, "
+        f"at most {pr['max_new_tokens']} new tokens; "
         f"{tm['repeats']} repeated runs per arm. "
         f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
         *filter(None, [untrained_note(results)]),
@@ -179,6 +184,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         *concurrency_section(results),
         *decode_section(results),
         *paper_question_section(results),
+        *sampling.section(results, FIGURE_5),
     ]
     per_category = tables.category_table(results)
     if per_category:

@@ -26,6 +26,13 @@ def merge_runs(shards: Sequence[ShardResult], arm_id: str) -> list[list[DecodeRe
     return [[res for shard in shards for res in shard.results[arm_id][r]] for r in range(repeats)]
 
 
+def decodes_of(shards: Sequence[ShardResult], arm_id: str,
+               prompt_ids: set[str]) -> list[DecodeResult]:
+    """The arm's batch-1 decodes (every repeat) of the prompts in `prompt_ids`."""
+    return [res for shard in shards for run in shard.results[arm_id]
+            for pid, res in zip(shard.prompt_ids, run) if pid in prompt_ids]
+
+
 def _repeat_stats(runs: Sequence[Sequence[DecodeResult]]) -> dict[str, Any]:
     summaries = [summarize(run) for run in runs]
     return {

@@ -8,11 +8,12 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from peftbd.benchmarking.aggregate import add_oracles, arm_entries
+from peftbd.benchmarking.aggregate import add_oracles, arm_entries, decodes_of
 from peftbd.benchmarking.arms import arm_specs
 from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import PromptSet
 from peftbd.benchmarking.runner import ShardResult
+from peftbd.benchmarking.sampled import sampled_prompts, sampling_block
 from peftbd.benchmarking.schema import SCHEMA
 from peftbd.config import Config
 from peftbd.manifest import WorkerPeaks
@@ -25,6 +26,7 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
     d, first, specs = cfg.decoding, shards[0], arm_specs(cfg)
     rows = concurrency_rows([run for s in shards for run in s.batch_runs], [s.id for s in specs],
                             d.batch_sizes)
+    sampled = {p.id for p in sampled_prompts(cfg, prompt_set.prompts)}
     results = {
         "schema": SCHEMA, "preset": cfg.preset,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -45,6 +47,9 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
         "drafters": drafters,
         "arms": arm_entries(specs, shards, {p.id: p.category for p in prompt_set.prompts}),
         "concurrency": [dataclasses.asdict(row) for row in rows],
+        "sampling": sampling_block(specs, d.temperatures, d.sampling_seed, len(sampled),
+                                   {s.id: decodes_of(shards, s.id, sampled) for s in specs},
+                                   [p for shard in shards for p in shard.sampled]),
         "config": cfg.to_dict(),
     }
     add_oracles(results)

@@ -1,5 +1,6 @@
 """Time every arm over a shard of prompts in this process, greedy: batch 1 (one prompt at a
-time), and the concurrency sweep (`decoding.batch_sizes`: continuous batching, at most B at once).
+time), and the concurrency sweep (`decoding.batch_sizes`: continuous batching, at most B at once);
+then sampled, batch 1, at each `decoding.temperatures` entry > 0 (`peftbd.benchmarking.sampled`).
 
 A shard is what one timing worker does. Per repeat, the arms take turns over the whole shard
 (AR, PEFT-BD, ..., then the next repeat; at each batch size likewise), so slow drifts of the
@@ -28,6 +29,14 @@ from peftbd.benchmarking.environment import engine_description, hardware_descrip
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.replay import ReplaySums, replay_arms
+from peftbd.benchmarking.sampled import (
+    SampledPass,
+    SamplingPlan,
+    sample_arms,
+    sampled_prompts,
+    sampled_temperatures,
+    samples,
+)
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
@@ -51,6 +60,8 @@ class ShardResult:
     mismatches: dict[str, list[Mismatch]] = field(default_factory=dict)
     replay: dict[str, ReplaySums] = field(default_factory=dict)
     """{arm: its rounds replayed offline on these prompts + AR's outputs} (`replay_arms`)."""
+    sampled: list[SampledPass] = field(default_factory=list)
+    """Each arm's sampled batch-1 pass per temperature > 0 (`peftbd.benchmarking.sampled`)."""
     floors: dict[str, RoundFloor] = field(default_factory=dict)
     """{arm: the floor of one counted round on this worker's device} (`round_floors`)."""
     floor: DeviceFloor | None = None
@@ -64,17 +75,18 @@ class ShardResult:
 
 @dataclass
 class Timings:
-    """What `time_arms` measured: the batch-1 decodes (`results[arm][repeat][i]`) and every
-    timed pass of the concurrency sweep."""
+    """What `time_arms` measured: the batch-1 decodes (`results[arm][repeat][i]`), every
+    timed pass of the concurrency sweep and the sampled passes."""
 
     results: dict[str, list[list[DecodeResult]]]
     batch_runs: list[BatchRun]
+    sampled: list[SampledPass] = field(default_factory=list)
 
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
               sweep_repeats: int | None = None, seed: int = 0,
-              fast_path: bool = False) -> Timings:
+              fast_path: bool = False, sampling: SamplingPlan = SamplingPlan()) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
@@ -83,7 +95,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
     AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
     outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: the compiled verify
-    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups)."""
+    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups). Last, the sampled
+    passes of `sampling` (`peftbd.benchmarking.sampled.sample_arms`)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     ids = [p.prompt_ids for p in prompts]
     oracle = synthetic_oracle(models, specs, ids, max_new_tokens)
@@ -100,6 +113,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     runs: list[BatchRun] = []
     swept = repeats if sweep_repeats is None else min(sweep_repeats, repeats)
     total, done = (repeats + swept * len(batched)) * len(specs) * len(prompts), 0
+    total += len(sampling.temperatures) * sum(map(samples, specs)) * len(sampling.prompts)
     for r in range(repeats):
         for s in specs:
             run: list[DecodeResult] = []
@@ -122,7 +136,14 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                 runs.append(batch_run(s.id, b, r, wall, run, [x.tokens for x in results["ar"][0]]))
                 done += len(prompts)
                 progress.report(done, total, arm=s.id, batch_size=b)
-    return Timings(results, runs)
+
+    def on_pass(arm: str, temperature: float) -> None:
+        nonlocal done
+        done += len(sampling.prompts)
+        progress.report(done, total, arm=arm, temperature=temperature)
+
+    vocab = models.verifier.config.vocab_size
+    return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass))
 
 
 def synthetic_oracle(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[list[int]],
@@ -179,15 +200,20 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
 
 
 def run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
-              repeats: int, sink: Sink | None = None) -> ShardResult:
+              repeats: int, sink: Sink | None = None,
+              sampled: Sequence[Prompt] | None = None) -> ShardResult:
     """Load the models (`dirs`: where the drafters lie), time every arm over `prompts` and audit
-    them (one process, serial); `sink` hears of every decoded prompt."""
+    them (one process, serial); `sink` hears of every decoded prompt; `sampled`: the prompts of
+    the sampled passes (None: `sampled_prompts` of `prompts`)."""
+    if sampled is None:
+        sampled = sampled_prompts(cfg, prompts)
+    plan = SamplingPlan(sampled_temperatures(cfg), tuple(sampled), cfg.decoding.sampling_seed)
     with progress.listening(sink):
-        return _run_shard(cfg, dirs, specs, prompts, repeats)
+        return _run_shard(cfg, dirs, specs, prompts, repeats, plan)
 
 
 def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
-               prompts: Sequence[Prompt], repeats: int) -> ShardResult:
+               prompts: Sequence[Prompt], repeats: int, plan: SamplingPlan) -> ShardResult:
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):
@@ -195,13 +221,14 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
                         cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats,
-                        cfg.decoding.synthetic_seed, cfg.decoding.fast_path)
+                        cfg.decoding.synthetic_seed, cfg.decoding.fast_path, plan)
     references = [r.tokens for r in timings.results["ar"][0]]
     dtype = next(models.verifier.parameters()).dtype
     floor = measure_floor(models.device, dtype, hardware_description(models.device))
     oracle = reference_oracle({tuple(prompts[0].prompt_ids): references[0]})
     return ShardResult(
         prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,
+        sampled=timings.sampled,
         mismatches=audit(models, specs, prompts, timings.results),
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,

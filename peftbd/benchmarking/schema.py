@@ -17,6 +17,10 @@
                "mtp_head": {...}},   # each: its training manifest (config, versions, contract left out)
   "arms": {arm_id: ARM, ...},         # ordered as ARMS
   "concurrency": [ROW, ...],           # per arm (ARMS order), per decoding.batch_sizes entry
+  "sampling": {"temperatures": [float], "seed": int,    # decoding.temperatures, .sampling_seed
+               "prompts": int, "how": str,              # the first decoding.sampling_prompts
+               "arms": {arm_id: {"label": str, "skipped": str | null,  # why not at T > 0
+                                 "by_temperature": [SAMPLED, ...]}}},   # temperatures order
   "config": {...},                     # the whole config tree
   "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json
 }                                      #   (peftbd.benchmarking.cost_profile.CostProfile)
@@ -45,6 +49,10 @@ ARM = {
              "needed_accepted": {target_arm: float}} | null,  # peftbd.cost_model's output
   "by_category": {category: {"prompts": int, "tokens_per_s": STAT, "mean_accepted": STAT}}
 }
+SAMPLED = {"temperature": float, "tokens_per_s": float, "mean_accepted": float,  # one pass
+           "mean_accepted_prefix": float | null, "token_acceptance": float | null,
+           "new_tokens": int, "decode_s": float, "rounds": int, "per_position": {...},  # as ARM's
+           "check": {"prompts": int, "valid": int, "invalid": [prompt_id]} | null}  # null at T = 0
 ROW = {"arm": arm_id, "batch_size": int, "tokens_per_s": float, "mean_accepted": float,
        "exact": bool, "speedup_vs_ar": float | null, "wall_s": float}   # ConcurrencyRow
 ```
@@ -53,6 +61,11 @@ Throughput is output tokens over the summed per-prompt decode time (batch 1, pro
 after another), so it does not depend on how many workers shared the prompts. `per_position` is
 the engine's (`peftbd.decoding.metrics`): rate = accepted / proposed, conditional = accepted /
 reached = P(accept j | accepted j - 1).
+
+`sampling` (`peftbd.benchmarking.sampled`): per arm and temperature, the engine's run metrics
+over the sampled prompts: at T > 0 of one sampled batch-1 pass (check: every output a valid sample,
+within budget, ending on EOS or at the budget; losslessness is the statistical tests', not an
+audit's); at T = 0 of the greedy batch-1 pass on the same prompts. Absent in older results.
 
 `concurrency` is the batch sweep (`peftbd.benchmarking.concurrency`): aggregate throughput with
 at most B requests decoding at once = generated tokens / wall time of the whole pass over the

@@ -14,17 +14,19 @@ import pytest
 import torch
 
 from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
-from peftbd.analysis.report import FIGURE_1, FIGURE_3, REPORT
+from peftbd.analysis.report import FIGURE_1, FIGURE_3, FIGURE_5, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
+from peftbd.benchmarking.sampled import SamplingPlan, sample_arms, samples
 from peftbd.benchmarking.schema import ARMS as REAL_ARMS
 from peftbd.benchmarking.schema import concurrency_rows as typed_rows
 from peftbd.config import Config, apply_override, load_config
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.decoding import SpeculativeDecoder
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
@@ -160,6 +162,30 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     assert all(r.speedup_vs_ar == 1.0 for r in rows if r.arm == "ar")
     ar_1 = next(r for r in rows if r.arm == "ar" and r.batch_size == 1)
     assert ar_1.mean_accepted == 1.0
+    # sampled at T = 1 (decoding.temperatures): one pass per arm but the synthetic ones, after
+    # the greedy passes (their numbers and audit above untouched); every output a valid sample
+    assert [(p.arm, p.temperature) for p in shard.sampled] == [(a, 1.0) for a in REAL_ARMS]
+    assert all(len(p.results) == N_PROMPTS and not p.invalid for p in shard.sampled)
+
+
+def test_sampled_passes_repeat_with_their_seeds(small_cfg: Config, artifacts: Path) -> None:
+    prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
+    specs = [s for s in arm_specs(small_cfg) if s.id in ("ar", "peftbd_head", "peftbd_synthetic")]
+    models = load_arm_models(small_cfg, _dirs(small_cfg, artifacts))
+    budget = small_cfg.decoding.max_new_tokens
+    decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s),
+                                         models.eos_ids, budget) for s in specs if samples(s)}
+    vocab = models.verifier.config.vocab_size
+
+    def tokens(seed: int) -> list[list[list[int]]]:
+        passes = sample_arms(decoders, specs, SamplingPlan((1.0,), tuple(prompts), seed), vocab)
+        assert [p.arm for p in passes] == ["ar", "peftbd_head"]
+        assert not any(p.invalid for p in passes)
+        return [[r.tokens for r in p.results] for p in passes]
+
+    first = tokens(0)
+    assert tokens(0) == first and tokens(1) != first
+    assert first[0] != [decoders["ar"].decode(p.prompt_ids).tokens for p in prompts]  # not greedy
 
 
 @pytest.mark.integration
@@ -188,6 +214,11 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert all(r.exact for r in rows) and results["timing"]["batch_sizes"] == sizes
     assert "Table 8" in report and "Engine goal: AR at batch 16" in report
     assert mpimg.imread(out / FIGURE_3).shape[0] > 200
+    sampling = results["sampling"]  # both workers' sampled passes, merged
+    assert sampling["temperatures"] == [0.0, 1.0] and sampling["prompts"] == N_PROMPTS
+    assert all(e["check"]["valid"] == N_PROMPTS for arm in sampling["arms"].values()
+               for e in arm["by_temperature"] if e["temperature"] > 0)
+    assert "Table 11" in report and mpimg.imread(out / FIGURE_5).shape[0] > 200
     manifest = read_manifest(out)
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
     assert manifest["workers"]["workers"] == 2 and manifest["workers"]["peak_rss_mib"] > 0
