@@ -22,17 +22,22 @@ labelled so. Written as placement.json and placement.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import math
+import os
 import socket
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from jobs.ray_env import shutdown
+from jobs.local_cluster import NodeError, local_cluster
+from jobs.ray_env import DASHBOARD_ENV, shutdown
 from peftbd.analysis.placement import (
     Devices,
     RequestRecord,
@@ -301,17 +306,45 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default=None,
                         help="client concurrencies to measure, e.g. 1,4,16 (sets "
                              "serving.client_concurrency)")
+    parser.add_argument("--placements", default=None,
+                        help="placements to measure, e.g. colocated,split-cross-node (sets "
+                             "serving.placements)")
+    parser.add_argument("--local-cluster", action="store_true",
+                        help="run on a two-node Ray cluster started on this machine for the run "
+                             "and stopped after it (jobs.local_cluster: a `verifier` head and a "
+                             "`drafter` worker, no GPUs), so the placements that need them "
+                             "(--placements split-cross-node,split-same-node,split-fractional-gpu) "
+                             "run instead of being skipped; an output that skipped some is rebuilt")
     args = parser.parse_args(argv)
     if args.concurrency:
         args.overrides.append(f"serving.client_concurrency=[{args.concurrency}]")
     if args.methods:
         args.overrides.append(f"serving.placement_methods=[{args.methods}]")
+    if args.placements:
+        args.overrides.append(f"serving.placements=[{args.placements}]")
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
     call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731
-    # plain ValueErrors too (as before UserError): one line each
-    run_stage_job(PLACEMENT, out, call, args.force, args.verbose, (ValueError,),
-                  before_exit=shutdown)
+    force = args.force
+    with contextlib.ExitStack() as stack:
+        if args.local_cluster:
+            s = cfg.serving
+            if s.drafter_num_gpus or s.verifier_num_gpus:
+                parser.error("--local-cluster has no GPUs: serving.drafter_num_gpus and "
+                             "verifier_num_gpus must be 0 (e.g. --set model.device=cpu)")
+            previous = out / "placement.json"
+            force = force or (previous.is_file() and bool(json.loads(previous.read_text())["skipped"]))
+            try:  # each node: two replicas (split-same-node, split-fractional-gpu) + the Ingress
+                cluster = stack.enter_context(local_cluster(
+                    math.ceil(2 * s.replica_num_cpus + 0.1),
+                    dashboard=os.environ.get(DASHBOARD_ENV, "1") != "0"))
+            except NodeError as exc:
+                sys.exit(f"error: {exc}")
+            print(f"[placement] local cluster at {cluster.address}, dashboard "
+                  f"{cluster.dashboard_url or 'off'}; stopped after the run", flush=True)
+        # plain ValueErrors too (as before UserError): one line each
+        run_stage_job(PLACEMENT, out, call, force, args.verbose, (ValueError,),
+                      before_exit=shutdown)
     print((out / "placement.md").read_text())
     print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)
 

@@ -67,6 +67,8 @@ NOT_USER_COMMANDS = {
     "peftbd.oracle": "takes numbers, no config, output or Ray: a bad one is argparse's usage error",
     "peftbd.tiny_world.refresh": "a maintainer's rebuild of the shipped world from the tiny recipe",
     "scripts.device_check": "a developer's GPU check on a borrowed device (no Ray, no stage)",
+    "jobs.local_cluster": "starts a local two-node Ray cluster; no config, output or stage: a "
+                          "node that fails is one line (NodeError)",
 }
 MIN_COMMANDS, MIN_CLASSES = 11, 11
 """What was found when this test was written: fewer means discovery broke, not that all passed."""
