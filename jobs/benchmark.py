@@ -71,6 +71,7 @@ from peftbd.layout import (
     COST_PROFILE,
     GENERATE,
     PEFTBD_ADAPTERS,
+    PLACEMENT,
     TRAIN_EARLY_EXIT,
     TRAIN_HEAD,
     TRAIN_MTP,
@@ -84,7 +85,7 @@ from peftbd.models.loading import load_tokenizer
 log = logging.getLogger(__name__)
 
 RESULTS = "results.json"
-PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
+TIMING_PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
              "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
              "Concurrency sweep: per repeat (at batch sizes > 1: the first decoding.sweep_repeats) "
@@ -141,12 +142,14 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     (the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation's
     only with `drafter.offsets_ablation`; the continuations, whose test split gives the prompts,
     also for Spec-Bench prompts when they exist, for the report; the cost profile when it exists,
-    for the report's "cost at the paper's architecture")."""
+    for the report's "cost at the paper's architecture"; the placement experiment's output when
+    it exists, for its verdict)."""
     root = Path(artifacts_dir)
     needed = [TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD]
     needed += [TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else []
     needed += [TRAIN_OFFSETS] if cfg.drafter.offsets_ablation else []
     needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
+    needed += [PLACEMENT] if is_complete(root / PLACEMENT.subdir) else []
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -187,11 +190,13 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
                 for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP, TRAIN_HEAD) if spec.name in upstream}
     if vocab:
         drafters[TRAIN_HEAD.subdir]["draft_vocab"] = vocab
-    results = build_results(cfg, prompt_set, shards, repeats, drafters, PLACEMENT)
+    results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
     if COST_PROFILE.name in upstream:
         results["cost_at_scale"] = json.loads((upstream[COST_PROFILE.name] / PROFILE_FILE).read_text())
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
+    if PLACEMENT.name in upstream:  # an experiment beside the main job: its verdict, summarised
+        manifests[PLACEMENT.title] = read_manifest(upstream[PLACEMENT.name])
     (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
     build_report(results, manifests, tmp)
     return {"prompts": results["prompts"], "timing": results["timing"],

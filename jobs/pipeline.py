@@ -29,6 +29,7 @@ from peftbd.layout import (
     COST_PROFILE,
     GENERATE,
     OTHER_OFFSETS,
+    PLACEMENT,
     STAGES,
     TRAIN_EARLY_EXIT,
     TRAIN_HEAD,
@@ -39,7 +40,7 @@ from peftbd.layout import (
 )
 from peftbd.console import Console
 from peftbd.main_job_checks import check_main_job
-from peftbd.manifest import StageTimer, read_manifest, versions, write_manifest
+from peftbd.manifest import StageTimer, is_complete, read_manifest, versions, write_manifest
 from peftbd.output_lock import check_writable
 from peftbd.stage import Decision, StageCall, StageError
 
@@ -48,7 +49,8 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     """The main job as a recipe: each stage with its output dir under `root` and, explicitly,
     the artifacts it consumes. The world only when the model or data is the embedded tiny world;
     the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation only
-    when `drafter.offsets_ablation`."""
+    when `drafter.offsets_ablation`; the placement experiment's output (never run here) as an
+    input of the benchmark when it exists under `root`."""
     from jobs.benchmark import benchmark_call
     from jobs.cost_profile import cost_profile_call
     from jobs.generate import generate_call
@@ -76,9 +78,10 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
     calls[TRAIN_HEAD.name] = train_call("head", cfg, data, root / TRAIN_HEAD.subdir)
     calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
-    calls[BENCHMARK.name] = benchmark_call(
-        cfg, {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names},
-        root / BENCHMARK.subdir)
+    inputs = {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names}
+    if is_complete(root / PLACEMENT.subdir):  # run beside the main job: the report summarises it
+        inputs[PLACEMENT.name] = root / PLACEMENT.subdir
+    calls[BENCHMARK.name] = benchmark_call(cfg, inputs, root / BENCHMARK.subdir)
     return list(calls.values())
 
 

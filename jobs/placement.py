@@ -48,7 +48,7 @@ from peftbd.analysis.placement import (
     outputs_identical,
     summarize,
 )
-from peftbd.analysis.placement_verdict import verdict_markdown, verdicts
+from peftbd.analysis.placement_verdict import sentence, verdict_markdown, verdicts
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
@@ -69,6 +69,8 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     split-cross-node: Drafter on a `drafter` node, Verifier on a `verifier` node, whole GPUs.
     split-same-node: both on one `verifier` node, sharing its GPU (half each).
     split-fractional-gpu: cross-node with two replicas of each at half a GPU.
+    split-forward: split whose Drafter catches up with its own verifier forward
+    (`serving.drafter_sync: forward`) instead of the state the Verifier ships.
     """
     s = cfg.serving
 
@@ -82,6 +84,7 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
         "colocated": ("colocated", {"engine": engines}),
         "split": ("split", {}),
+        "split-forward": ("split", {}),  # with FORWARD_SYNC
         "split-cross-node": ("split", {"drafter": role("drafter", 1, s.drafter_num_gpus),
                                        "verifier": role("verifier", 1, s.verifier_num_gpus)}),
         "split-same-node": ("split", {"drafter": role("verifier", 0.5, s.drafter_num_gpus / 2),
@@ -93,6 +96,11 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     if name not in table:
         raise ValueError(f"serving.placements: unknown placement {name!r}; known: {list(table)}")
     return table[name]
+
+
+FORWARD_SYNC = {"split-forward": ["serving.drafter_sync=forward"]}
+"""Placements that change the app's config: split with the Drafter's own catch-up forward
+instead of the Verifier's shipped state (bytes against ms)."""
 
 
 def _skip_reason(options: dict[str, dict[str, Any]], available: dict[str, float]) -> str | None:
@@ -218,7 +226,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
             log.info("placement %s: skipped (%s)", name, reason)
             continue
         log.info("placement %s: deploying the %s app", name, app)
-        serve.run(builders[app](args, options), name="placement", route_prefix="/placement")
+        app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
+        serve.run(builders[app](app_args, options), name="placement", route_prefix="/placement")
         roles = _replica_counts(app, options, cfg)
         replicas = {role: (serve.get_deployment_handle(role.capitalize(), "placement"), n)
                     for role, n in roles.items()}
@@ -255,7 +264,9 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
                                       + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction))
                                       + "\n")
     return {"counts": {"prompts": len(prompts), "requests": len(records)},
-            "skipped": skipped, "outputs_identical": result["outputs_identical"]}
+            "placements": list(devices), "skipped": skipped,
+            "outputs_identical": result["outputs_identical"],
+            "verdicts": [sentence(v) for v in found]}  # the main report summarises these
 
 
 def _replica_counts(app: str, options: dict[str, dict[str, Any]], cfg: Config) -> dict[str, int]:

@@ -4,9 +4,10 @@ The tree is `Config`, one section per stage (`peftbd.config_sections`, re-export
 
 A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAML files in
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
-`--set a.b=value` overrides. Every layer is type-checked against the dataclass fields (`Literal`
-fields accept only their listed values); the finished config is checked against `_RANGES`,
-`_ITEM_RANGES`, `_ITEM_PATTERNS`, `_PATTERNS`, `_ORDERED` and `_LENGTHS`, and settings that
+`--set a.b=value` overrides. The preset sets every field (the sections have no defaults); every
+layer is type-checked against the dataclass fields (`Literal` fields accept only their listed
+values); the finished config is checked against each field's rule (its annotation's `Range`,
+`Form` or `DISTINCT`), `_ORDERED` and `_LENGTHS`, and settings that
 would publish an untrained drafter are refused unless `training.allow_untrained`
 (`peftbd.untrained`). An unknown key or a bad value raises `ConfigError` naming the key, the
 value and the allowed form.
@@ -23,19 +24,22 @@ from typing import Any
 
 import yaml
 
-from peftbd.config_merge import ConfigError, merge
+from peftbd.config_merge import ConfigError, build, merge
 from peftbd.config_sections import (
+    DISTINCT,
     Config,
     CostProfileConfig,
     DataConfig,
     DecodingConfig,
     DrafterConfig,
+    Form,
     GenerateConfig,
     HeadConfig,
     ModelConfig,
     MTPConfig,
     OptimConfig,
     PathsConfig,
+    Range,
     ServingConfig,
     TinyWorldConfig,
     TrainingConfig,
@@ -56,84 +60,13 @@ def cache_root(cache_dir: str) -> Path:
     return Path(os.environ.get("PEFTBD_CACHE", cache_dir)).expanduser()
 
 
-# Checks of the finished config, per section type (so `OptimConfig`'s apply to drafter.optim and
-# mtp.optim): inclusive (low, high) bounds, None = unbounded; strings' forms as (regex, words);
-# field pairs whose values must satisfy first <= second; lists whose length a count field fixes.
-_Bounds = tuple[float | None, float | None]
-_POSITIVE: _Bounds = (1, None)
-_NON_NEGATIVE: _Bounds = (0, None)
-_FRACTION: _Bounds = (0, 1)
-
-_RANGES: dict[type, dict[str, _Bounds]] = {
-    TinyWorldConfig: {"phrasings": (1, 7)},
-    DataConfig: {"max_prompt_len": _POSITIVE, "max_new_tokens": _POSITIVE,
-                 "train_size": _NON_NEGATIVE, "val_size": _NON_NEGATIVE,
-                 "test_size": _NON_NEGATIVE},
-    GenerateConfig: {"num_actors": _POSITIVE, "batch_size": _POSITIVE,
-                     "num_cpus_per_actor": _NON_NEGATIVE, "num_gpus_per_actor": _NON_NEGATIVE},
-    OptimConfig: {"lr": _NON_NEGATIVE, "warmup_ratio": _FRACTION, "weight_decay": _NON_NEGATIVE,
-                  "global_batch_size": _POSITIVE,
-                  "max_steps": _NON_NEGATIVE,  # 0 only with training.allow_untrained
-                  "eval_every": _POSITIVE, "checkpoint_every": _POSITIVE,
-                  "eval_batches": _POSITIVE},
-    DrafterConfig: {"block_size": _POSITIVE, "denoise_steps": _POSITIVE,
-                    "draft_layers": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
-                    "lora_r": _POSITIVE, "lora_alpha": _POSITIVE, "lora_dropout": _FRACTION,
-                    "mask_ratio_min": _FRACTION, "mask_ratio_max": _FRACTION,
-                    "prefix_gamma": _FRACTION},
-    MTPConfig: {"num_steps": _POSITIVE},
-    HeadConfig: {"layers": _POSITIVE, "intermediate_size": _NON_NEGATIVE,
-                 "draft_vocab": _NON_NEGATIVE, "prefix_gamma": _FRACTION, "block_stride": _POSITIVE},
-    TrainingConfig: {"num_workers": _POSITIVE, "cpus_per_worker": _NON_NEGATIVE,
-                     "max_failures": (-1, None),  # Ray Train's FailureConfig: -1 = retry forever
-                     "micro_batch_size": _NON_NEGATIVE, "logits_chunk_rows": _NON_NEGATIVE},
-    DecodingConfig: {"max_new_tokens": _POSITIVE, "num_prompts": _POSITIVE,
-                     "repeats": _POSITIVE, "workers": _POSITIVE,
-                     "worker_num_cpus": _NON_NEGATIVE, "worker_num_gpus": _NON_NEGATIVE,
-                     "torch_threads": _NON_NEGATIVE, "sweep_repeats": _POSITIVE,
-                     "sampling_prompts": _NON_NEGATIVE},
-    ServingConfig: {"max_prompt_tokens": _POSITIVE, "max_tokens_cap": _POSITIVE,
-                    "max_body_bytes": _POSITIVE, "max_sessions": _POSITIVE,
-                    "max_batch": _POSITIVE, "split_groups": _POSITIVE,
-                    "batch_wait_ms": _NON_NEGATIVE,
-                    "round_retries": _NON_NEGATIVE, "recovery_timeout_s": _NON_NEGATIVE,
-                    "replica_num_cpus": _NON_NEGATIVE, "drafter_replicas": _POSITIVE,
-                    "verifier_replicas": _POSITIVE, "drafter_num_gpus": _NON_NEGATIVE,
-                    "capacity_fraction": _FRACTION,
-                    "verifier_num_gpus": _NON_NEGATIVE},
-    CostProfileConfig: {"kv_len": _POSITIVE, "repeats": _POSITIVE, "threads": _NON_NEGATIVE,
-                        "num_gpus": _NON_NEGATIVE, "early_exit_layers": _NON_NEGATIVE,
-                        "lora_r": _POSITIVE, "lora_alpha": _POSITIVE,
-                        "draft_vocab": _NON_NEGATIVE, "decode_prompts": _POSITIVE,
-                        "decode_tokens": _NON_NEGATIVE},
-}
-_DEVICE = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
-_PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
-    ModelConfig: {"device": _DEVICE},
-    CostProfileConfig: {"device": _DEVICE},
-}
-# list fields whose every item must match a form: (regex, the form in words).
-_ITEM_PATTERNS: dict[type, dict[str, tuple[str, str]]] = {
-    DecodingConfig: {"synthetic": (r"[a-z][a-z0-9_]*=\d+(\.\d+)?",
-                                   "arm=tokens_per_round, e.g. peftbd=2.881")},
-    ServingConfig: {"synthetic": (r"[a-z][a-z0-9-]*=\d+(\.\d+)?",
-                                  "method=tokens_per_round, e.g. peft-bd=2.881")},
-}
+# Relations between a section's fields, checked on the finished config (per section type, so
+# `OptimConfig`'s would apply to drafter.optim and mtp.optim): pairs whose values must satisfy
+# first <= second; lists whose length a count field fixes. A single field's rule is in its
+# annotation (`peftbd.config_sections.Range`, `Form`, `DISTINCT`).
 _ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
     DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
 }
-# list fields whose every item must lie within bounds.
-_ITEM_RANGES: dict[type, dict[str, _Bounds]] = {
-    MTPConfig: {"loss_weights": _NON_NEGATIVE},  # a negative weight would train away from a step
-    DecodingConfig: {"batch_sizes": _POSITIVE, "temperatures": _NON_NEGATIVE},
-    ServingConfig: {"client_concurrency": _POSITIVE},
-}
-# list fields that must hold at least one item, none twice.
-_DISTINCT: dict[type, tuple[str, ...]] = {
-    DecodingConfig: ("batch_sizes", "temperatures"),  # one row per (arm, batch size / temperature)
-    ServingConfig: ("client_concurrency",),  # one placement row per concurrency
-}
-# (list field, count field): the list must hold exactly count items.
 _LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
     MTPConfig: (("loss_weights", "num_steps"),),  # one loss weight per recursive step
 }
@@ -154,7 +87,7 @@ def load_config(
         raise ConfigError(
             f"unknown preset {preset!r}; choose one of: {', '.join(preset_names())}"
         )
-    cfg = merge(Config(), PRESETS[preset], prefix="")
+    cfg = build(Config, PRESETS[preset])
     if config_file is not None:
         cfg = merge(cfg, _read_yaml(Path(config_file)), prefix="")
     for item in overrides:
@@ -221,21 +154,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _check_values(obj: Any, prefix: str = "") -> None:
-    """Check a finished config (section) against `_RANGES`, `_ITEM_RANGES`, `_ITEM_PATTERNS`,
-    `_DISTINCT`, `_PATTERNS`, `_ORDERED`, `_LENGTHS`."""
-    bounds, patterns = _RANGES.get(type(obj), {}), _PATTERNS.get(type(obj), {})
-    for name, (low, high) in _ITEM_RANGES.get(type(obj), {}).items():
-        bad = [v for v in getattr(obj, name) if (low is not None and v < low) or (high is not None and v > high)]
-        if bad:
-            allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise ConfigError(f"config key '{prefix}{name}': value {list(getattr(obj, name))!r} holds "
-                              f"{bad[0]!r}; expected every entry {allowed}")
-    for name, (pattern, form) in _ITEM_PATTERNS.get(type(obj), {}).items():
-        bad = [v for v in getattr(obj, name) if not re.fullmatch(pattern, v)]
-        if bad:
-            raise ConfigError(f"config key '{prefix}{name}': entry {bad[0]!r} is not valid; "
-                              f"expected {form}")
-    for name in _DISTINCT.get(type(obj), ()):
+    """Check a finished config (section) against its fields' rules (lists' entries first, then
+    each field in order, sections recursively), then `_ORDERED` and `_LENGTHS`."""
+    rules = _rules(type(obj))
+    for name, (_, item) in rules.items():
+        value = getattr(obj, name)
+        for rule in item:
+            if isinstance(rule, Range) and (bad := [v for v in value if not _within(v, rule)]):
+                raise ConfigError(f"config key '{prefix}{name}': value {list(value)!r} holds "
+                                  f"{bad[0]!r}; expected every entry {_allowed(rule)}")
+            if isinstance(rule, Form) and (bad := [v for v in value
+                                                   if not re.fullmatch(rule.pattern, v)]):
+                raise ConfigError(f"config key '{prefix}{name}': entry {bad[0]!r} is not valid; "
+                                  f"expected {rule.words}")
+    for name in (name for name, (own, _) in rules.items() if DISTINCT in own):
         value = list(getattr(obj, name))
         if not value or len(set(value)) != len(value):
             raise ConfigError(f"config key '{prefix}{name}': value {value!r} must hold at least one "
@@ -244,18 +176,14 @@ def _check_values(obj: Any, prefix: str = "") -> None:
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             _check_values(value, f"{key}.")
-        elif f.name in bounds:
-            low, high = bounds[f.name]
-            if (low is not None and value < low) or (high is not None and value > high):
-                allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        for rule in rules[f.name][0]:
+            if isinstance(rule, Range) and not _within(value, rule):
                 raise ConfigError(
-                    f"config key {key!r}: value {value!r} is out of range; expected {allowed}"
+                    f"config key {key!r}: value {value!r} is out of range; expected {_allowed(rule)}"
                 )
-        elif f.name in patterns:
-            pattern, form = patterns[f.name]
-            if not re.fullmatch(pattern, value):
+            if isinstance(rule, Form) and not re.fullmatch(rule.pattern, value):
                 raise ConfigError(
-                    f"config key {key!r}: value {value!r} is not valid; expected {form}"
+                    f"config key {key!r}: value {value!r} is not valid; expected {rule.words}"
                 )
     for first, second in _ORDERED.get(type(obj), ()):
         low, high = getattr(obj, first), getattr(obj, second)
@@ -271,3 +199,28 @@ def _check_values(obj: Any, prefix: str = "") -> None:
                 f"config key '{prefix}{items}': value {list(value)!r} has {len(value)} entries; "
                 f"expected one per '{prefix}{count}' ({want})"
             )
+
+
+def _rules(section: type) -> dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """Per field of `section`: (its own rules, its list entries' rules), from the annotations."""
+    out = {}
+    for name, hint in typing.get_type_hints(section, include_extras=True).items():
+        own, base = _metadata(hint)
+        item = _metadata(typing.get_args(base)[0])[0] if typing.get_origin(base) is tuple else ()
+        out[name] = (own, item)
+    return out
+
+
+def _metadata(hint: Any) -> tuple[tuple[Any, ...], Any]:
+    """(the `Annotated` rules of `hint`, the type under them)."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return hint.__metadata__, typing.get_args(hint)[0]
+    return (), hint
+
+
+def _within(value: float, rule: Range) -> bool:
+    return (rule.low is None or value >= rule.low) and (rule.high is None or value <= rule.high)
+
+
+def _allowed(rule: Range) -> str:
+    return f">= {rule.low}" if rule.high is None else f"in [{rule.low}, {rule.high}]"

@@ -1,9 +1,11 @@
-"""Type-checked merging of nested mappings into frozen dataclasses: the config's loading rules.
+"""Type-checked building and merging of nested mappings into frozen dataclasses: the config's
+loading rules.
 
-`merge` applies a nested mapping (a preset, a YAML file, an override) to a dataclass tree,
-checking every value against its field's annotation (`Literal` fields accept only their listed
-values, by type too); an unknown key or a bad value raises `ConfigError` naming the key, the
-value and the allowed form.
+`build` makes a dataclass tree from a complete nested mapping (a preset: every field set) and
+`merge` applies a partial one (a YAML file, an override) to a tree, both checking every value
+against its field's annotation (`Literal` fields accept only their listed values, by type too);
+an unknown or missing key or a bad value raises `ConfigError` naming the key, the value and the
+allowed form.
 """
 
 from __future__ import annotations
@@ -12,19 +14,40 @@ import dataclasses
 import difflib
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from peftbd.errors import UserError
+
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+T = TypeVar("T", bound=_Dataclass)
 
 
 class ConfigError(UserError, ValueError):
     """A config key, value or file is not valid; the message names it and the allowed form."""
 
 
-def merge(obj: Any, updates: dict[str, Any], prefix: str) -> Any:
+def build(cls: type[T], tree: dict[str, Any], prefix: str = "") -> T:
+    """A dataclass `cls` from `tree` (nested mapping), which sets every field, type-checked."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in tree]
+    if missing:
+        raise ConfigError(f"config key '{prefix}{missing[0]}' is missing; a preset sets every key "
+                          f"(peftbd/configs/*.yaml)")
+    return cls(**_checked(cls, tree, prefix, None))
+
+
+def merge(obj: T, updates: dict[str, Any], prefix: str) -> T:
     """Return a copy of dataclass `obj` with `updates` (nested mapping) applied and type-checked."""
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = typing.get_type_hints(type(obj))
+    return dataclasses.replace(obj, **_checked(type(obj), updates, prefix, obj))
+
+
+def _checked(cls: type, updates: dict[str, Any], prefix: str, current: Any) -> dict[str, Any]:
+    """`updates`' values for fields of `cls`, checked: sections built, or merged into `current`'s."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     changes: dict[str, Any] = {}
     for name, value in updates.items():
         key = f"{prefix}{name}"
@@ -35,17 +58,18 @@ def merge(obj: Any, updates: dict[str, Any], prefix: str) -> Any:
                 f"unknown config key {key!r}{hint}; keys under "
                 f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
             )
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
+        section = hints[name]
+        if isinstance(section, type) and dataclasses.is_dataclass(section):
             if not isinstance(value, dict):
                 raise ConfigError(
                     f"config key {key!r} is a section; set one of its fields instead, "
-                    f"e.g. {key}.{dataclasses.fields(current)[0].name}=..."
+                    f"e.g. {key}.{dataclasses.fields(section)[0].name}=..."
                 )
-            changes[name] = merge(current, value, prefix=f"{key}.")
+            changes[name] = build(section, value, f"{key}.") if current is None \
+                else merge(getattr(current, name), value, prefix=f"{key}.")
         else:
             changes[name] = _coerce(key, value, hints[name])
-    return dataclasses.replace(obj, **changes)
+    return changes
 
 
 def _describe(tp: Any) -> str:

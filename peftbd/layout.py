@@ -19,9 +19,9 @@ WORLD = StageSpec(
     command="python -m jobs.pipeline",
 )
 _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
-                  "peftbd.decoding.state", "peftbd.decoding.drafter", "peftbd.decoding.metrics",
-                  "peftbd.decoding.clock", "peftbd.decoding.fast_path", "peftbd.decoding.sampling",
-                  "peftbd.models.early_exit")
+                  "peftbd.decoding.cache_adapter", "peftbd.decoding.state", "peftbd.decoding.drafter",
+                  "peftbd.decoding.metrics", "peftbd.decoding.clock", "peftbd.decoding.fast_path",
+                  "peftbd.decoding.sampling", "peftbd.models.early_exit")
 """The engine's greedy AR, which decodes generate's continuations (its drafters do not)."""
 GENERATE = StageSpec(
     "generate", "generate continuations", "continuations", reads=("model", "data"),
@@ -77,13 +77,26 @@ COST_PROFILE = StageSpec(
 )
 """One round of every arm timed at `cost_profile.architecture` (Qwen3-0.6B): the cost facts a tiny
 model cannot show; the report projects them with the tiny run's acceptance."""
+PLACEMENT = StageSpec(
+    "placement", "placement experiment", "placement",
+    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "head", "serving",
+           "decoding", "training.seed"),  # the seed: a random: model's weights
+    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
+    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
+          "peftbd.analysis.placement_verdict",
+          "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
+          "serve_apps", "jobs.placement", "jobs.local_cluster"),
+    command="python -m jobs.placement",
+)
+"""The placement experiment (outside the main job): when its output exists under the same root,
+the benchmark's report summarises its verdict."""
 BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
            "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
            "mtp.num_steps", "head.draft_vocab"),
     inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
-            COST_PROFILE),
+            COST_PROFILE, PLACEMENT),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
           "peftbd.cost_model", "jobs.benchmark"),
     command="python -m jobs.benchmark",
@@ -107,15 +120,4 @@ ENGINE_SPEED = StageSpec(
           "peftbd.benchmarking.engine_speed"),
     command="python -m peftbd.benchmarking.engine_speed",
 )
-PLACEMENT = StageSpec(
-    "placement", "placement experiment", "placement",
-    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "head", "serving",
-           "decoding"),
-    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
-    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
-          "peftbd.analysis.placement_verdict",
-          "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
-          "serve_apps", "jobs.placement"),
-    command="python -m jobs.placement",
-)
-"""Experiments outside the main job, under the same contract (rerun only when their inputs change)."""
+"""An experiment outside the main job, under the same contract (rerun only when its inputs change)."""

@@ -25,7 +25,7 @@ from peftbd.analysis.figures import (
 from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals, sampling
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import BENCHMARK, STAGES
+from peftbd.layout import BENCHMARK, PLACEMENT, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -185,6 +185,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         *decode_section(results),
         *paper_question_section(results),
         *sampling.section(results, FIGURE_5),
+        *placement_section(manifests),
     ]
     per_category = tables.category_table(results)
     if per_category:
@@ -218,6 +219,21 @@ def decode_section(results: dict[str, Any]) -> list[str]:
         return []
     return ["## Table 9: measured at the paper's architecture (SYNTHETIC acceptance)",
             cost_at_scale.describe_decode(results) or "", table]
+
+
+def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
+    """The placement experiment's verdict, when its output sits beside this run's (its manifest:
+    `jobs.placement` records the verdict sentences there)."""
+    placement = manifests.get(PLACEMENT.title)
+    if not placement:
+        return []
+    measured = ", ".join(placement.get("placements", [])) or "none"
+    return ["## Placement: does splitting draft and verify change the cost asymmetry?",
+            f"From the placement experiment beside this run (`{PLACEMENT.subdir}/placement.md`; "
+            f"placements measured: {measured}; outputs identical across placements: "
+            f"{'yes' if placement.get('outputs_identical') else 'NO'}).",
+            "\n".join(f"- {line}" for line in placement.get("verdicts", []))
+            or "_The experiment computed no verdict (no split placement beside colocated)._"]
 
 
 def paper_question_section(results: dict[str, Any]) -> list[str]:

@@ -8,8 +8,8 @@ cached, from their features in `state.features`; then one forward over the chunk
 `[last committed token, D masks]` (the token's input fused with the last cached position's
 context) proposes D tokens, and the chunk's KV is dropped. A batch of requests drafts in one
 forward, the rows' head caches packed (`peftbd.decoding.ragged`). The drafter never reads the
-verifier's KV (`kv_layers = 0`): a split drafter replica needs only the committed tokens and the
-new positions' features.
+verifier's KV (`reads_kv_layers = 0`): a split drafter replica needs only the committed tokens and
+the new positions' features.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
-from peftbd.decoding.state import DecodeState, timed
+from peftbd.decoding.state import DecodeState, present, timed
 from peftbd.models.bd_head import BDHead
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
 
@@ -31,7 +32,8 @@ class BDHeadDrafter:
     tokens; `vocab_ids` (N,) restricts the draft LM head to those tokens (FR-Spec)."""
 
     name = "peftbd_head"
-    kv_layers = 0  # reads `state.features`, never the verifier's KV
+    reads_kv_layers: int | None = 0  # reads `state.features`, never the verifier's KV
+    reads_hidden = False
 
     def __init__(self, head: BDHead, verifier: PreTrainedModel, block_size: int,
                  vocab_ids: torch.Tensor | None = None) -> None:
@@ -54,8 +56,10 @@ class BDHeadDrafter:
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
-        for state in states:
-            n, cached = state.features.shape[1], state.drafter_state.get_seq_length()
+        caches = [present(s.drafter_state, "the head's cache") for s in states]
+        new = [present(s.features, "state.features")[0] for s in states]  # (n_i, m*d) each
+        for state, cache, f in zip(states, caches, new):
+            n, cached = f.shape[0], cache.get_seq_length()
             if len(state.tokens) - 1 - cached != n:
                 raise RuntimeError(
                     f"head cache holds {cached} positions but {len(state.tokens) - 1} are "
@@ -67,24 +71,28 @@ class BDHeadDrafter:
             return drafts
         rows_of = [states[i] for i in live]
         device, d, dtype = rows_of[0].device, self.block_size, self.head.mask_embedding.dtype
-        kv = pack([s.drafter_state for s in rows_of])
-        features, valid = left_aligned([s.features[0] for s in rows_of])
-        positions, _ = padded_ids([range(c, c + s.features.shape[1]) for s, c in zip(rows_of, kv.lengths)])
-        anchors = torch.tensor([s.features.shape[1] - 1 for s in rows_of], device=device)
+        kv = pack([caches[i] for i in live])
+        counts = [new[i].shape[0] for i in live]
+        features, valid = left_aligned([new[i] for i in live])
+        positions, _ = padded_ids([range(c, c + n) for n, c in zip(counts, kv.lengths)])
+        anchors = torch.tensor([n - 1 for n in counts], device=device)
         chunk = torch.cat([draft_input_ids(s.tokens[-1], self.head.shape.mask_id, d, device)
                            for s in rows_of])
         chunk_positions = torch.cat([draft_position_ids(len(s.tokens) - 1, d, device) for s in rows_of])
         with timed(rows_of, "draft"):
             context = self.head.context(features)
-            kv.record(None if valid.all() else valid, features.shape[1])
-            self.head.add_context(context, positions.to(device), kv)
-            mask = kv.chunk_mask(None, d + 1, draft_visibility(0, d, False), dtype)
+            kv.open_chunk(None if valid.all() else valid, features.shape[1])
+            self.head.add_context(context, positions.to(device), CacheAdapter(kv))
+            kv.open_chunk(None, d + 1)
+            mask = kv.chunk_mask(draft_visibility(0, d, False), dtype)
+            assert mask is not None  # a draft pattern is always a mask of its own
             # each row's anchor: its last cached position's context, the one that predicted b
             anchor = context[torch.arange(len(rows_of), device=device), anchors].unsqueeze(1)
-            hidden = self.head.block_hidden(chunk, chunk_positions, mask, kv, anchor=anchor)
+            hidden = self.head.block_hidden(chunk, chunk_positions, mask, CacheAdapter(kv),
+                                            anchor=anchor)
             block = self.head.draft_tokens(hidden[:, 1:], self.vocab)
         kv.drop()
-        kv.commit([s.features.shape[1] for s in rows_of])  # the committed context again
+        kv.commit(counts)  # the committed context again
         for row, i in enumerate(live):
             drafts[i] = block[row : row + 1, : max_tokens[i]]
         return drafts

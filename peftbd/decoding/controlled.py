@@ -114,7 +114,8 @@ class ControlledDrafter:
                  seed: int = 0) -> None:
         self.inner, self.profile, self.oracle, self.seed = inner, profile, oracle, seed
         self.name = f"{inner.name} [synthetic: {profile.describe}]"
-        self.kv_layers = inner.kv_layers
+        self.reads_kv_layers = inner.reads_kv_layers
+        self.reads_hidden = inner.reads_hidden
         self.feature_layers = inner.feature_layers
 
     def start(self, state: DecodeState) -> None:

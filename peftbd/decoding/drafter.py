@@ -2,9 +2,10 @@
 
 A drafter is shared by all requests (it holds models, never per-request data); what it needs
 per request lives in `state.drafter_state`. `propose` drafts for a batch of requests at once (one
-is the batch-1 engine): it may read each state's `tokens`, `cache` (the verifier's KV of
-`tokens[:-1]`), `hidden` and `features`, packs the rows it runs with
-`peftbd.decoding.ragged.pack`, and must leave each `state.cache` exactly as it found it. Time
+is the batch-1 engine): besides each state's `tokens` it reads what its three declarations say
+(`reads_kv_layers` of `cache`, the verifier's KV of `tokens[:-1]`; `hidden` if `reads_hidden`;
+`features` if `feature_layers`: a split drafter replica keeps only those in sync), packs the rows
+it runs with `peftbd.decoding.ragged.pack`, and must leave each `state.cache` as it found it. Time
 each of its (batched) forwards with `peftbd.decoding.state.timed(states, "draft")`.
 New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement these two methods
 and join the loop unchanged. A sampled request verifies a proposal as one-hot (q = 1 on each
@@ -26,13 +27,22 @@ from peftbd.decoding.state import DecodeState
 class Drafter(Protocol):
     """Proposes a block of draft tokens for the verifier to check."""
 
-    name: str
-    kv_layers: int | None
-    """Leading layers of the verifier KV that `propose` reads (a split drafter replica keeps only
-    those in sync); None: every layer, and `state.hidden`; 0: none (it reads `state.features`)."""
-    feature_layers: tuple[int, ...]
-    """Verifier hidden states (indices into transformers' `hidden_states`) that `propose` reads
-    from `state.features`; () for none."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reads_kv_layers(self) -> int | None:
+        """How many leading layers of the verifier KV (`state.cache`) `propose` reads, as a slice
+        end: `layers[:reads_kv_layers]` (None: all of them, 0: none)."""
+
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether `propose` reads `state.hidden`, the verifier's final hidden states."""
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Verifier hidden states (indices into transformers' `hidden_states`) that `propose`
+        reads from `state.features`; () for none."""
 
     def start(self, state: DecodeState) -> None:
         """Set up `state.drafter_state` for a new request (called once, right after prefill)."""
@@ -45,8 +55,9 @@ class NoDrafter:
     """Greedy AR: proposes nothing, so every round is one verifier step emitting one token."""
 
     name = "ar"
-    kv_layers = None
-    feature_layers = ()
+    reads_kv_layers: int | None = 0
+    reads_hidden = False
+    feature_layers: tuple[int, ...] = ()
 
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None
@@ -58,3 +69,12 @@ class NoDrafter:
 def no_draft(state: DecodeState) -> torch.Tensor:
     """An empty (1, 0) draft."""
     return torch.empty(1, 0, dtype=torch.long, device=state.device)
+
+
+def catch_up_layers(drafter: Drafter) -> int | None:
+    """How many leading verifier layers a forward that catches a state up for `drafter` must run
+    (`peftbd.decoding.verify.advance`): its KV layers when they are all it reads (an early-exit
+    PEFT-BD drafter's k), else every layer (None), which `hidden`, `features` and verifying need."""
+    if drafter.reads_hidden or drafter.feature_layers or not drafter.reads_kv_layers:
+        return None
+    return drafter.reads_kv_layers

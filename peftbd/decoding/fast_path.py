@@ -25,6 +25,7 @@ from torch._dynamo.utils import counters
 from torch.nn import functional as F
 from transformers import AttentionInterface, PreTrainedModel
 
+from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.ragged import RaggedKV
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,9 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention (inference, a mask given) with grouped KV heads read as they
     are: its compiled form otherwise copies every KV head group out of the whole buffer."""
+    groups: int = getattr(module, "num_key_value_groups")
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=module.num_key_value_groups > 1)
+                                         enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -46,20 +48,23 @@ AttentionInterface.register(_ATTENTION, _gqa_sdpa)
 
 
 class _StaticKV:
-    """What attention calls on a cache inside the graph: write row i's chunk at its `slots[i]`,
-    return the whole buffer (the mask says which slots a query sees). `index_put_`, which
-    inductor writes in place (a `scatter_` would copy the whole buffer every layer)."""
+    """The graph's `KVStore` (`peftbd.decoding.cache_adapter`): write row i's chunk at its
+    `slots[i]`, return the whole buffer (the mask says which slots a query sees). `index_put_`,
+    which inductor writes in place (a `scatter_` would copy the whole buffer every layer)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slots: torch.Tensor) -> None:
         self.keys, self.values, self.slots = keys, values, slots
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, key: torch.Tensor, value: torch.Tensor,
+              layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows, heads = (torch.arange(n, device=key.device) for n in key.shape[:2])
         index = (rows.view(-1, 1, 1), heads.view(1, -1, 1), self.slots.unsqueeze(1))  # (B, H, Q)
         self.keys[layer_idx].index_put_(index, key)
         self.values[layer_idx].index_put_(index, value)
         return self.keys[layer_idx], self.values[layer_idx]
+
+    def extent(self) -> tuple[int, int]:
+        raise RuntimeError("the fast path passes its own mask: transformers never sizes one")
 
 
 def _verify_graph(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor,
@@ -68,7 +73,7 @@ def _verify_graph(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Ten
     """Final hidden states (B, Q, d) and greedy tokens (B, Q) of one chunk per row (row i's at
     slots lengths[i]..; `valid` (B, Q): its real inputs, left-aligned), its KV written in place.
     A query sees its row's committed slots and the real chunk slots up to its own (causal): the
-    mask `RaggedKV.chunk_mask` gives a row's single chunk, over every slot of the buffer."""
+    mask `RaggedKV.chunk_mask` gives a row's single open chunk, over every slot of the buffer."""
     width, capacity = ids.shape[1], keys[0].shape[2]
     rel = torch.arange(capacity, device=ids.device).unsqueeze(0) - lengths.unsqueeze(1)  # (B, C)
     real = (rel < 0) | valid.gather(1, rel.clamp(0, width - 1))
@@ -78,8 +83,8 @@ def _verify_graph(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Ten
     mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device)
     mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
     slots = lengths.unsqueeze(1) + torch.arange(width, device=ids.device)
-    out = base.model(input_ids=ids, cache=_StaticKV(keys, values, slots), position_ids=positions,
-                     attention_mask={"full_attention": mask}, use_cache=True)
+    out = base.model(input_ids=ids, cache=CacheAdapter(_StaticKV(keys, values, slots)),
+                     position_ids=positions, attention_mask={"full_attention": mask}, use_cache=True)
     hidden = out.last_hidden_state
     return hidden, base.lm_head(hidden).argmax(-1)
 
@@ -99,7 +104,7 @@ class FastVerify:
         chunk is recorded in `kv` as an eager forward's would be (the caller `commit`s)."""
         width = ids.shape[1]
         kv.reserve(max(kv.lengths) + width)
-        kv.record(valid, width)
+        kv.open_chunk(valid, width)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
         config, attention = base.config, base.config._attn_implementation
         config._attn_implementation = _ATTENTION

@@ -122,7 +122,7 @@ class SpeculativeDecoder:
         params = per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling")
         queue = list(zip(range(len(prompts)), prompts, budgets, params))[::-1]
         running: list[tuple[int, DecodeState]] = []
-        results: list[DecodeResult | None] = [None] * len(prompts)
+        results: dict[int, DecodeResult] = {}
         while queue or running:
             joining = [queue.pop() for _ in range(min(batch_size - len(running), len(queue)))]
             if joining:
@@ -135,7 +135,7 @@ class SpeculativeDecoder:
                 if state.done:
                     results[i] = result_of(state)
             running = [(i, s) for i, s in running if not s.done]
-        return results
+        return [results[i] for i in range(len(prompts))]
 
 
 def result_of(state: DecodeState) -> DecodeResult:

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
-from peftbd.decoding.state import DecodeState, timed
+from peftbd.decoding.state import DecodeState, present, timed
 from peftbd.models.mtp_head import MTPHead
 
 
@@ -26,8 +27,9 @@ class MTPDrafter:
     """The FastMTP drafter: `num_steps` recursive MTP steps per round (paper: 3, verify width 4)."""
 
     name = "fastmtp"
-    kv_layers = None  # reads `state.hidden`: the verifier's final hidden states
-    feature_layers = ()
+    reads_kv_layers: int | None = 0  # its own head cache, never the verifier's KV
+    reads_hidden = True  # the verifier's final hidden states
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(self, head: MTPHead, verifier: PreTrainedModel, num_steps: int = 3) -> None:
         if num_steps < 1:
@@ -41,24 +43,27 @@ class MTPDrafter:
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
-        for state in states:
-            cache: RowCache = state.drafter_state
-            n, length = state.hidden.shape[1], len(state.tokens)
+        caches = [present(s.drafter_state, "the MTP head's cache") for s in states]
+        hiddens = [present(s.hidden, "state.hidden")[0] for s in states]
+        for state, cache, h in zip(states, caches, hiddens):
+            n, length = h.shape[0], len(state.tokens)
             if length - 1 - cache.get_seq_length() != n:
                 raise RuntimeError(
                     f"MTP head cache holds {cache.get_seq_length()} positions but {length - 1} "
                     f"are committed and state.hidden covers {n}: call propose exactly once per verify"
                 )
         device = states[0].device
-        new = [s.hidden.shape[1] for s in states]
-        kv = pack([s.drafter_state for s in states])
-        hidden, valid = left_aligned([s.hidden[0] for s in states])
+        new = [h.shape[0] for h in hiddens]
+        kv = pack(caches)
+        hidden, valid = left_aligned(hiddens)
         tokens, _ = padded_ids([s.tokens[-n:] for s, n in zip(states, new)])
         positions, _ = padded_ids([range(len(s.tokens) - n, len(s.tokens)) for s, n in zip(states, new)])
-        mask = kv.chunk_mask(None if valid.all() else valid, hidden.shape[1], None, hidden.dtype)
+        kv.open_chunk(None if valid.all() else valid, hidden.shape[1])
+        mask = kv.chunk_mask(None, hidden.dtype)
         last = torch.tensor(new, device=device) - 1
         with timed(states, "draft"):
-            out = self.head.step(hidden, tokens.to(device), positions.to(device), mask, kv)
+            out = self.head.step(hidden, tokens.to(device), positions.to(device), mask,
+                                 CacheAdapter(kv))
             out = out[torch.arange(len(states), device=device), last].unsqueeze(1)  # step 1's
             logits = self.head.logits(out)
         steps = [min(self.num_steps, m) for m in max_tokens]
@@ -66,9 +71,10 @@ class MTPDrafter:
         drafts = [token]
         for s in range(1, max(steps)):
             pos = torch.tensor([[len(state.tokens) - 1 + s] for state in states], device=device)
-            mask = kv.chunk_mask(None, 1, None, hidden.dtype)
+            kv.open_chunk(None, 1)
+            mask = kv.chunk_mask(None, hidden.dtype)
             with timed(states, "draft"):
-                out = self.head(hidden, token, pos, attention_mask=mask, cache=kv)
+                out = self.head(hidden, token, pos, attention_mask=mask, cache=CacheAdapter(kv))
             token, hidden = out.logits.argmax(-1), out.hidden
             drafts.append(token)
         kv.commit(new)  # the committed positions only: the later steps' entries are dropped

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from peft import PeftModel
 
+from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.ragged import pack
 from peftbd.decoding.state import DecodeState, timed
@@ -45,7 +46,8 @@ class PeftBDDrafter:
     same object verifies with the adapter off)."""
 
     name = "peftbd"
-    feature_layers = ()
+    reads_hidden = False
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(self, peft_model: PeftModel, mask_id: int, block_size: int,
                  denoise_steps: int = 1, anchored: bool = False) -> None:
@@ -59,7 +61,7 @@ class PeftBDDrafter:
         self.model = peft_model
         self.depth = adapter_depth(peft_model)  # all layers, or an early-exit adapter's k
         total = unwrap(peft_model).config.num_hidden_layers
-        self.kv_layers = self.depth if self.depth < total else None
+        self.reads_kv_layers = self.depth if self.depth < total else None  # None: every layer
         self.mask_id = mask_id
         self.block_size = block_size
         self.denoise_steps = denoise_steps
@@ -85,10 +87,12 @@ class PeftBDDrafter:
         fixed = torch.zeros_like(block, dtype=torch.bool)
         with adapter_on(self.model), lean_lora(self.model), first_layers(base.config, self.depth):
             for step in range(1, steps + 1):
-                mask = kv.chunk_mask(None, d + 1, pattern, base.dtype)
+                kv.open_chunk(None, d + 1)
+                mask = kv.chunk_mask(pattern, base.dtype)
                 with timed(rows_of, "draft"):
-                    out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=kv,
-                                     position_ids=positions, attention_mask=mask, use_cache=True)
+                    out = base.model(inputs_embeds=draft_embeddings(base, chunk),
+                                     cache=CacheAdapter(kv), position_ids=positions,
+                                     attention_mask=mask, use_cache=True)
                     logits = draft_logits(base, out.last_hidden_state[:, 1:]).float()
                 kv.drop()
                 logits[..., self.mask_id] = -math.inf

@@ -1,23 +1,22 @@
 """The KV cache of a batch of requests of different lengths, and how batched forwards use it.
 
 `RaggedKV` holds B rows in one buffer per layer (B, heads, capacity, head_dim), left-aligned:
-row i's committed positions fill slots [0, n_i). A forward appends a chunk of Q inputs per row,
-each row's q_i real inputs first (padding after), written at slots [n_i, n_i + Q): every row at
-its own offset, so rows that accepted different numbers of tokens need no realignment. The
-attention mask (`chunk_mask`) lets a query see its row's committed slots and, inside the chunks
-appended since, their pattern (causal, or the draft pattern) over real slots. `commit` then keeps
-the first m_i slots of what the chunks appended (the accepted tokens) by moving n_i: no copy.
-Dropping a draft's chunk moves nothing. Positions are explicit per row.
+row i's committed positions fill slots [0, n_i). A forward runs one chunk of Q inputs per row,
+each row's q_i real inputs first (padding after), written at slots [n_i, n_i + Q) after the
+chunks appended since the last commit: every row at its own offset, so rows that accepted
+different numbers of tokens need no realignment. A chunk is opened (`open_chunk`) before the
+forward that writes it: the forward's writes (`write`, through a
+`peftbd.decoding.cache_adapter.CacheAdapter`) go to the open chunk, and `chunk_mask` is its mask
+(a query sees its row's committed slots and, inside the chunks appended since, their pattern,
+causal or the draft pattern, over real slots). `commit` then keeps the first m_i slots of what
+the chunks appended (the accepted tokens) by moving n_i: no copy. `drop` forgets the last chunk
+(a draft's) and moves nothing. Positions are explicit per row.
 
 A request's `DecodeState` holds `RowCache`s: (a `RaggedKV`, its row). A batched call `pack`s
 its states' row caches: when they already are the rows 0..B-1 of one `RaggedKV` (a batch that
 keeps running) that buffer is used as is; otherwise (rows joined or left, or a server batching
 whichever requests arrived) their rows are copied into a new one, which they then point to.
 One request alone is the batch-1 engine: its own one-row buffer, never copied.
-
-`RaggedKV` implements what transformers' attention layers call on a cache (`update`) and, for
-the one case where the engine lets transformers build the mask (one row, causal), what its mask
-builder asks (`get_mask_sizes`, `get_query_offset`).
 """
 
 from __future__ import annotations
@@ -31,14 +30,15 @@ _MIN_CAPACITY = 64
 
 
 class RaggedKV:
-    """Rows of per-layer keys and values (see module doc); layers are created on first write."""
+    """Rows of per-layer keys and values (see module doc); layers are created on first write.
+    A `peftbd.decoding.cache_adapter.KVStore`: forwards take `CacheAdapter(kv)` as their cache."""
 
     def __init__(self, lengths: Sequence[int], device: torch.device) -> None:
         self.lengths = list(lengths)
         self.device = device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self._offset = 0  # where (after each row's committed slots) the next chunk is written
+        self._offset = 0  # slots appended after each row's committed ones, the open chunk's included
         self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
         self._lengths_t: torch.Tensor | None = None
         self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # (start, *shape), index
@@ -47,14 +47,21 @@ class RaggedKV:
     def size(self) -> int:
         return len(self.lengths)
 
-    # what attention calls -------------------------------------------------------------------
+    def open_chunk(self, valid: torch.Tensor | None, width: int) -> None:
+        """Open the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
+        left-aligned; None: all): the next forward's `write`s go there, `chunk_mask` is its mask."""
+        self._chunks.append((width, valid))
+        self._offset += width
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a chunk's keys/values (B, heads, Q, d) at each row's offset; the keys/values of
-        every slot a query of this chunk may see (the mask says which)."""
+    def write(self, key: torch.Tensor, value: torch.Tensor,
+              layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the open chunk's keys/values (B, heads, Q, d) at each row's offset; the keys/values
+        of every slot a query of this chunk may see (the mask says which)."""
         width = key.shape[2]
-        start = self._offset - width  # `chunk_mask` / `record` already counted this chunk
+        if not self._chunks or self._chunks[-1][0] != width:
+            raise RuntimeError(f"a forward wrote a chunk of {width} slots, but the open chunk has "
+                               f"{self._chunks[-1][0] if self._chunks else 'none'}: open_chunk first")
+        start = self._offset - width
         end = max(self.lengths) + self._offset
         if layer_idx == len(self.keys):
             shape = (self.size, key.shape[1], max(_MIN_CAPACITY, 2 * end), key.shape[3])
@@ -72,56 +79,25 @@ class RaggedKV:
             self.values[layer_idx].scatter_(2, index, value)
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
 
-    def _chunk_index(self, key: torch.Tensor, start: int) -> torch.Tensor:
-        """The scatter index of a chunk `key` (B, heads, Q, d) written at `start`: each row's
-        slots n_i + start.. (built once per chunk, shared by every layer)."""
-        if self._index is None or self._index[0] != (start, *key.shape):
-            slots = (self._lengths_on(key.device) + start).unsqueeze(1) \
-                + torch.arange(key.shape[2], device=key.device)
-            self._index = ((start, *key.shape), slots[:, None, :, None].expand_as(key))
-        return self._index[1]
+    def extent(self) -> tuple[int, int]:
+        """(query offset, key length) of the open chunk of one row, for the mask transformers
+        builds when `chunk_mask` is None: it starts after the row's committed slots and the
+        chunks before it."""
+        if self.size != 1:
+            raise RuntimeError(f"transformers asked for a mask's sizes over {self.size} rows; "
+                               "a batched forward must pass chunk_mask")
+        end = self.lengths[0] + self._offset
+        return end - self._chunks[-1][0], end
 
-    # what transformers' mask builder calls when `chunk_mask` leaves the mask to it (one row,
-    # causal): the chunk starts after the row's committed slots and the chunks before it
-
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.lengths[0] + self._offset - self._chunks[-1][0]
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.lengths[0] + self._offset, 0
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * max(len(self.keys), 1)
-
-    is_linear = is_dummy = is_sliding
-
-    def _grow(self, layer_idx: int, capacity: int) -> None:
-        for store in (self.keys, self.values):
-            old = store[layer_idx]
-            new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
-            new[:, :, : old.shape[2]] = old
-            store[layer_idx] = new
-
-    # what the engine calls ------------------------------------------------------------------
-
-    def record(self, valid: torch.Tensor | None, width: int) -> None:
-        """Note the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
-        left-aligned; None: all) without a mask (a chunk written straight into the cache)."""
-        self._chunks.append((width, valid))
-        self._offset += width
-
-    def chunk_mask(self, valid: torch.Tensor | None, width: int, pattern: torch.Tensor | None,
-                   dtype: torch.dtype) -> torch.Tensor | None:
-        """Record the next chunk and return its additive mask (B, 1, width, slots): a query sees
-        its row's committed slots, the real slots of the chunks appended since and, in its own
-        chunk, `pattern` (bool (width, width); None: causal) over real slots. None for one row's
-        causal chunk after real slots only: transformers builds that mask (the batch-1 engine's)."""
-        own_start = self._offset
-        self.record(valid, width)
+    def chunk_mask(self, pattern: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """The open chunk's additive mask (B, 1, width, slots): a query sees its row's committed
+        slots, the real slots of the chunks appended before it and, in its own chunk, `pattern`
+        (bool (width, width); None: causal) over real slots. None for one row's causal chunk
+        after real slots only: transformers builds that mask (the batch-1 engine's)."""
         if self.size == 1 and pattern is None and all(v is None for _, v in self._chunks):
             return None
-        dev = self.device
+        width, dev = self._chunks[-1][0], self.device
+        own_start = self._offset - width
         real = torch.cat([torch.ones(self.size, w, dtype=torch.bool, device=dev) if v is None
                           else v.to(dev) for w, v in self._chunks], 1)  # (B, offset)
         rel = (torch.arange(max(self.lengths) + self._offset, device=dev).unsqueeze(0)
@@ -137,6 +113,35 @@ class RaggedKV:
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask.unsqueeze(1)
 
+    def drop(self) -> None:
+        """Forget the last chunk (a draft step's KV: the next chunk overwrites it)."""
+        width, _ = self._chunks.pop()
+        self._offset -= width
+
+    def commit(self, counts: Sequence[int]) -> None:
+        """Row i keeps the first `counts[i]` slots the chunks appended since the last commit
+        (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+        self._lengths_t = self._index = None
+        self._offset = 0
+        self._chunks = []
+
+    def _chunk_index(self, key: torch.Tensor, start: int) -> torch.Tensor:
+        """The scatter index of a chunk `key` (B, heads, Q, d) written at `start`: each row's
+        slots n_i + start.. (built once per chunk, shared by every layer)."""
+        if self._index is None or self._index[0] != (start, *key.shape):
+            slots = (self._lengths_on(key.device) + start).unsqueeze(1) \
+                + torch.arange(key.shape[2], device=key.device)
+            self._index = ((start, *key.shape), slots[:, None, :, None].expand_as(key))
+        return self._index[1]
+
+    def _grow(self, layer_idx: int, capacity: int) -> None:
+        for store in (self.keys, self.values):
+            old = store[layer_idx]
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            store[layer_idx] = new
+
     def _lengths_on(self, device: torch.device) -> torch.Tensor:
         if self._lengths_t is None:
             self._lengths_t = torch.tensor(self.lengths, device=device)
@@ -151,19 +156,6 @@ class RaggedKV:
         for idx in range(len(self.keys)):
             if end > self.keys[idx].shape[2]:
                 self._grow(idx, 2 * end)
-
-    def drop(self) -> None:
-        """Forget the last recorded chunk (a draft step's KV: the next chunk overwrites it)."""
-        width, _ = self._chunks.pop()
-        self._offset -= width
-
-    def commit(self, counts: Sequence[int]) -> None:
-        """Row i keeps the first `counts[i]` slots the chunks appended since the last commit
-        (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
-        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
-        self._lengths_t = self._index = None
-        self._offset = 0
-        self._chunks = []
 
     def to(self, dtype: torch.dtype) -> None:
         """Cast every layer to `dtype` in place (the cost profiler's bf16 arms)."""

@@ -25,7 +25,7 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -73,17 +73,18 @@ GREEDY = SamplingParams()
 T = TypeVar("T")
 
 
-def per_request(value: T | Sequence[T] | None, n: int, default: T, one: type, name: str) -> list[T]:
+def per_request(value: T | Sequence[T] | None, n: int, default: T, one: type[T], name: str) -> list[T]:
     """One `value` per request of `n` from None (`default`), one for all (an instance of `one`),
     or one each; `name` (the argument) in the error for a list of the wrong length."""
     if value is None:
         return [default] * n
     if isinstance(value, one):
         return [value] * n
-    if len(value) != n:
-        raise ValueError(f"{name} has {len(value)} entries for {n} prompts; pass one "
+    each = cast("Sequence[T]", value)  # not one `one`: one per request
+    if len(each) != n:
+        raise ValueError(f"{name} has {len(each)} entries for {n} prompts; pass one "
                          f"{one.__name__}, or one per prompt")
-    return list(value)
+    return list(each)
 
 
 def target_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -124,14 +125,18 @@ def lossless_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     of row r decides output token generated[r] + j; `params` must carry seeds (`resolved`)."""
     rows, width, vocab = logits.shape
     device = logits.device
+    seeds = [p.seed for p in params if p.seed is not None]
+    if len(seeds) != len(params):
+        raise ValueError("lossless_tokens needs every row's seed: pass SamplingParams.resolved()")
     probs = target_probs(logits, params)
     draft = torch.tensor([[*d, *[0] * (width - len(d))] for d in drafts], device=device).unsqueeze(-1)
     lengths = torch.tensor([len(d) for d in drafts], device=device)
     has_draft = torch.arange(width, device=device) < lengths.unsqueeze(1)
 
     def draws(stream: int) -> torch.Tensor:
-        return torch.tensor([[uniform(p.seed, n + j, stream) if j <= len(d) else 0.0 for j in range(width)]
-                             for p, d, n in zip(params, drafts, generated)], dtype=torch.float64, device=device)
+        return torch.tensor([[uniform(seed, n + j, stream) if j <= len(d) else 0.0 for j in range(width)]
+                             for seed, d, n in zip(seeds, drafts, generated)],
+                            dtype=torch.float64, device=device)
 
     residual = torch.where(has_draft.unsqueeze(-1), probs.scatter(-1, draft, 0.0), probs)
     cdf = residual.cumsum(-1, dtype=torch.float64)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import torch
-from transformers import DynamicCache
 
 from peftbd.decoding.clock import ForwardLog
+from peftbd.decoding.ragged import RowCache
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,24 +52,26 @@ class RoundMetrics:
 
 @dataclass
 class DecodeState:
-    """One request. Invariant between rounds: `cache` holds the verifier's (adapter-off) KV of
-    `tokens[:-1]`; the last committed token (the bonus) is not in it yet. The engine steps any
-    number of states at once (`peftbd.decoding.ragged.pack` packs them); each keeps its own cache.
+    """One request. Invariant between rounds: `cache` (its row of a `RaggedKV`) holds the
+    verifier's (adapter-off) KV of `tokens[:-1]`; the last committed token (the bonus) is not in
+    it yet. The engine steps any number of states at once (`peftbd.decoding.ragged.pack` packs
+    them); each keeps its own cache.
 
     `hidden` holds the verifier's final hidden states (1, n, d) of the positions that predicted
     the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
     it). `features` (1, n, m*d), when `feature_layers` names m verifier hidden states (indices
     into transformers' `hidden_states`), holds them concatenated for the same n positions (the
-    block-diffusion head reads them). `drafter_state` is the drafter's own per-request slot (e.g.
-    the MTP head's cache). `sampling`: how the verifier picks tokens (greedy, or sampled with a
-    seed: `peftbd.decoding.sampling`).
+    block-diffusion head reads them). `drafter_state` is the drafter's own per-request cache (the
+    MTP head's, the block-diffusion head's; None for a drafter that keeps none), set by its
+    `start`. `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
+    `peftbd.decoding.sampling`).
     """
 
     tokens: list[int]
     prompt_len: int
     max_new_tokens: int
     eos_ids: frozenset[int]
-    cache: DynamicCache
+    cache: RowCache
     forwards: ForwardLog
     device: torch.device
     hidden: torch.Tensor | None = None
@@ -77,7 +81,7 @@ class DecodeState:
     rounds: list[RoundMetrics] = field(default_factory=list)
     prefill_s: float = 0.0
     mark: float = 0.0  # clock reading at the end of the last prefill/round (for `other_ms`)
-    drafter_state: Any = None
+    drafter_state: RowCache | None = None
     sampling: SamplingParams = GREEDY
 
     @property
@@ -94,3 +98,12 @@ class DecodeState:
 def timed(states: Sequence[DecodeState], mode: str) -> contextlib.AbstractContextManager[None]:
     """Time one (batched) forward of `mode` over `states`: it counts, whole, for every row."""
     return states[0].forwards.timed(mode, *(s.forwards for s in states[1:]))
+
+
+def present(value: T | None, what: str) -> T:
+    """`value`, which the round protocol has set (e.g. `state.hidden` after a verify); a clear
+    error naming `what` when it has not."""
+    if value is None:
+        raise RuntimeError(f"{what} is not set: start the request with SpeculativeDecoder.start "
+                           "and call propose once per verify")
+    return value

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from peft import PeftModel
 from transformers import PreTrainedModel
 
+from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.clock import Clock, ForwardLog
+from peftbd.decoding.drafter import Drafter, catch_up_layers
 from peftbd.decoding.fast_path import FastVerify
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
@@ -55,13 +58,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequence[Sequence[int]],
              mode: str, pick: Pick | None = None,
-             fast: FastVerify | None = None) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list]:
+             fast: FastVerify | None = None
+             ) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list[Any]]:
     """One verifier forward over each row's `inputs` at its next positions, the rows' caches
     packed (`peftbd.decoding.ragged`): (their `RaggedKV`, the final hidden states (B, Q, d) and
     `feature_layers` features (or None) of every slot, row i's being its first len(inputs[i]);
-    `pick`'s tokens as lists, [] without it). `fast`: the compiled verify forward (it computes
-    every slot's argmax, which `pick` is given), used when no features are kept. The caller
-    `commit`s what the rows keep."""
+    `pick`'s tokens per row (`tolist`: an int or a list), [] without it). `fast`: the compiled
+    verify forward (it computes every slot's argmax, which `pick` is given), used when no
+    features are kept. The caller `commit`s what the rows keep."""
     base = unwrap(model)
     device = states[0].device
     kv = pack([s.cache for s in states])
@@ -70,13 +74,15 @@ def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequ
     layers = states[0].feature_layers
     if fast is not None and not layers:
         with timed(states, mode):
-            hidden, tokens = fast(base, kv, ids.to(device), positions.to(device), valid)
-            tokens = tokens if pick is None else pick(base.lm_head, hidden, tokens)
-            return kv, hidden, None, tokens.tolist()  # one device sync
-    mask = kv.chunk_mask(None if valid.all() else valid, ids.shape[1], None, base.dtype)
+            hidden, argmax = fast(base, kv, ids.to(device), positions.to(device), valid)
+            picked = argmax if pick is None else pick(base.lm_head, hidden, argmax)
+            return kv, hidden, None, picked.tolist()  # one device sync
+    kv.open_chunk(None if valid.all() else valid, ids.shape[1])
+    mask = kv.chunk_mask(None, base.dtype)
     with timed(states, mode):
-        out = base.model(input_ids=ids.to(device), cache=kv, position_ids=positions.to(device),
-                         attention_mask=mask, use_cache=True, output_hidden_states=bool(layers))
+        out = base.model(input_ids=ids.to(device), cache=CacheAdapter(kv),
+                         position_ids=positions.to(device), attention_mask=mask, use_cache=True,
+                         output_hidden_states=bool(layers))
         hidden = out.last_hidden_state
         features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
         tokens = pick(base.lm_head, hidden, None).tolist() if pick else []  # one device sync
@@ -148,7 +154,7 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
     start = clock.now()
     lasts = torch.tensor([len(s.tokens) - 1 for s in live], device=live[0].device)
     rows = torch.arange(len(live), device=live[0].device)
-    no_drafts = [[]] * len(live)
+    no_drafts: list[list[int]] = [[]] * len(live)
     kv, hidden, features, firsts = _forward(model, live, [s.tokens for s in live], "prefill",
                                             lambda head, h, _: choose(head, h[rows, lasts], live, no_drafts))
     kv.commit([len(s.tokens) for s in live])
@@ -233,19 +239,19 @@ def verify_rows(model: torch.nn.Module, states: Sequence[DecodeState],
 
 @torch.inference_mode()
 def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int],
-            layers: int | None = None) -> list[int]:
+            drafter: Drafter | None = None) -> list[int]:
     """Commit tokens that another process verified (split draft/verify serving) and catch this
     state's verifier cache and `hidden` up with one adapter-off forward; returns what was kept.
 
-    `layers` = k syncs only the first k layers (a drafter that reads no more: an early-exit
-    PEFT-BD drafter's `kv_layers`); deeper layers then fall behind and `hidden` becomes None, so
-    such a state may draft but never verify."""
-    return advance_rows(model, [state], [new_tokens], layers)[0]
+    `drafter`: catch up only what it reads (`catch_up_layers`; None: everything). An early-exit
+    PEFT-BD drafter reads the first k KV layers only: deeper layers then fall behind and
+    `hidden` becomes None, so such a state may draft but never verify."""
+    return advance_rows(model, [state], [new_tokens], drafter)[0]
 
 
 @torch.inference_mode()
 def advance_rows(model: torch.nn.Module, states: Sequence[DecodeState],
-                 new_tokens: Sequence[Sequence[int]], layers: int | None = None) -> list[list[int]]:
+                 new_tokens: Sequence[Sequence[int]], drafter: Drafter | None = None) -> list[list[int]]:
     """`advance` of several requests in one batched forward."""
     for state, new in zip(states, new_tokens):
         if state.done:
@@ -255,6 +261,7 @@ def advance_rows(model: torch.nn.Module, states: Sequence[DecodeState],
     uncached = [s.tokens[-1:] for s in states]
     kept = [_commit(s, new) for s, new in zip(states, new_tokens)]
     inputs = [u + k[:-1] for u, k in zip(uncached, kept)]
+    layers = None if drafter is None else catch_up_layers(drafter)
     with first_layers(unwrap(model).config, layers):
         kv, hidden, features, _ = _forward(model, states, inputs, "sync")
     kv.commit([len(x) for x in inputs])
@@ -272,8 +279,9 @@ def advance_shipped(state: DecodeState, new_tokens: Sequence[int], *,
     process's verify computed for the n positions it added to its cache, which is what this
     state's drafter reads:
 
-    - `features` (1, n, m*d), the verifier features (the block-diffusion head, `kv_layers == 0`)
-      or `hidden` (1, n, d), its final hidden states (FastMTP): `state.cache` falls behind;
+    - `features` (1, n, m*d), the verifier features (the block-diffusion head's
+      `feature_layers`) or `hidden` (1, n, d), its final hidden states (FastMTP's
+      `reads_hidden`): `state.cache` falls behind;
     - `kv`, per layer (1, heads, n, head_dim) keys and values (PEFT-BD): appended to
       `state.cache`, so a forward catch-up can follow later; `hidden` becomes None.
 

@@ -150,7 +150,8 @@ class ReplicaDecoder:
             if not new:
                 continue
             if block is not None and block.covers(len(state.tokens) - 1, len(it.committed) - 1):
-                advance_shipped(state, new, **_taken(block, state.device, dec.drafter.kv_layers))
+                advance_shipped(state, new,
+                                **_taken(block, state.device, dec.drafter.reads_kv_layers))
                 sess.cache_behind |= not isinstance(block, KVBlock)
             elif sess.cache_behind:
                 rebuild.append(i)
@@ -159,7 +160,7 @@ class ReplicaDecoder:
         if behind:  # early exit syncs only its k layers
             advance_rows(dec.model, [sessions[i].state for i in behind],
                          [items[i].committed[len(sessions[i].state.tokens):] for i in behind],
-                         layers=dec.drafter.kv_layers)
+                         drafter=dec.drafter)
         featured = [i for i in rebuild if isinstance(items[i].shipped, FeatureBlock)
                     and items[i].shipped.layers != FINAL_HIDDEN
                     and items[i].shipped.covers(0, len(items[i].committed) - 1)]
@@ -290,11 +291,11 @@ def _shipped(state: DecodeState, kind: str | None) -> Shipped:
                           start)
 
 
-def _taken(block: FeatureBlock | KVBlock, device: Any, kv_layers: int | None) -> dict[str, Any]:
-    """`advance_shipped`'s keyword for a shipped block (KV: the drafter's `kv_layers` first
-    layers, all for None; the verifier ships every layer)."""
+def _taken(block: FeatureBlock | KVBlock, device: Any, reads_kv_layers: int | None) -> dict[str, Any]:
+    """`advance_shipped`'s keyword for a shipped block (KV: the layers the drafter reads, all
+    for None; the verifier ships every layer)."""
     if isinstance(block, KVBlock):
-        return {"kv": block.decode(device)[:kv_layers]}
+        return {"kv": block.decode(device)[:reads_kv_layers]}
     return {"hidden" if block.layers == FINAL_HIDDEN else "features": block.decode(device)}
 
 

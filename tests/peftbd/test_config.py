@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from peftbd.config import (
-    Config, ConfigError, apply_override, load_config, preset_names, save_config,
+    Config, ConfigError, DrafterConfig, apply_override, load_config, preset_names, save_config,
 )
 from peftbd.config_sections import Method, Placement
 
@@ -124,20 +124,26 @@ def test_precision_message_and_zero_stage_values_of_the_wrong_type():
             load_config("tiny", overrides=[item])
 
 
-def _literal_fields(section, prefix=""):
+def _field_types(section: type, prefix=""):
+    """(dotted key, annotation) of every field of the class tree under `section`."""
+    for name, tp in typing.get_type_hints(section).items():
+        if dataclasses.is_dataclass(tp):
+            yield from _field_types(tp, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", tp
+
+
+def _literal_fields(section: type):
     """(dotted key, allowed values) of every Literal field; a tuple field's as one-item lists."""
-    for f in dataclasses.fields(section):
-        value, tp = getattr(section, f.name), typing.get_type_hints(type(section))[f.name]
-        if dataclasses.is_dataclass(value):
-            yield from _literal_fields(value, f"{prefix}{f.name}.")
-        elif typing.get_origin(tp) is typing.Literal:
-            yield f"{prefix}{f.name}", typing.get_args(tp)
+    for key, tp in _field_types(section):
+        if typing.get_origin(tp) is typing.Literal:
+            yield key, typing.get_args(tp)
         elif typing.get_origin(tp) is tuple and typing.get_origin(typing.get_args(tp)[0]) is typing.Literal:
-            yield f"{prefix}{f.name}", [[v] for v in typing.get_args(typing.get_args(tp)[0])]
+            yield key, [[v] for v in typing.get_args(typing.get_args(tp)[0])]
 
 
 def test_every_allowed_value_of_every_enum_field_loads():
-    fields = dict(_literal_fields(Config()))
+    fields = dict(_literal_fields(Config))
     lists = {"serving.placements", "serving.placement_methods", "cost_profile.dtypes"}
     assert set(fields) == set(ENUMS) | lists  # ENUMS covers every enum field
     for key, values in fields.items():
@@ -274,7 +280,7 @@ def _keys(tree, prefix=""):
 def test_preset_files_are_complete_commented_and_equal_the_presets(name):
     path = CONFIGS / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
-    assert _keys(data) == _keys(Config().to_dict())  # every knob, none unknown
+    assert _keys(data) == {key for key, _ in _field_types(Config)}  # every knob, none unknown
     assert data["preset"] == name
     header = path.read_text().splitlines()[:4]
     assert all(line.startswith("#") for line in header)  # the header says how to run and copy it
@@ -282,6 +288,35 @@ def test_preset_files_are_complete_commented_and_equal_the_presets(name):
     assert "cp peftbd/configs/" in "\n".join(header)
     # --config is applied over the default preset (tiny): a full file replaces all of it
     assert load_config("tiny", config_file=path) == load_config(name) == load_config(name, config_file=path)
+
+
+def test_the_presets_are_the_only_values():
+    """No field has a default: a config is a preset's tree, never a bare `Config()`, and a preset
+    without some key does not load."""
+    with pytest.raises(TypeError, match="missing 13 required"):
+        Config()
+    sections = {Config, typing.get_type_hints(DrafterConfig)["optim"],
+                *(s for s in typing.get_type_hints(Config).values() if dataclasses.is_dataclass(s))}
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for s in sections for f in dataclasses.fields(s))
+    from peftbd.config_merge import build
+    from peftbd.presets import PRESETS
+
+    tree = {**PRESETS["tiny"], "head": {k: v for k, v in PRESETS["tiny"]["head"].items()
+                                        if k != "block_stride"}}
+    with pytest.raises(ConfigError, match="config key 'head.block_stride' is missing"):
+        build(Config, tree)
+
+
+def test_each_fields_rule_is_in_its_annotation():
+    """The range, form and distinctness rules sit on the fields they check."""
+    from peftbd.config_sections import DISTINCT, DecodingConfig, Range
+
+    hints = typing.get_type_hints(DrafterConfig, include_extras=True)
+    assert hints["lora_dropout"].__metadata__ == (Range(0, 1),)
+    batch_sizes = typing.get_type_hints(DecodingConfig, include_extras=True)["batch_sizes"]
+    assert batch_sizes.__metadata__ == (DISTINCT,)
+    assert typing.get_args(typing.get_args(batch_sizes)[0])[0].__metadata__ == (Range(1),)
 
 
 def test_embedded_tiny_is_importable_from_both_modules():

@@ -188,3 +188,16 @@ def test_summary_lines_give_the_interval_and_speedup_when_measured(sample_result
     assert lines[0] == "AR: 400.3 tok/s (95% interval 390.0-410.5), 1.00 accepted/round"
     assert lines[1].startswith("PEFT-BD 1 step: 122.5 tok/s (95% interval 118.0-127.2), 0.31x AR, "
                                "1.37 accepted/round")
+
+
+def test_the_report_summarises_a_placement_experiment_beside_the_run():
+    from peftbd.analysis.report import placement_section
+    from peftbd.layout import PLACEMENT
+
+    assert placement_section({}) == []
+    lines = placement_section({PLACEMENT.title: {
+        "placements": ["colocated", "split"], "outputs_identical": True,
+        "verdicts": ["**peft-bd, split:** drafting costs 1.00 ms per generated token split"]}})
+    assert lines[0].startswith("## Placement") and "colocated, split" in lines[1]
+    assert "**peft-bd, split:**" in lines[2]
+    assert "no verdict" in placement_section({PLACEMENT.title: {"placements": ["colocated"]}})[2]

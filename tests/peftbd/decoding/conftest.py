@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peftbd.data.chat import encode_prompt, prompt_messages
-from peftbd.decoding import DecodeState
+from peftbd.decoding import DecodeState, NoDrafter
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 
 
@@ -37,20 +37,15 @@ def prompts(tiny_world, tokenizer) -> list[tuple[str, list[int]]]:
     return [(r["id"], encode_prompt(tokenizer, prompt_messages(r["messages"]))) for r in rows]
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(NoDrafter):
     """Proposes `block` tokens of a known continuation; `wrong_from` corrupts the block from that
     index on ((token + 1) mod vocab), so acceptance is exactly predictable."""
 
     name = "scripted"
-    kv_layers = None
-    feature_layers = ()
 
     def __init__(self, continuation: list[int], block: int, wrong_from: int | None = None,
                  vocab: int = 2112) -> None:
         self.continuation, self.block, self.wrong_from, self.vocab = continuation, block, wrong_from, vocab
-
-    def start(self, state: DecodeState) -> None:
-        state.drafter_state = None
 
     def propose(self, states: list[DecodeState], max_tokens: list[int]) -> list[torch.Tensor]:
         return [self._one(s, m) for s, m in zip(states, max_tokens)]

@@ -9,8 +9,7 @@ import random
 import pytest
 import torch
 
-from peftbd.decoding import (BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder,
-                             DecodeState)
+from peftbd.decoding import BDHeadDrafter, MTPDrafter, NoDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack
 from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.mtp_head import MTPHead
@@ -26,17 +25,15 @@ def rows(prompts, tokenizer) -> list[list[int]]:
     return base + [base[0][:9], base[1] + base[2][-5:], base[2][:3]]
 
 
-class Perturbed:
+class Perturbed(NoDrafter):
     """Proposes each request's own AR continuation with a wrong token at a random place each
-    round: rows accept different prefixes every round (seeded, so batch 1 and batch B agree)."""
+    round: rows accept different prefixes every round (seeded by the row's length, so batch 1
+    and batch B agree)."""
 
-    name, kv_layers, feature_layers = "perturbed", None, ()
+    name = "perturbed"
 
     def __init__(self, truth: dict[tuple[int, ...], list[int]], block: int) -> None:
         self.truth, self.block = truth, block
-
-    def start(self, state: DecodeState) -> None:
-        state.drafter_state = random.Random(len(state.tokens))
 
     def propose(self, states, max_tokens):
         out = []
@@ -44,7 +41,7 @@ class Perturbed:
             truth = self.truth[tuple(state.tokens[: state.prompt_len])]
             done = len(state.new_tokens)
             draft = list(truth[done : done + min(self.block, m)])
-            wrong = state.drafter_state.randrange(self.block + 1)
+            wrong = random.Random(len(state.tokens)).randrange(self.block + 1)
             if wrong < len(draft):
                 draft[wrong] = (draft[wrong] + 1) % 2000
             out.append(torch.tensor([draft], dtype=torch.long))
@@ -139,8 +136,8 @@ def test_decode_many_rejects_a_bad_batch_size_and_budget_list(drafters, rows, eo
 def test_pack_reuses_a_running_batch_and_copies_a_new_one():
     device = torch.device("cpu")
     kv = RaggedKV([0, 0], device)
-    kv.record(None, 3)
-    kv.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
+    kv.open_chunk(None, 3)
+    kv.write(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
     kv.commit([3, 2])
     a, b = RowCache(kv, 0), RowCache(kv, 1)
     assert pack([a, b]) is kv  # the running batch: no copy
@@ -154,7 +151,22 @@ def test_pack_reuses_a_running_batch_and_copies_a_new_one():
 def test_chunk_mask_sees_committed_and_real_slots_only():
     kv = RaggedKV([2, 0], torch.device("cpu"))
     valid = torch.tensor([[True, True, True], [True, False, False]])
-    mask = kv.chunk_mask(valid, 3, None, torch.float32)[:, 0] == 0  # allowed
+    kv.open_chunk(valid, 3)
+    mask = kv.chunk_mask(None, torch.float32)[:, 0] == 0  # allowed
     assert mask.shape == (2, 3, 5)
     assert mask[0].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
     assert mask[1].tolist() == [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
+
+
+def test_a_forward_writes_the_open_chunk_only():
+    """`write` relies on `open_chunk` (where the chunk goes, what its mask is): a forward without
+    one, or of another width, is an error, not a silent misplacement."""
+    kv, key = RaggedKV([2], torch.device("cpu")), torch.zeros(1, 1, 2, 4)
+    with pytest.raises(RuntimeError, match="open chunk has none: open_chunk first"):
+        kv.write(key, key, 0)
+    kv.open_chunk(None, 3)
+    with pytest.raises(RuntimeError, match="a chunk of 2 slots, but the open chunk has 3"):
+        kv.write(key, key, 0)
+    kv.drop()
+    kv.open_chunk(None, 2)
+    assert kv.write(key, key, 0)[0].shape == (1, 1, 4, 4) and kv.extent() == (2, 4)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from peftbd.decoding import (BDHeadDrafter, DecodeState, MTPDrafter, PeftBDDrafter, SamplingParams,
+from peftbd.decoding import (BDHeadDrafter, MTPDrafter, NoDrafter, PeftBDDrafter, SamplingParams,
                              SpeculativeDecoder, sampling)
 from peftbd.decoding.fast_path import _verify_graph
 from peftbd.decoding.sampling import lossless_tokens, target_probs
@@ -78,17 +78,14 @@ def bound(p: torch.Tensor, n: int) -> float:
     return mean + math.sqrt(math.log(1e6) / (2 * n))
 
 
-class HighLow:
+class HighLow(NoDrafter):
     """Proposes the most likely next token, then the least likely after it (exact p): both
     branches of the rule at each draft position; under top-k the second is a filtered token."""
 
-    name, kv_layers, feature_layers = "high-low", None, ()
+    name = "high-low"
 
     def __init__(self, nexts: dict[tuple[int, ...], torch.Tensor]) -> None:
         self.nexts = nexts
-
-    def start(self, state: DecodeState) -> None:
-        state.drafter_state = None
 
     def propose(self, states, max_tokens):
         drafts = []

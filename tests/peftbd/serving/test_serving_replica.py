@@ -114,7 +114,7 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
 
     cfg = dataclasses.replace(tiny_cfg, drafter=dataclasses.replace(tiny_cfg.drafter, draft_layers=1))
     models = load_serving_models(cfg)  # an untrained early-exit adapter: the first layer's exit
-    assert models.decoder("peft-bd").drafter.kv_layers == 1
+    assert models.decoder("peft-bd").drafter.reads_kv_layers == 1
     replica, truncated = ReplicaDecoder(models, 4), []
     tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
     assert tokens == reference
@@ -123,7 +123,7 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
     (k0, _), (k1, _) = replica.sessions.get("s").state.cache.committed()
     assert k0[..., len(prompt):, :].abs().sum() > 0 and k1[..., len(prompt):, :].abs().sum() == 0
 
-    monkeypatch.setattr(models.decoder("peft-bd").drafter, "kv_layers", None)  # sync every layer
+    monkeypatch.setattr(models.decoder("peft-bd").drafter, "reads_kv_layers", None)  # every layer
     full = []
     assert _split(models, prompt, "peft-bd", drafts=full)[0] == reference
     assert truncated == full and any(truncated)

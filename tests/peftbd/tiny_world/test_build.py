@@ -4,12 +4,12 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from peftbd.config import TinyWorldConfig
+from peftbd.config import load_config
 from peftbd.tiny_world.build import build_tiny_world
 
-SMALL = TinyWorldConfig(corpus_rows=400, vocab_size=600, train_steps=4, train_batch_size=4,
-                        hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
-                        intermediate_size=64, num_layers=2)
+SMALL = dataclasses.replace(load_config("tiny").tiny_world, corpus_rows=400, vocab_size=600,
+                            train_steps=4, train_batch_size=4, hidden_size=32, num_heads=2,
+                            num_kv_heads=1, head_dim=16, intermediate_size=64, num_layers=2)
 
 
 @pytest.fixture(scope="module")
