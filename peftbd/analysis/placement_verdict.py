@@ -21,10 +21,13 @@ per device >= GOAL_PER_DEVICE x colocated's; capacity per verifier device >= GOA
 @dataclass(frozen=True)
 class Capacity:
     """The most clients measured that each still got >= the fraction of one client's tok/s;
-    `censored`: every level measured passed, so the true capacity is at least `clients`."""
+    `censored`: every level measured passed, so the true capacity is at least `clients`;
+    `baseline`: only the lowest level passed (which always does), so the true capacity lies
+    somewhere below the next level: no number to divide."""
 
     clients: int
     censored: bool
+    baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ def capacity(rows: Sequence[dict[str, Any]], fraction: float) -> Capacity | None
         return None
     floor = fraction * rows[0]["client_tokens_per_s"]
     passing = [r["concurrency"] for r in rows if (r.get("client_tokens_per_s") or 0) >= floor]
-    return Capacity(max(passing), censored=passing[-1:] == [rows[-1]["concurrency"]])
+    return Capacity(max(passing), censored=passing[-1:] == [rows[-1]["concurrency"]],
+                    baseline=max(passing) == rows[0]["concurrency"] and len(rows) > 1)
 
 
 def verdicts(summary: dict[str, Any], rows: Sequence[dict[str, Any]],
@@ -129,7 +133,7 @@ def capacity_gain(v: Verdict) -> tuple[float | None, str]:
     """Split's capacity per verifier device over colocated's, and what it is: "" (measured),
     ">=" / "<=" (a bound: one side passed every level measured), or "unknown" (both did)."""
     ratio, (colocated, split) = _ratio(v.capacity_per_verifier), v.capacity
-    if ratio is None or colocated is None or split is None:
+    if ratio is None or colocated is None or split is None or colocated.baseline or split.baseline:
         return None, "unknown"
     kinds = {(False, False): "", (False, True): ">=", (True, False): "<=", (True, True): "unknown"}
     return ratio, kinds[colocated.censored, split.censored]
@@ -138,8 +142,8 @@ def capacity_gain(v: Verdict) -> tuple[float | None, str]:
 def _bounded_goal(gain: tuple[float | None, str], goal: float) -> str:
     value, kind = gain
     if value is None or kind == "unknown":
-        return ("undecided (every client level measured passed in both placements: measure "
-                "more, serving.client_concurrency)")
+        return ("undecided (both placements passed every level, or one passed only the lowest: "
+                "measure more levels, serving.client_concurrency)")
     if kind == ">=" and value < goal or kind == "<=" and value >= goal:
         return f"undecided ({kind} {value:.2f}x: measure more, serving.client_concurrency)"
     return _goal(value, goal).replace("(", f"({kind} " if kind else "(", 1)
@@ -151,7 +155,9 @@ def _gain_words(gain: tuple[float | None, str]) -> str:
 
 
 def _cap_words(c: Capacity | None) -> str:
-    return "-" if c is None else f"{'>= ' if c.censored else ''}{c.clients}"
+    if c is None:
+        return "-"
+    return f"{'>= ' if c.censored else ''}{c.clients}{' (only the lowest level)' if c.baseline else ''}"
 
 
 def sentence(v: Verdict) -> str:

@@ -8,8 +8,9 @@ waits up to `wait_ms` for more, but only while `expected()` (how many callers ar
 here: between two calls, heading to this one) is > 0, so a lone request never waits and a batch
 whose other members are still in another call does not wait for them. `behind()` counts the
 members of the same round still in an earlier call (a split verify: the requests still
-proposing); a batch waits for them up to `ROUND_WAIT_S`, which puts requests that drifted out of
-phase (one proposing while the other verifies, alternating forever) back in lockstep. Only the
+proposing); a batch waits for them up to `ROUND_WAIT_S` (or `ROUND_WAIT_CALLS` x its last call,
+if longer), which puts requests that drifted out of phase (one proposing while the other
+verifies, alternating forever) back in lockstep. Only the
 last call of a round may wait for an earlier one, so two gathers never wait for each other.
 After each batch the flusher lets the callers it answered resume before it cuts the next one,
 so requests in lockstep stay in one batch instead of splitting into two that alternate. An exception of `send` is every caller's of that batch. The flusher
@@ -25,8 +26,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 ROUND_WAIT_S = 1.0
-"""The longest a batch waits for `behind()` members: a healthy call returns far sooner; one whose
-replica is being replaced can take minutes, and the others must not wait for that."""
+ROUND_WAIT_CALLS = 3.0
+"""The longest a batch waits for `behind()` members: ROUND_WAIT_S, or ROUND_WAIT_CALLS times this
+gather's last call if that is longer (at a 0.6B model's shape on a CPU a call takes seconds, and
+a group that misses its members once would stay out of phase). A healthy call returns far
+sooner; one whose replica is being replaced can take minutes, and the others must not wait."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -45,6 +49,7 @@ class Gather(Generic[T, R]):
         self._pending: list[tuple[T, asyncio.Future]] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.last_call_s = 0.0  # how long the last `send` took
 
     def poke(self) -> None:
         """Re-check `expected` / `behind` now (a caller's course changed)."""
@@ -64,10 +69,11 @@ class Gather(Generic[T, R]):
         loop = asyncio.get_running_loop()
         while self._pending:
             start = loop.time()
+            round_wait = max(ROUND_WAIT_S, ROUND_WAIT_CALLS * self.last_call_s)
             while len(self._pending) < self.max_batch:
                 now = loop.time()
-                if self.behind() > 0 and now < start + ROUND_WAIT_S:
-                    left = start + ROUND_WAIT_S - now
+                if self.behind() > 0 and now < start + round_wait:
+                    left = start + round_wait - now
                 elif self.expected() > 0 and now < start + self.wait_s:
                     left = start + self.wait_s - now
                 else:
@@ -82,8 +88,10 @@ class Gather(Generic[T, R]):
             live = [(item, f) for item, f in batch if not f.done()]  # a cancelled caller left
             if not live:
                 continue
+            sent = loop.time()
             try:
                 results = await self.send([item for item, _ in live])
+                self.last_call_s = loop.time() - sent
             except Exception as exc:
                 for _, f in live:
                     if not f.done():

@@ -66,11 +66,20 @@ def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
 
 
 def test_a_capacity_that_no_level_bounded_is_undecided_not_a_number():
-    [v] = _measured((90, 20, 10))  # split's capacity 1 (measured), colocated's 4
-    assert capacity_gain(v) == (pytest.approx(0.5), "")
-    assert "capacity per verifier device >= 1.5x colocated: missed (0.50x" in sentence(v)
+    [v] = _measured((90, 60, 10))  # split's capacity 4 on 1 verifier, colocated's 4 on 2
+    assert capacity_gain(v) == (pytest.approx(2.0), "")
+    assert "capacity per verifier device >= 1.5x colocated: met (2.00x)" in sentence(v)
     summary = {"colocated": {"peft-bd": _one(10, 0, 10)}, "split": {"peft-bd": _one(10, 5, 10)}}
     rows = [_row(p, c, 100, 100) for p in ("colocated", "split") for c in (1, 4)]
     [both] = verdicts(summary, rows, DEVICES, 0.5)
     assert capacity_gain(both) == (pytest.approx(2.0), "unknown")
     assert "undecided" in sentence(both)
+
+
+def test_a_capacity_at_the_lowest_level_gives_no_ratio():
+    rows = [_row("split", c, t, 0) for c, t in ((1, 100), (4, 40), (16, 20))]
+    assert capacity(rows, 0.5) == Capacity(1, censored=False, baseline=True)
+    summary = {"colocated": {"peft-bd": _one(10, 0, 10)}, "split": {"peft-bd": _one(10, 5, 10)}}
+    rows = [_row(p, c, t, 100) for p in ("colocated", "split") for c, t in ((1, 100), (4, 40))]
+    [v] = verdicts(summary, rows, DEVICES, 0.5)
+    assert capacity_gain(v) == (None, "unknown") and "undecided" in sentence(v)

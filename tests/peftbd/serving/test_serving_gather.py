@@ -94,3 +94,32 @@ def test_a_batch_waits_for_its_round_still_in_an_earlier_call(monkeypatch):
     start = time.perf_counter()
     asyncio.run(Gather(_recorder(batches), 16, 0, behind=lambda: 1).call("x"))
     assert 0.04 < time.perf_counter() - start < 0.5 and batches == [["x"]]
+
+
+def test_the_round_wait_grows_with_the_calls_own_duration(monkeypatch):
+    """At a large model's shape a call takes longer than ROUND_WAIT_S: a verify still waits for
+    its round's request proposing, up to ROUND_WAIT_CALLS x the last call."""
+    import peftbd.serving.gather as gather_module
+
+    monkeypatch.setattr(gather_module, "ROUND_WAIT_S", 0.02)
+    batches: list = []
+    proposing = {"n": 0}
+
+    async def slow(items):
+        await asyncio.sleep(0.05)  # a 50 ms call
+        batches.append(list(items))
+        return [f"r{i}" for i in items]
+
+    gather = Gather(slow, max_batch=16, wait_ms=0, behind=lambda: proposing["n"])
+
+    async def late():
+        await asyncio.sleep(0.1)  # its propose takes 100 ms: past ROUND_WAIT_S, within 3 calls
+        proposing["n"] = 0
+        return await gather.call("late")
+
+    async def run():
+        await gather.call("first")  # times one call
+        proposing["n"] = 1
+        return await asyncio.gather(gather.call("early"), late())
+
+    assert asyncio.run(run()) == ["rearly", "rlate"] and [len(b) for b in batches] == [1, 2]
