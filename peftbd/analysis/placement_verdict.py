@@ -181,7 +181,7 @@ def sentence(v: Verdict) -> str:
         f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
         + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
         + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
-        f"per verifier device {_gain_words(capacity_gain(v))} colocated's (clients "
+        f"per verifier device, split over colocated: {_gain_words(capacity_gain(v))} (clients "
         f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated), against "
         f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. Goals: "
         + "; ".join(goals) + "."
