@@ -21,7 +21,7 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
 - `StageError` (peftbd.stage): an output or input the stage contract cannot vouch for.
 - `OutputLockError` (peftbd.output_lock): an --out another run holds, or not writable.
 - `PromptError` (peftbd.benchmarking.prompts): benchmark prompts that cannot be loaded.
-- `ModelUnavailableError` (peftbd.models.loading): the configured model or tokenizer cannot load.
+- `ModelUnavailableError` (peftbd.models.sources): the configured model or tokenizer cannot load.
 - `SourceError` (peftbd.data.sources): a `data.source` that names no readable source.
 - `ArtifactError` (peftbd.data.artifact): an artifact directory or split file missing or malformed.
 - `CheckpointMismatch` (peftbd.training.checkpoint): a checkpoint of another run's inputs or shapes.
@@ -46,7 +46,7 @@ USER_ERRORS: dict[str, str] = {
     "StageError": "peftbd.stage",
     "OutputLockError": "peftbd.output_lock",
     "PromptError": "peftbd.benchmarking.prompts",
-    "ModelUnavailableError": "peftbd.models.loading",
+    "ModelUnavailableError": "peftbd.models.sources",
     "SourceError": "peftbd.data.sources",
     "ArtifactError": "peftbd.data.artifact",
     "CheckpointMismatch": "peftbd.training.checkpoint",
