@@ -1,0 +1,44 @@
+"""FastMTP (the paper's fast baseline): one shared MTP block on the verifier's final hidden
+states drafts `mtp.num_steps` tokens a round, one step at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from peftbd.config_sections import Config
+from peftbd.decoding.mtp_drafter import MTPDrafter
+from peftbd.layout import TRAIN_MTP
+from peftbd.methods.arm import ArmSpec
+from peftbd.methods.registry import DraftContext, Method, register
+from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
+from peftbd.training.tasks import MTPTask
+
+ID = "fastmtp"
+
+
+def arms(cfg: Config) -> list[ArmSpec]:
+    k = cfg.mtp.num_steps
+    return [ArmSpec(ID, f"FastMTP ({k} steps)", ID, stage=TRAIN_MTP.name, mtp_steps=k)]
+
+
+def load(ctx: DraftContext, path: Path | None) -> nn.Module:
+    """The head in `path`, else an untrained one seeded by `training.seed`; frozen."""
+    if path is not None:
+        return MTPHead.from_pretrained(path, ctx.verifier).eval().requires_grad_(False)
+    torch.manual_seed(ctx.cfg.training.seed)
+    return MTPHead(ctx.verifier).eval().requires_grad_(False)
+
+
+def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> MTPDrafter:
+    return MTPDrafter(module, ctx.verifier, num_steps=spec.mtp_steps or ctx.cfg.mtp.num_steps)
+
+
+METHOD = register(Method(
+    id=ID, serving="fastmtp", kind="mtp", label="FastMTP", what="FastMTP head", section="mtp",
+    stages=(TRAIN_MTP,), task=MTPTask, export_subdir=HEAD_SUBDIR, arms=arms,
+    positions=lambda cfg: cfg.mtp.num_steps, load=load, drafter=drafter,
+    profile=lambda ctx: {TRAIN_MTP.name: load(ctx, None)}, dir_arg="mtp_dir", ships="hidden",
+))
