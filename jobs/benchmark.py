@@ -70,16 +70,13 @@ from peftbd.layout import (
     BENCHMARK,
     COST_PROFILE,
     GENERATE,
-    PEFTBD_ADAPTERS,
     PLACEMENT,
-    TRAIN_EARLY_EXIT,
+    RECIPE_ABLATION,
     TRAIN_HEAD,
-    TRAIN_MTP,
-    TRAIN_OFFSETS,
-    TRAIN_PEFTBD,
 )
 from peftbd.manifest import StageTimer, is_complete, read_manifest
-from peftbd.stage import StageCall, StageInputs
+from peftbd.methods import methods
+from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.models.loading import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -111,6 +108,13 @@ def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
         return ray.get(refs)
 
 
+def training_stages(cfg: Config) -> list[StageSpec]:
+    """The training stages whose drafters `cfg`'s arms use: every registered method's
+    (`Method.training_stages`: the early-exit adapter only when `drafter.early_exit_layers` > 0,
+    the offsets ablation's only with `drafter.offsets_ablation`)."""
+    return [stage for m in methods() for stage, _ in m.training_stages(cfg)]
+
+
 def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs, dict[str, Any]]:
     """Where the arms' drafters lie, and the head's draft vocabulary (`head.draft_vocab` tokens
     of the continuation artifact's train split) as results.json records it (empty: none)."""
@@ -124,10 +128,8 @@ def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs
         found = draft_vocabulary(upstream[GENERATE.name], cfg.head.draft_vocab,
                                  len(load_tokenizer(cfg)))
         vocab = {"size": len(found.ids), "train_token_coverage": round(found.coverage, 4)}
-    dirs = DrafterDirs(
-        adapters={s.name: str(upstream[s.name]) for s in PEFTBD_ADAPTERS if s.name in upstream},
-        mtp_head=str(upstream[TRAIN_MTP.name]), bd_head=str(upstream[TRAIN_HEAD.name]),
-        draft_vocab=found.ids if vocab else None)
+    dirs = DrafterDirs({s.name: str(upstream[s.name]) for s in training_stages(cfg)},
+                       draft_vocab=found.ids if vocab else None)
     return dirs, vocab
 
 
@@ -145,11 +147,9 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     for the report's "cost at the paper's architecture"; the placement experiment's output when
     it exists, for its verdict)."""
     root = Path(artifacts_dir)
-    needed = [TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD]
-    needed += [TRAIN_EARLY_EXIT] if cfg.drafter.early_exit_layers > 0 else []
-    needed += [TRAIN_OFFSETS] if cfg.drafter.offsets_ablation else []
+    needed = training_stages(cfg)
     needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
-    needed += [PLACEMENT] if is_complete(root / PLACEMENT.subdir) else []
+    needed += [e for e in (PLACEMENT, RECIPE_ABLATION) if is_complete(root / e.subdir)]
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -157,11 +157,9 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
 
 def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
                    prompts: str = "test", repeats: int | None = None) -> StageCall:
-    """The benchmark stage over `inputs` ({stage name: artifact dir}: train_peftbd, train_mtp,
-    train_early_exit when `drafter.early_exit_layers` > 0, train_offsets with
-    `drafter.offsets_ablation`, train_head, generate for test prompts and the draft vocabulary),
-    writing
-    results.json, report.md and Figure 1 into `out_dir`."""
+    """The benchmark stage over `inputs` ({stage name: artifact dir}: the `training_stages`,
+    generate for test prompts and the draft vocabulary, optionally the cost profile and the
+    placement experiment), writing results.json, report.md and the figures into `out_dir`."""
     repeats = cfg.decoding.repeats if repeats is None else repeats
     if repeats < 1:
         raise BenchmarkInputError(f"repeats={repeats}: need at least 1 (decoding.repeats / --repeats)")
@@ -186,8 +184,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
     dirs, vocab = drafter_dirs(cfg, upstream)
     shards = time_on_workers(cfg, dirs, prompt_set, repeats)
-    drafters = {spec.subdir: _drafter_info(upstream[spec.name])
-                for spec in (*PEFTBD_ADAPTERS, TRAIN_MTP, TRAIN_HEAD) if spec.name in upstream}
+    drafters = {spec.subdir: _drafter_info(upstream[spec.name]) for spec in training_stages(cfg)}
     if vocab:
         drafters[TRAIN_HEAD.subdir]["draft_vocab"] = vocab
     results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
@@ -195,8 +192,9 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
         results["cost_at_scale"] = json.loads((upstream[COST_PROFILE.name] / PROFILE_FILE).read_text())
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
-    if PLACEMENT.name in upstream:  # an experiment beside the main job: its verdict, summarised
-        manifests[PLACEMENT.title] = read_manifest(upstream[PLACEMENT.name])
+    for experiment in (PLACEMENT, RECIPE_ABLATION):  # beside the main job: summarised
+        if experiment.name in upstream:
+            manifests[experiment.title] = read_manifest(upstream[experiment.name])
     (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
     build_report(results, manifests, tmp)
     return {"prompts": results["prompts"], "timing": results["timing"],

@@ -15,7 +15,6 @@ A rerun after a failure resumes where it stopped. At the end it prints where eve
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -28,19 +27,15 @@ from peftbd.layout import (
     BY_NAME,
     COST_PROFILE,
     GENERATE,
-    OTHER_OFFSETS,
     PLACEMENT,
+    RECIPE_ABLATION,
     STAGES,
-    TRAIN_EARLY_EXIT,
-    TRAIN_HEAD,
-    TRAIN_MTP,
-    TRAIN_OFFSETS,
-    TRAIN_PEFTBD,
     WORLD,
 )
 from peftbd.console import Console
 from peftbd.main_job_checks import check_main_job
 from peftbd.manifest import StageTimer, is_complete, read_manifest, versions, write_manifest
+from peftbd.methods import methods
 from peftbd.output_lock import check_writable
 from peftbd.stage import Decision, StageCall, StageError
 
@@ -48,8 +43,9 @@ from peftbd.stage import Decision, StageCall, StageError
 def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     """The main job as a recipe: each stage with its output dir under `root` and, explicitly,
     the artifacts it consumes. The world only when the model or data is the embedded tiny world;
-    the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation only
-    when `drafter.offsets_ablation`; the placement experiment's output (never run here) as an
+    each registered method's training stages (`Method.training_stages`: PEFT-BD's early-exit
+    adapter only when `drafter.early_exit_layers` > 0, its offsets ablation only with
+    `drafter.offsets_ablation`); the placement experiment's output (never run here) as an
     input of the benchmark when it exists under `root`."""
     from jobs.benchmark import benchmark_call
     from jobs.cost_profile import cost_profile_call
@@ -64,23 +60,14 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
         world = calls[WORLD.name].out
     calls[GENERATE.name] = generate_call(cfg, root / GENERATE.subdir, world=world)
     data = calls[GENERATE.name].out
-    calls[TRAIN_PEFTBD.name] = train_call("peftbd", cfg, data, root / TRAIN_PEFTBD.subdir)
-    if cfg.drafter.early_exit_layers > 0:
-        drafter = dataclasses.replace(cfg.drafter, draft_layers=cfg.drafter.early_exit_layers)
-        calls[TRAIN_EARLY_EXIT.name] = train_call(
-            "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
-            root / TRAIN_EARLY_EXIT.subdir, spec=TRAIN_EARLY_EXIT)
-    if cfg.drafter.offsets_ablation:
-        drafter = dataclasses.replace(cfg.drafter, block_offsets=OTHER_OFFSETS[cfg.drafter.block_offsets])
-        calls[TRAIN_OFFSETS.name] = train_call(
-            "peftbd", dataclasses.replace(cfg, drafter=drafter), data,
-            root / TRAIN_OFFSETS.subdir, spec=TRAIN_OFFSETS)
-    calls[TRAIN_MTP.name] = train_call("mtp", cfg, data, root / TRAIN_MTP.subdir)
-    calls[TRAIN_HEAD.name] = train_call("head", cfg, data, root / TRAIN_HEAD.subdir)
+    for method in methods():  # every registered drafter's training stages
+        for spec, stage_cfg in method.training_stages(cfg):
+            calls[spec.name] = train_call(method.recipe, stage_cfg, data, root / spec.subdir, spec=spec)
     calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
     inputs = {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names}
-    if is_complete(root / PLACEMENT.subdir):  # run beside the main job: the report summarises it
-        inputs[PLACEMENT.name] = root / PLACEMENT.subdir
+    for experiment in (PLACEMENT, RECIPE_ABLATION):  # run beside the main job: the report shows them
+        if is_complete(root / experiment.subdir):
+            inputs[experiment.name] = root / experiment.subdir
     calls[BENCHMARK.name] = benchmark_call(cfg, inputs, root / BENCHMARK.subdir)
     return list(calls.values())
 

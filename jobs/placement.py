@@ -1,9 +1,12 @@
 """The placement experiment: the same prompts through the colocated and the split app (and, on a
-cluster, split across nodes, on one node, on fractional GPUs), per method (ar, peft-bd, fastmtp,
-peft-bd-head).
+cluster, split across nodes, on one node, on fractional GPUs), per method of
+`serving.placement_methods` (greedy AR or any registered drafting method, `peftbd.methods`).
 
     python -m jobs.placement --preset tiny --out outputs/tiny/placement
     python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --head-dir H --out ...
+
+Each registered method's trained output dir is its `--<dir_arg>` flag (`Method.dir_arg` with
+dashes); without one it serves untrained.
 
 Placements run on the same devices: colocated gets as many Engine replicas as split has
 Drafter + Verifier replicas (here: one CPU each). Reports per placement and method, one request
@@ -52,14 +55,15 @@ from peftbd.analysis.placement_verdict import sentence, verdict_markdown, verdic
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
-from peftbd.layout import PLACEMENT, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.layout import PLACEMENT
+from peftbd.methods import methods, serving_names
+from peftbd.serving.models import DrafterDirs
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
+from peftbd.serving.validation import check_serving_config
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
 CLUSTER_RESOURCES = ("drafter", "verifier")  # custom resources of cluster.yaml's GPU node types
-DRAFTER_DIRS = {"adapter_dir": TRAIN_PEFTBD, "mtp_dir": TRAIN_MTP, "head_dir": TRAIN_HEAD}
-"""`AppArgs` field -> the stage whose output it names (an upstream of the experiment)."""
 
 
 def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -170,23 +174,24 @@ def _busy(replicas: dict[str, tuple[Any, int]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def placement_call(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
-                   mtp_dir: str | None = None, head_dir: str | None = None) -> StageCall:
+def placement_call(cfg: Config, out_dir: str | Path, drafter_dirs: DrafterDirs | None = None
+                   ) -> StageCall:
     """The placement experiment as a stage (`peftbd.layout.PLACEMENT`): reruns only when the
-    config it reads, the drafters or the serving code changed."""
-    dirs = {"adapter_dir": adapter_dir, "mtp_dir": mtp_dir, "head_dir": head_dir}
-    upstream = {DRAFTER_DIRS[arg].name: Path(d) for arg, d in dirs.items() if d}
+    config it reads, the drafters (`drafter_dirs`: each a registered method's main stage's
+    output, an upstream) or the serving code changed."""
+    check_serving_config(cfg.serving)
+    dirs = drafter_dirs or {}
+    upstream = {m.stage.name: Path(d) for m in methods() if (d := dirs.get(m.serving))}
     build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
     return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build,
                      extra={"source": source_identity(cfg)})  # a local source: its content
 
 
-def run_placement(cfg: Config, out_dir: str | Path, adapter_dir: str | None = None,
-                  mtp_dir: str | None = None, force: bool = False,
-                  head_dir: str | None = None) -> Path:
+def run_placement(cfg: Config, out_dir: str | Path, drafter_dirs: DrafterDirs | None = None,
+                  force: bool = False) -> Path:
     """Run every placement in `cfg.serving.placements` (those the cluster cannot host are
     skipped with the reason); write placement.json, placement.md and manifest.json."""
-    placement_call(cfg, out_dir, adapter_dir, mtp_dir, head_dir).run(force)
+    placement_call(cfg, out_dir, drafter_dirs).run(force)
     return Path(out_dir)
 
 
@@ -203,13 +208,12 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     init_ray()
     prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
                             cfg.serving.max_prompt_tokens)
-    dirs = {arg: str(upstream[s.name]) if s.name in upstream else None
-            for arg, s in DRAFTER_DIRS.items()}
+    dirs = {m.serving: str(upstream[m.stage.name]) for m in methods() if m.stage.name in upstream}
     references = None
     if cfg.serving.synthetic:  # the synthetic methods' oracle: greedy AR here, untimed
         references = tmp / "references.json"
         write_references(references, greedy_references(cfg, prompts))
-    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), **dirs,
+    args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), drafter_dirs=dirs,
                    references=str(references) if references else None)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -246,8 +250,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         f"{cfg.decoding.max_new_tokens}, client concurrency "
         f"{list(cfg.serving.client_concurrency)} (the first table: the lowest); serving.max_batch "
         f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
-        f"adapter: {dirs['adapter_dir'] or 'untrained'}; MTP head: {dirs['mtp_dir'] or 'untrained'}; "
-        f"block-diffusion head: {dirs['head_dir'] or 'untrained'}",
+        "; ".join(f"{m.what}: {dirs.get(m.serving, 'untrained')}" for m in methods()),
         "devices: " + ", ".join(f"{p} {d.total} ({d.verifiers} holding a verifier)"
                                 for p, d in devices.items())
         + f"; serving.split_groups {cfg.serving.split_groups}, replica_num_cpus "
@@ -307,13 +310,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.placement", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
     add_stage_args(parser, PLACEMENT)
-    parser.add_argument("--adapter-dir", default=None,
-                        help="a trained PEFT-BD adapter: the output dir of train_peftbd (either depth)")
-    parser.add_argument("--mtp-dir", default=None, help="a trained MTP head: the output dir of train_mtp")
-    parser.add_argument("--head-dir", default=None,
-                        help="a trained block-diffusion head: the output dir of train_head")
+    for m in methods():
+        parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
+                            help=f"a trained {m.what}: the output dir of train_{m.kind} "
+                                 f"(serves {m.serving}; default: untrained)")
     parser.add_argument("--methods", default=None,
-                        help="methods to measure, e.g. ar,peft-bd (sets serving.placement_methods)")
+                        help="methods to measure, e.g. ar,peft-bd (sets serving.placement_methods; "
+                             f"registered: {','.join(serving_names())})")
     parser.add_argument("--concurrency", default=None,
                         help="client concurrencies to measure, e.g. 1,4,16 (sets "
                              "serving.client_concurrency)")
@@ -335,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         args.overrides.append(f"serving.placements=[{args.placements}]")
     cfg = config_from_args(args)
     out = stage_out(args, cfg, PLACEMENT)
-    call = lambda: placement_call(cfg, out, args.adapter_dir, args.mtp_dir, args.head_dir)  # noqa: E731
+    dirs = {m.serving: getattr(args, m.dir_arg) for m in methods()}
+    call = lambda: placement_call(cfg, out, dirs)  # noqa: E731
     force = args.force
     with contextlib.ExitStack() as stack:
         if args.local_cluster:

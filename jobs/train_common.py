@@ -47,7 +47,7 @@ from jobs.train_failures import Trainer, raise_unhealable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
-from peftbd.layout import GENERATE, TRAIN_HEAD, TRAIN_MTP, TRAIN_PEFTBD
+from peftbd.layout import GENERATE
 from peftbd.manifest import WorkerPeaks, read_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
@@ -68,17 +68,14 @@ from peftbd.training.deepspeed_config import (
 from peftbd.training.distill_task import parameter_summary
 from peftbd.training.evaluate import rank_rows
 from peftbd.training.examples import SequenceBatch, collate_sequences, load_training_split
-from peftbd.training.memory import log_step_memory, peaks_over_ranks, step_memory
+from peftbd.training.memory import log_step_memory, peaks_over_ranks
 from peftbd.training.outputs import training_sections
+from peftbd.training.recipe import TrainingRecipe
 from peftbd.training.schedule import Rows, Schedule, WorkerData, train
-from peftbd.training.tasks import make_task
 from peftbd.training.worker_args import WorkerArgs
 from peftbd.untrained import untrained_reasons
 
 log = logging.getLogger(__name__)
-STAGE_SPECS = {"peftbd": TRAIN_PEFTBD, "mtp": TRAIN_MTP, "head": TRAIN_HEAD}
-WHAT = {"peftbd": "PEFT-BD adapter", "mtp": "FastMTP head", "head": "block-diffusion head"}
-"""The stage each kind's job runs (its default --out is the stage's dir in the main job's layout)."""
 
 
 def train_loop_per_worker(args: WorkerArgs) -> None:
@@ -92,7 +89,7 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir(cfg.paths.cache_dir)))
     device = ray.train.torch.get_device()
-    task = make_task(args.kind, cfg)
+    task = args.task(cfg)
     module = task.build(device)
     trainable = [p for p in module.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
@@ -101,8 +98,8 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
     )
     plan = batch_plan(cfg.training, task.optim, world)
     dtype = str(next(engine.module.parameters()).dtype).removeprefix("torch.")  # what runs
-    estimate = step_memory(args.kind, cfg, engine.module.config,
-                           *task.parameter_counts(engine.module), plan, dtype)
+    estimate = task.step_memory(engine.module.config, *task.parameter_counts(engine.module), plan,
+                                dtype)
     if rank == 0:
         log_step_memory(estimate, device)
     start = TrainState()
@@ -174,43 +171,43 @@ def _maybe_inject_failure(args: WorkerArgs, step: int, rank: int) -> None:
         raise RuntimeError(f"injected failure after the checkpoint of step {step}")
 
 
-def train_call(kind: str, cfg: Config, data_dir: str | Path, out_dir: str | Path,
+def train_call(recipe: TrainingRecipe, cfg: Config, data_dir: str | Path, out_dir: str | Path,
                resume: bool = True, fail_once_at_step: int | None = None,
                spec: StageSpec | None = None) -> StageCall:
-    """The stage that trains the `kind` drafter ("peftbd", "mtp" or "head") on the artifact in
-    `data_dir` into `out_dir` (spec: `peftbd.layout.TRAIN_PEFTBD` / `TRAIN_MTP` / `TRAIN_HEAD`, or
-    `TRAIN_EARLY_EXIT` for the main job's early-exit step).
+    """The stage that trains a method's drafter (`recipe`: `peftbd.methods.Method.recipe`) on the
+    artifact in `data_dir` into `out_dir` (spec: the method's main training stage unless given,
+    e.g. PEFT-BD's early-exit one).
 
     `resume=True` continues the latest checkpoint of the run with these inputs; `resume=False`
     discards it first. `fail_once_at_step` injects one worker failure after that step's
     checkpoint (tests, drills).
     """
-    spec = spec or STAGE_SPECS[kind]
-    build = functools.partial(_train, kind=kind, cfg=cfg, data_dir=Path(data_dir).resolve(),
+    spec = spec or recipe.stage
+    build = functools.partial(_train, recipe=recipe, cfg=cfg, data_dir=Path(data_dir).resolve(),
                               resume=resume, fail_once_at_step=fail_once_at_step)
     return StageCall(spec, cfg.to_dict(), Path(out_dir).resolve(),
                      {GENERATE.name: Path(data_dir).resolve()}, build)
 
 
-def run_train(kind: str, cfg: Config, data_dir: str | Path, out_dir: str | Path,
+def run_train(recipe: TrainingRecipe, cfg: Config, data_dir: str | Path, out_dir: str | Path,
               resume: bool = True, fail_once_at_step: int | None = None) -> Path:
-    """Train the `kind` drafter on the artifact in `data_dir` and publish its weights plus
+    """Train the drafter of `recipe` on the artifact in `data_dir` and publish its weights plus
     `manifest.json` in `out_dir`, unless `out_dir` already holds the result of these inputs
     (`resume=False` always retrains). Returns `out_dir`."""
-    train_call(kind, cfg, data_dir, out_dir, resume, fail_once_at_step).run(force=not resume)
+    train_call(recipe, cfg, data_dir, out_dir, resume, fail_once_at_step).run(force=not resume)
     return Path(out_dir).resolve()
 
 
-def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Path, resume: bool,
+def _train(tmp: Path, inputs: StageInputs, recipe: TrainingRecipe, cfg: Config, data_dir: Path, resume: bool,
            fail_once_at_step: int | None) -> dict[str, Any]:
     """Run the TorchTrainer and copy the exported weights into `tmp`; the manifest sections."""
     fingerprint = inputs.fingerprint
-    task = make_task(kind, cfg)
-    block = cfg.drafter.block_size if kind in ("peftbd", "head") else None
+    task, kind = recipe.task(cfg), recipe.kind
+    block = task.block_size
     seed, world = cfg.training.seed, cfg.training.num_workers
     train, train_counts = load_training_split(data_dir, "train", block, seed,
                                               allow_empty=cfg.training.allow_untrained)
-    untrained = untrained_reasons(cfg, kind, train.num_rows)  # refused unless allow_untrained
+    untrained = untrained_reasons(cfg, recipe.section, recipe.what, train.num_rows)  # refused unless allow_untrained
     val, val_counts = load_training_split(data_dir, "val", block, seed)
     plan = batch_plan(cfg.training, task.optim, world)
     # fails early when the split cannot fill one step; no steps (and no train data) without rows
@@ -233,7 +230,7 @@ def _train(tmp: Path, inputs: StageInputs, kind: str, cfg: Config, data_dir: Pat
     wait_for_resources(f"training ({world} Ray Train workers)", [
         {"CPU": cfg.training.cpus_per_worker, "GPU": float(cfg.training.use_gpu)}] * world)
     with relay() as sink:
-        args = WorkerArgs(cfg, kind, fingerprint, schedule, load_tokenizer(cfg).pad_token_id,
+        args = WorkerArgs(cfg, recipe.task, fingerprint, schedule, load_tokenizer(cfg).pad_token_id,
                           progress=sink, fail_once_at_step=fail_once_at_step,
                           failure_marker=str(Path(storage) / name / "injected_failure"))
         trainer = Trainer(
@@ -279,12 +276,12 @@ def _dataset(table: pa.Table) -> ray.data.Dataset:
     return ds
 
 
-def main(kind: str, argv: list[str] | None = None) -> None:
+def main(recipe: TrainingRecipe, argv: list[str] | None = None) -> None:
     """Command line of `python -m jobs.train_<kind>`."""
-    spec = STAGE_SPECS[kind]
+    kind, spec = recipe.kind, recipe.stage
     parser = argparse.ArgumentParser(
         prog=f"python -m jobs.train_{kind}",
-        description=f"Distil the {WHAT[kind]} from "
+        description=f"Distil the {recipe.what} from "
         "the continuation artifact with Ray Train + DeepSpeed. Skipped when --out already holds "
         "the result of the same artifact, config and code.",
     )
@@ -300,7 +297,7 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     data = args.data or output_root(cfg) / GENERATE.subdir
     out = stage_out(args, cfg, spec)
-    run_stage_job(spec, out, lambda: train_call(kind, cfg, data, out, resume=args.resume),
+    run_stage_job(spec, out, lambda: train_call(recipe, cfg, data, out, resume=args.resume),
                   args.force or not args.resume, args.verbose, before_exit=shutdown)
     m = read_manifest(out)
     p = m["parameters"]

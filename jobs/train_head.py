@@ -14,13 +14,14 @@ from pathlib import Path
 
 from jobs.train_common import main, run_train
 from peftbd.config import Config
+from peftbd.methods.bd_head import METHOD
 
 
 def run_train_head(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: bool = True) -> Path:
     """Train the block-diffusion head on the artifact in `data_dir`; Ray must be initialised (or
     is started locally). Returns `out_dir`."""
-    return run_train("head", cfg, data_dir, out_dir, resume=resume)
+    return run_train(METHOD.recipe, cfg, data_dir, out_dir, resume=resume)
 
 
 if __name__ == "__main__":
-    main("head")
+    main(METHOD.recipe)

@@ -51,8 +51,8 @@ Scheduler = Literal["cosine", "constant"]
 Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
 ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
-Method = Literal["ar", "peft-bd", "fastmtp", "peft-bd-head"]  # peftbd.serving.schemas.METHODS
-DrafterSync = Literal["ship", "forward"]  # peftbd.serving.models.SHIPPED
+Method = str  # a serving name of peftbd.methods: peftbd.serving.validation.check_serving_config
+DrafterSync = Literal["ship", "forward"]  # peftbd.methods.Method.ships
 Placement = Literal[  # jobs.placement.placement_options
     "colocated", "split", "split-forward", "split-cross-node", "split-same-node",
     "split-fractional-gpu",
@@ -171,10 +171,16 @@ class HeadConfig:
 
     layers: PositiveInt  # the head's own Qwen3 decoder layers
     intermediate_size: NonNegativeInt  # their MLP width; 0 = the verifier's
-    feature_layers: tuple[int, ...]  # verifier hidden states (0 = embeddings, L = final); () = 3 spread
+    feature_layers: tuple[int, ...]  # verifier hidden states (0 = embeddings, L = final); () = rule's
+    # feature_layers () reads: three = 3 spread over the depth; per_layer = DFlash's, one a head layer
+    feature_rule: Literal["three", "per_layer"]  # peftbd.models.bd_head.feature_layers
+    # the chunk: block = [b, D masks] drafts D tokens; block_minus_one = [b, D-1 masks], D-1 (DFlash)
+    block_masks: Literal["block", "block_minus_one"]
     draft_vocab: NonNegativeInt  # > 0: a second arm drafts over the artifact's N most frequent tokens
     prefix_gamma: Fraction  # the linear-prefix loss's discount per block position
-    block_stride: PositiveInt  # training cuts a (whole, overlapping) block every this many positions
+    loss_decay: NonNegativeFloat  # 0 = prefix_gamma's loss; > 0 = DFlash's exp(-j / loss_decay)
+    block_stride: PositiveInt  # anchors 0: a (whole, overlapping) block every this many positions
+    anchors: NonNegativeInt  # 0 = block_stride's blocks; N > 0 = up to N random per row (DFlash)
     optim: OptimConfig
 
 
@@ -300,6 +306,7 @@ class CostProfileConfig:
     lora_r: PositiveInt  # the adapters' rank and alpha at this architecture (the paper's)
     lora_alpha: PositiveInt
     draft_vocab: NonNegativeInt  # the head's draft-vocabulary arm at this architecture (0: no arm)
+    dflash_layers: Annotated[tuple[PositiveInt, ...], DISTINCT]  # DFlash heads timed at these depths
     roofline_gpu: RooflineGPU
     # Measured decoding at this architecture (peftbd.benchmarking.shape_decode): AR and the
     # decoding.synthetic arms decode this many random prompts of kv_len tokens (0 tokens: none)
@@ -327,6 +334,7 @@ class Config:
     drafter: DrafterConfig
     mtp: MTPConfig
     head: HeadConfig
+    dflash: HeadConfig  # the same head with DFlash's recipe (peftbd.methods.dflash)
     training: TrainingConfig
     decoding: DecodingConfig
     serving: ServingConfig

@@ -62,17 +62,28 @@ TRAIN_HEAD = StageSpec(
     inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_head",
 )
 """The block-diffusion head (DFlash-style, `peftbd.models.bd_head`) on the frozen verifier."""
+TRAIN_DFLASH = StageSpec(
+    "train_dflash", "train DFlash head", "dflash_head",
+    reads=("model", "dflash", "drafter.block_size", "training", "data.max_new_tokens"),
+    ignores=("dflash.draft_vocab", *_PLACEMENT_ONLY),
+    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_dflash",
+)
+"""The same head trained with DFlash's published recipe (`dflash`: its feature layers, block,
+loss weights and anchors; `peftbd.methods.dflash`)."""
 COST_PROFILE = StageSpec(
     "cost_profile", "cost profile at the paper's architecture", "cost_profile",
     reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
            "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head.layers",
-           "head.intermediate_size", "training.seed", "decoding.synthetic",
+           "head.intermediate_size", "head.feature_rule", "head.block_masks",
+           "dflash.intermediate_size", "dflash.feature_rule", "dflash.block_masks",
+           "training.seed", "decoding.synthetic",
            "decoding.synthetic_seed"),
     code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
           "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
           "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
           "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
-          "peftbd.models", "jobs.cost_profile"),
+          "peftbd.models", "peftbd.methods", "peftbd.training", "peftbd.data.artifact",
+          "jobs.cost_profile"),
     command="python -m jobs.cost_profile",
 )
 """One round of every arm timed at `cost_profile.architecture` (Qwen3-0.6B): the cost facts a tiny
@@ -81,8 +92,9 @@ PLACEMENT = StageSpec(
     "placement", "placement experiment", "placement",
     reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "head", "serving",
            "decoding", "training.seed"),  # the seed: a random: model's weights
-    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD),
-    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.analysis.placement",
+    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD, TRAIN_DFLASH),
+    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
+          "peftbd.analysis.placement",
           "peftbd.analysis.placement_verdict",
           "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
           "serve_apps", "jobs.placement", "jobs.local_cluster"),
@@ -90,20 +102,31 @@ PLACEMENT = StageSpec(
 )
 """The placement experiment (outside the main job): when its output exists under the same root,
 the benchmark's report summarises its verdict."""
+RECIPE_ABLATION = StageSpec(
+    "recipe_ablation", "DFlash recipe ablation", "recipe_ablation",
+    reads=("model", "head", "dflash", "drafter.block_size", "training", "data.max_new_tokens"),
+    ignores=("head.draft_vocab", "dflash.draft_vocab", *_PLACEMENT_ONLY),
+    inputs=(GENERATE, TRAIN_HEAD, TRAIN_DFLASH),
+    code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.analysis.recipe_ablation",
+          "jobs.recipe_ablation"),
+    command="python -m jobs.recipe_ablation",
+)
+"""DFlash with each recipe change reverted in turn (outside the main job): when its output exists
+under the same root, the benchmark's report shows its table."""
 BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
            "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
            "mtp.num_steps", "head.draft_vocab"),
     inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
-            COST_PROFILE, PLACEMENT),
+            TRAIN_DFLASH, COST_PROFILE, PLACEMENT, RECIPE_ABLATION),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
-          "peftbd.cost_model", "jobs.benchmark"),
+          "peftbd.methods", "peftbd.cost_model", "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
 STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
-                                 TRAIN_MTP, TRAIN_HEAD, COST_PROFILE, BENCHMARK)
+                                 TRAIN_MTP, TRAIN_HEAD, TRAIN_DFLASH, COST_PROFILE, BENCHMARK)
 """The main job's stages in run order."""
 BY_NAME = {s.name: s for s in STAGES}
 PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from peftbd.config import Config, load_config
+from peftbd.methods import methods
 from peftbd.serving.synthetic import read_references, synthetic_rates
 from peftbd.serving.validation import check_serving_config
 
@@ -27,12 +28,13 @@ MAX_ONGOING = 64
 class AppArgs(BaseModel):
     """What both apps take: the config (preset, YAML file, --set overrides) and trained drafters.
 
-    `adapter_dir`: a PEFT-BD adapter (`jobs/train_peftbd.py`); `mtp_dir`: an MTP head
-    (`jobs/train_mtp.py`); `head_dir`: a block-diffusion head (`jobs/train_head.py`). Without
-    them, untrained ones are attached (exact output, low acceptance). `references`: a JSON
-    file of greedy AR outputs ({"references": [{"prompt": ids, "output": ids}, ...]}, as
-    `jobs.placement` writes) that the `serving.synthetic` methods' oracle starts from; prompts
-    not in it are decoded with greedy AR when first seen.
+    `drafter_dirs`: {method: its trained output dir} (`python -m jobs.train_<kind>`), for any
+    method of `peftbd.methods`; each method's own argument (`Method.dir_arg`: `adapter_dir` for
+    PEFT-BD, `mtp_dir` for FastMTP, `head_dir` for the block-diffusion head, ...) says the same
+    (null: untrained). A method without one drafts untrained (exact output, low acceptance).
+    `references`: a JSON file of greedy AR outputs ({"references": [{"prompt": ids, "output":
+    ids}, ...]}, as `jobs.placement` writes) that the `serving.synthetic` methods' oracle starts
+    from; prompts not in it are decoded with greedy AR when first seen.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -40,10 +42,40 @@ class AppArgs(BaseModel):
     preset: str = "tiny"
     config: str | None = None
     overrides: list[str] = []
-    adapter_dir: str | None = None
-    mtp_dir: str | None = None
-    head_dir: str | None = None
+    drafter_dirs: dict[str, str] = {}
     references: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_dir_args(cls, data: Any) -> Any:
+        """Each registered method's `<dir_arg>` into `drafter_dirs` (null: untrained)."""
+        if not isinstance(data, dict):
+            return data
+        dir_args = [m.dir_arg for m in methods()]
+        unknown = sorted(set(data) - set(cls.model_fields) - set(dir_args))
+        if unknown:
+            raise ValueError(f"unknown argument {unknown[0]!r}; the apps take "
+                             f"{', '.join([*cls.model_fields, *dir_args])}")
+        data, dirs = dict(data), dict(data.get("drafter_dirs") or {})
+        for m in methods():
+            path = data.pop(m.dir_arg, None)
+            if path is None:
+                continue
+            if dirs.get(m.serving, path) != path:
+                raise ValueError(f"{m.dir_arg}={path!r} and drafter_dirs[{m.serving!r}]="
+                                 f"{dirs[m.serving]!r} disagree; give {m.serving}'s dir once")
+            dirs[m.serving] = path
+        return {**data, "drafter_dirs": dirs}
+
+    @field_validator("drafter_dirs")
+    @classmethod
+    def _registered(cls, dirs: dict[str, str]) -> dict[str, str]:
+        drafting = [m.serving for m in methods()]
+        unknown = sorted(set(dirs) - set(drafting))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is no drafting method; key it by one of {drafting} "
+                             f"(or its own argument: {', '.join(m.dir_arg for m in methods())})")
+        return dirs
 
     def load(self) -> Config:
         """The config these args name, checked for serving."""

@@ -1,5 +1,5 @@
-"""The `colocated` app: Ingress -> one `Engine` deployment that holds the verifier, the PEFT-BD
-adapter, the MTP head and the block-diffusion head and runs each request's whole loop.
+"""The `colocated` app: Ingress -> one `Engine` deployment that holds the verifier and every
+registered method's drafter (`peftbd.methods`) and runs each request's whole loop.
 
     serve run serve_apps.colocated:app_builder preset=tiny
     serve deploy serve_apps/local.yaml            # with the split app, on /colocated

@@ -16,6 +16,7 @@ from typing import Any
 from ray import serve
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.methods import AR, methods, serving_names
 from peftbd.serving.messages import (
     PrefillItem,
     PrefillReply,
@@ -26,20 +27,22 @@ from peftbd.serving.messages import (
 )
 from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
-from peftbd.serving.schemas import METHODS
 from serve_apps.args import MAX_ONGOING, SESSION_ROUTER, AppArgs
 
 
 class _ModelReplica:
-    """Loads the models of `methods` and keeps this replica's sessions."""
+    """Loads the models of the methods it `serves` and keeps this replica's sessions."""
 
-    methods: tuple[str, ...] = ()
+    @staticmethod
+    def serves() -> tuple[str, ...]:
+        """The serving names whose decoders this deployment loads (from the registry)."""
+        raise NotImplementedError
 
     def __init__(self, args: dict[str, Any]) -> None:
         app = AppArgs.model_validate(args)
         cfg = app.load()
-        models = load_serving_models(cfg, self.methods, app.adapter_dir, app.mtp_dir,
-                                     head_dir=app.head_dir, references=app.reference_outputs())
+        models = load_serving_models(cfg, self.serves(), app.drafter_dirs,
+                                     references=app.reference_outputs())
         s = cfg.serving
         self.decoder = ReplicaDecoder(models, s.max_sessions, s.max_batch, s.batch_wait_ms)
 
@@ -59,10 +62,12 @@ class _ModelReplica:
 
 @serve.deployment(name="Engine", max_ongoing_requests=MAX_ONGOING)
 class Engine(_ModelReplica):
-    """Colocated: verifier, adapter, MTP head and block-diffusion head in one replica, running
-    the whole loop."""
+    """Colocated: the verifier and every registered method's drafter (PEFT-BD adapter, MTP head,
+    block-diffusion head, ...) in one replica, running the whole loop."""
 
-    methods = METHODS
+    @staticmethod
+    def serves() -> tuple[str, ...]:
+        return serving_names()
 
     async def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
                      committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
@@ -77,10 +82,12 @@ class Engine(_ModelReplica):
 @serve.deployment(name="Drafter", max_ongoing_requests=MAX_ONGOING,
                   request_router_config=SESSION_ROUTER)
 class Drafter(_ModelReplica):
-    """Split: the drafters (PEFT-BD adapter on the backbone, MTP head, block-diffusion head) and
-    their sessions."""
+    """Split: every registered method's drafter (PEFT-BD adapter on the backbone, MTP head,
+    block-diffusion head, ...) and their sessions."""
 
-    methods = tuple(m for m in METHODS if m != "ar")
+    @staticmethod
+    def serves() -> tuple[str, ...]:
+        return tuple(m.serving for m in methods())
 
     def propose_batch(self, items: list[ProposeItem]) -> list[ProposeReply]:
         """Catch each request up with its `committed` (with what the Verifier shipped, no
@@ -93,7 +100,9 @@ class Drafter(_ModelReplica):
 class Verifier(_ModelReplica):
     """Split: the verifier (no adapter) and its sessions."""
 
-    methods = ("ar",)
+    @staticmethod
+    def serves() -> tuple[str, ...]:
+        return (AR,)
 
     def prefill_batch(self, items: list[PrefillItem]) -> list[PrefillReply]:
         """Start requests; commits each one's first token (with the features its drafter

@@ -11,8 +11,8 @@ Ray derives a histogram's `_sum` from bucket midpoints, so means come from exact
 round_draft_ms / rounds). A counter only exists once it was incremented by more than 0 (Ray's
 rule), so a quantity that stayed 0 has no series: the dashboard reads it as 0. Acceptance rate at
 position j = accepted_per_position / proposed_per_position of `position="j"`. Feature bytes (the
-verifier features a split block-diffusion-head drafter receives instead of running the verifier;
-0, so no series, for other methods and colocated): `peftbd_round_feature_bytes` (the rounds') and
+verifier state a split drafter is shipped instead of running the verifier, `Method.ships`; 0, so
+no series, for ar, colocated and unshipped methods): `peftbd_round_feature_bytes` (the rounds') and
 `peftbd_prefill_feature_bytes` (the prefill steps': every prompt position's). Batching:
 `peftbd_batch_size` (the requests a round's batched step, colocated, or verify call, split,
 carried) and its exact sum `peftbd_round_batch_size` (mean batch = sum / rounds).

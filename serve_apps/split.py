@@ -1,7 +1,8 @@
-"""The `split` app: Ingress runs the rounds over a `Drafter` deployment (PEFT-BD adapter on the
-backbone, the MTP head, or the block-diffusion head) and a `Verifier` deployment (adapter off;
-for the block-diffusion head it also sends the verifier features the drafter reads), each with
-its own replicas and resources; a request's rounds stick to one replica of each by session id.
+"""The `split` app: Ingress runs the rounds over a `Drafter` deployment (every registered
+method's drafter: PEFT-BD adapter on the backbone, the MTP head, the block-diffusion head, ...) and
+a `Verifier` deployment (adapter off; it ships each drafter the verifier state its method reads,
+`Method.ships`), each with its own replicas and resources; a request's rounds stick to one
+replica of each by session id.
 
     serve run serve_apps.split:app_builder preset=tiny
     serve deploy serve_apps/local.yaml            # local, with the colocated app, on /split

@@ -12,6 +12,7 @@ from typing import Any
 
 from peftbd.analysis.tables import fmt, markdown_table
 from peftbd.benchmarking.schema import arm_items, is_speculative
+from peftbd.methods.peft_bd import ID as PEFTBD
 
 
 def prefix_gamma(results: dict[str, Any]) -> float:
@@ -59,7 +60,7 @@ def position_table(results: dict[str, Any]) -> str:
 def gamma_table(results: dict[str, Any]) -> str:
     """Per PEFT-BD arm, positions 1..D: measured rate, gamma^j at the training gamma, the fitted
     gamma's powers, and the measured conditional acceptance (the gamma model: constant)."""
-    arms = _positioned(results, "peftbd")
+    arms = _positioned(results, PEFTBD)
     if not arms:
         return "_No PEFT-BD arm has per-position counts._"
     gamma, cols = prefix_gamma(results), _columns(arms)

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from peftbd.analysis.paper import PAPER_VALUES, SGLANG, paper_value
+from peftbd.analysis.paper import ORACLE, PAPER_AR, PAPER_PEFTBD, PAPER_VALUES, SGLANG, paper_value
 from peftbd.analysis.tables import fmt, markdown_table
+from peftbd.benchmarking.schema import is_speculative
+from peftbd.methods.arm import AR
+from peftbd.methods.peft_bd import ID as PEFTBD
 
 SYNTHETIC = "_synthetic"
-PAPER_ROUND_MS = 1e3 * paper_value("t0_s", "peftbd", "oracle").value
-PAPER_AR_MS = 1e3 / paper_value("tokens_per_s", "ar").value
+PAPER_ROUND_MS = 1e3 * paper_value("t0_s", PAPER_PEFTBD, ORACLE).value
+PAPER_AR_MS = 1e3 / paper_value("tokens_per_s", PAPER_AR).value
 
 
 @dataclass(frozen=True)
@@ -47,21 +50,21 @@ def base_arm(arm_id: str) -> str:
 def cost_sources(results: dict[str, Any]) -> list[CostSource]:
     """Every round cost this run has, cheapest evidence last: the roofline."""
     arms, sources = results["arms"], []
-    if "ar" in arms:
+    if AR in arms:
         sources.append(CostSource(
             "run", f"this run ({results['measured_on']['model']}), measured",
-            1e3 * arms["ar"]["round"]["t0_s"],
+            1e3 * arms[AR]["round"]["t0_s"],
             {a: 1e3 * v["round"]["t0_s"] for a, v in arms.items()
-             if v["method"] != "ar" and not a.endswith(SYNTHETIC)}))
+             if is_speculative(v) and not a.endswith(SYNTHETIC)}))
     prof = results.get("cost_at_scale")
     if prof is None:
         return sources
     name, dtype = prof["architecture"]["name"], next(iter(prof["profiles"]))
     costs = prof["profiles"][dtype]["arms"]
     sources.append(CostSource(
-        "round", f"{name} {dtype}, one round, {prof['hardware']}", costs["ar"]["verify_ms_round"],
+        "round", f"{name} {dtype}, one round, {prof['hardware']}", costs[AR]["verify_ms_round"],
         {a: c["draft_ms_round"] + c["verify_ms_round"] for a, c in costs.items()
-         if c["method"] != "ar" and not a.endswith(SYNTHETIC)}))
+         if is_speculative(c) and not a.endswith(SYNTHETIC)}))
     if prof.get("decode"):
         dec = prof["decode"]["arms"]
         whole = {a: d["draft_ms_round"] + d["verify_ms_round"] + d["host_ms_round"]
@@ -69,11 +72,11 @@ def cost_sources(results: dict[str, Any]) -> list[CostSource]:
         sources.append(CostSource(
             "decode",
             f"{name} {prof['decode']['dtype']}, decoded (synthetic acceptance), {prof['hardware']}",
-            whole.pop("ar"), {base_arm(a): ms for a, ms in whole.items()}))
+            whole.pop(AR), {base_arm(a): ms for a, ms in whole.items()}))
     roof = prof["roofline"]["arms"]
     sources.append(CostSource(
         "roofline", f"{name} bf16, {prof['roofline']['gpu']['name']} roofline",
-        roof["ar"]["roofline_verify_ms"],
+        roof[AR]["roofline_verify_ms"],
         {a: w["roofline_draft_ms"] + w["roofline_verify_ms"] for a, w in roof.items()
          if w["draft_forwards"] and not a.endswith(SYNTHETIC)}))
     return sources
@@ -136,25 +139,25 @@ def verdict(results: dict[str, Any]) -> list[str]:
     which PEFT-BD would beat AR there. Empty without the roofline or the PEFT-BD arm."""
     sources = cost_sources(results)
     roof = next((s for s in sources if s.kind == "roofline"), None)
-    ref = reference_acceptance(results).get("peftbd")
-    if roof is None or ref is None or "peftbd" not in roof.round_ms:
+    ref = reference_acceptance(results).get(PEFTBD)
+    if roof is None or ref is None or PEFTBD not in roof.round_ms:
         return []
     a = ref[0]
-    s, b = roof.speedup("peftbd", a), roof.break_even("peftbd")
+    s, b = roof.speedup(PEFTBD, a), roof.break_even(PEFTBD)
     lines = [
         f"At the paper's own acceptance ({a:g} tokens per round), PEFT-BD at the {roof.name} "
         f"would run **{s:.2f}x** greedy AR (break-even {b:.2f} tokens per round): the paper's "
         f"batch-1 conclusion that PEFT-BD is slower than AR "
         f"**{'does not survive' if s > 1 else 'survives'}** at the roofline.",
         f"PEFT-BD beats AR at {a:g} tokens per round while a round's overhead above its roofline "
-        f"({roof.round_ms['peftbd']:.3f} ms) stays under **{a * roof.ar_ms - roof.round_ms['peftbd']:.3f} ms** "
+        f"({roof.round_ms[PEFTBD]:.3f} ms) stays under **{a * roof.ar_ms - roof.round_ms[PEFTBD]:.3f} ms** "
         f"against an AR step at the roofline ({roof.ar_ms:.3f} ms), or under "
-        f"**{a * PAPER_AR_MS - roof.round_ms['peftbd']:.2f} ms** against the paper's SGLang AR "
+        f"**{a * PAPER_AR_MS - roof.round_ms[PEFTBD]:.2f} ms** against the paper's SGLang AR "
         f"({PAPER_AR_MS:.2f} ms a token); the paper's PEFT-BD round took {PAPER_ROUND_MS:.1f} ms.",
     ]
     decoded = next((x for x in sources if x.kind == "decode"), None)
-    if decoded is not None and "peftbd" in decoded.round_ms:
-        ds = decoded.speedup("peftbd", a)
+    if decoded is not None and PEFTBD in decoded.round_ms:
+        ds = decoded.speedup(PEFTBD, a)
         lines.append(f"Measured whole decodes at {decoded.name}: PEFT-BD's rounds at {a:g} tokens "
-                     f"would run {ds:.2f}x AR (break-even {decoded.break_even('peftbd'):.2f}).")
+                     f"would run {ds:.2f}x AR (break-even {decoded.break_even(PEFTBD):.2f}).")
     return lines

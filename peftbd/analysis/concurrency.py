@@ -11,6 +11,7 @@ from typing import Any
 from peftbd.analysis.head_goals import Goal
 from peftbd.analysis.tables import fmt, markdown_table
 from peftbd.benchmarking.schema import ConcurrencyRow, arm_items, concurrency_rows
+from peftbd.methods.arm import AR
 
 ENGINE_GOAL_BATCH, ENGINE_GOAL_RATIO = 16, 8.0
 """AR's aggregate tok/s at ENGINE_GOAL_BATCH must be >= ENGINE_GOAL_RATIO x its batch-1 tok/s."""
@@ -18,7 +19,7 @@ NO_SWEEP = "_No concurrency sweep in this run (results.json has no `concurrency`
 
 
 def _by_arm(results: dict[str, Any]) -> list[tuple[str, str, list[ConcurrencyRow]]]:
-    """(arm id, label, its rows by increasing batch size) in ARMS order, arms with rows only."""
+    """(arm id, label, its rows by increasing batch size) in report order, arms with rows only."""
     rows = concurrency_rows(results)
     out = []
     for arm_id, arm in arm_items(results):
@@ -74,13 +75,13 @@ def crossover(label: str, rows: Sequence[ConcurrencyRow]) -> str:
 
 def crossovers(results: dict[str, Any]) -> list[str]:
     """`crossover` of every speculative arm in the sweep."""
-    return [crossover(label, rows) for arm_id, label, rows in _by_arm(results) if arm_id != "ar"]
+    return [crossover(label, rows) for arm_id, label, rows in _by_arm(results) if arm_id != AR]
 
 
 def engine_goal(results: dict[str, Any]) -> Goal:
     """AR's aggregate tok/s at ENGINE_GOAL_BATCH over its batch-1 tok/s, against
     ENGINE_GOAL_RATIO (measured None when the sweep lacks either batch size)."""
-    ar = {r.batch_size: r.tokens_per_s for r in concurrency_rows(results) if r.arm == "ar"}
+    ar = {r.batch_size: r.tokens_per_s for r in concurrency_rows(results) if r.arm == AR}
     ratio = ar[ENGINE_GOAL_BATCH] / ar[1] if 1 in ar and ENGINE_GOAL_BATCH in ar else None
     return Goal(f"AR at batch {ENGINE_GOAL_BATCH} / batch 1 aggregate tok/s", ratio,
                 ENGINE_GOAL_RATIO, None, True)
@@ -93,7 +94,7 @@ def engine_goal_sentence(results: dict[str, Any]) -> str:
     if goal.measured is None:
         return (f"{claim}: not measured (decoding.batch_sizes lacks 1 or {b}; "
                 f"e.g. --set decoding.batch_sizes=[1,4,{b}]).")
-    ar = {r.batch_size: r.tokens_per_s for r in concurrency_rows(results) if r.arm == "ar"}
+    ar = {r.batch_size: r.tokens_per_s for r in concurrency_rows(results) if r.arm == AR}
     return (f"{claim}: **{goal.verdict()}**, measured {goal.measured:.2f}x "
             f"({ar[b]:.1f} vs {ar[1]:.1f} tok/s).")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peftbd.analysis.tables import fmt, markdown_table
+from peftbd.methods.arm import AR
 
 LABEL = "cost at scale x acceptance from tiny"
 
@@ -45,7 +46,7 @@ def primary_dtype(prof: dict[str, Any]) -> str:
 def projections(results: dict[str, Any]) -> list[Projection]:
     """Every arm both the profile and this run measured, in the profile's order."""
     prof = profile(results)
-    if prof is None or "ar" not in results["arms"]:
+    if prof is None or AR not in results["arms"]:
         return []
     costs, work = prof["profiles"][primary_dtype(prof)]["arms"], prof["roofline"]["arms"]
 
@@ -65,9 +66,9 @@ def projections(results: dict[str, Any]) -> list[Projection]:
         rows.append(Projection(
             arm=arm, label=ours["label"], accepted=accepted,
             draft_over_verify=cost["draft_over_verify_round"], tokens_per_s=tps,
-            speedup=tps / (1e3 / round_ms("ar")),
+            speedup=tps / (1e3 / round_ms(AR)),
             roofline_draft_over_verify=work[arm]["roofline_draft_over_verify"],
-            roofline_speedup=(accepted / roof_ms(arm)) / (1 / roof_ms("ar")),
+            roofline_speedup=(accepted / roof_ms(arm)) / (1 / roof_ms(AR)),
         ))
     return rows
 

@@ -35,7 +35,7 @@ LABEL_LINE = 9.0  # points between stacked point names
 
 
 def _marker_style(i: int) -> dict[str, Any]:
-    """Line2D keywords of the i-th arm (in ARMS order): its colour and shape, hollow, smaller
+    """Line2D keywords of the i-th arm (in report order): its colour and shape, hollow, smaller
     than and drawn above every arm before it."""
     return {"color": f"C{i}", "marker": MARKERS[i % len(MARKERS)], "markerfacecolor": "none",
             "markersize": max(LARGEST_MARKER - MARKER_STEP * i, 4.0), "markeredgewidth": 1.8,

@@ -4,7 +4,9 @@ The paper states its findings in prose, not as a list; these are the six its res
 (sections 5.1-5.3 and 8.5-8.7), lettered in the paper's order. Every verdict is computed from
 results.json alone: REPRODUCED when each condition of the claim holds here, NOT_REPRODUCED naming
 the measured quantity that differs, NOT_MEASURABLE when an arm or number it needs is missing.
-The paper's numbers (in brackets) come from `peftbd.analysis.paper`.
+The paper's numbers (in brackets) come from `peftbd.analysis.paper`. The findings are about the
+paper's methods by design: the arms they read are PEFT-BD's, FastMTP's and AR's main ones (named
+by their method modules) and the two PEFT-BD ablations under the paper's names for them.
 
 The cost facts (a)'s throughput, (b)'s draft/verify ratio) are judged at the paper's architecture
 when the run has a cost profile (`peftbd.analysis.cost_at_scale`: cost at scale x acceptance from
@@ -18,8 +20,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from peftbd.analysis.cost_at_scale import LABEL as AT_SCALE, at_scale_ratio, projected
-from peftbd.analysis.paper import HF_LOOP, ORACLE, PAPER_BLOCK_SIZE, PROFILE, SGLANG, paper_value
+from peftbd.analysis.paper import (
+    HF_LOOP,
+    ORACLE,
+    PAPER_AR,
+    PAPER_BLOCK_SIZE,
+    PAPER_FASTMTP,
+    PAPER_PEFTBD,
+    PAPER_PEFTBD_2STEP,
+    PAPER_PEFTBD_ANCHORED,
+    PROFILE,
+    SGLANG,
+    paper_value,
+)
 from peftbd.benchmarking.schema import draft_verify_per_call, draft_verify_per_round
+from peftbd.methods.arm import AR
+from peftbd.methods.fastmtp import ID as FASTMTP
+from peftbd.methods.peft_bd import ID as PEFTBD
 
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 
@@ -104,16 +121,17 @@ def _needed(arm: dict[str, Any], target: str) -> float | None:
 def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
     """(a) PEFT-BD vs FastMTP: more accepted tokens per round, less throughput (projected at the
     paper's architecture when profiled, else as measured here)."""
-    arms = _arms(results, "peftbd", "fastmtp")
+    arms = _arms(results, PEFTBD, FASTMTP)
     if arms is None:
         return _unmeasurable("a", "the PEFT-BD and FastMTP arms")
     pa, fa, pt, ft = _acc(arms[0]), _acc(arms[1]), _tps(arms[0]), _tps(arms[1])
     measured = (f"accepted tokens / round PEFT-BD {pa:.3f} vs FastMTP {fa:.3f} "
-                f"[{_paper('mean_accepted', 'peftbd')} vs {_paper('mean_accepted', 'fastmtp')}]; "
-                f"tok/s {pt:.1f} vs {ft:.1f} "
-                f"[{_paper('tokens_per_s', 'peftbd')} vs {_paper('tokens_per_s', 'fastmtp')}]")
+                f"[{_paper('mean_accepted', PAPER_PEFTBD)} vs "
+                f"{_paper('mean_accepted', PAPER_FASTMTP)}]; tok/s {pt:.1f} vs {ft:.1f} "
+                f"[{_paper('tokens_per_s', PAPER_PEFTBD)} vs "
+                f"{_paper('tokens_per_s', PAPER_FASTMTP)}]")
     where = ""
-    scaled = projected(results, "peftbd"), projected(results, "fastmtp")
+    scaled = projected(results, PEFTBD), projected(results, FASTMTP)
     if None not in scaled:
         pt, ft, where = scaled[0].tokens_per_s, scaled[1].tokens_per_s, f" at scale ({AT_SCALE})"
         measured += f"; at scale ({AT_SCALE}) tok/s {pt:.1f} vs {ft:.1f}"
@@ -128,13 +146,13 @@ def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
 def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
     """(b) PEFT-BD's draft forward vs its verify forward: at the paper's architecture when
     profiled (one draft forward per round, so per round = per call), else on this run."""
-    arms = _arms(results, "peftbd")
+    arms = _arms(results, PEFTBD)
     per_call = draft_verify_per_call(arms[0]) if arms else None
-    scaled = at_scale_ratio(results, "peftbd")
+    scaled = at_scale_ratio(results, PEFTBD)
     if scaled is None and (arms is None or per_call is None):
         return _unmeasurable("b", "the PEFT-BD arm's draft and verify forward times")
-    paper_ratio = (paper_value("draft_mean_ms", "peftbd", PROFILE).value
-                   / paper_value("verify_mean_ms", "peftbd", PROFILE).value)
+    paper_ratio = (paper_value("draft_mean_ms", PAPER_PEFTBD, PROFILE).value
+                   / paper_value("verify_mean_ms", PAPER_PEFTBD, PROFILE).value)
     parts = []
     if scaled is not None:
         parts.append(f"PEFT-BD draft / verify per round at the paper's architecture "
@@ -144,8 +162,8 @@ def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
         parts.append(f"on this run per forward call {per_call:.2f}, per round "
                      f"{draft_verify_per_round(arms[0]):.2f}; draft vs verify calls "
                      f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
-                     f"[{_paper('draft_calls', 'peftbd', PROFILE)} vs "
-                     f"{_paper('verify_calls', 'peftbd', PROFILE)}]")
+                     f"[{_paper('draft_calls', PAPER_PEFTBD, PROFILE)} vs "
+                     f"{_paper('verify_calls', PAPER_PEFTBD, PROFILE)}]")
     ratio, where = (scaled[1], "at the paper's architecture") if scaled else (per_call, "at this size")
     side = ("dearer: no draft/verify asymmetry either, but not the paper's near-equality"
             if ratio > 1 else "cheaper: some asymmetry exists")
@@ -159,15 +177,16 @@ def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
 
 def free_drafting_below_fastmtp(results: dict[str, Any]) -> Finding:
     """(c) The oracle's PEFT-BD throughput at zero draft cost vs FastMTP's measured one."""
-    arms = _arms(results, "peftbd", "fastmtp")
+    arms = _arms(results, PEFTBD, FASTMTP)
     free = _free_drafting(arms[0]) if arms else None
     if arms is None or free is None:
         return _unmeasurable("c", "the PEFT-BD oracle and the FastMTP arm")
-    ft, needed = _tps(arms[1]), _needed(arms[0], "fastmtp")
+    ft, needed = _tps(arms[1]), _needed(arms[0], FASTMTP)
     measured = (f"PEFT-BD oracle tok/s at r = 1 {free:.1f} vs FastMTP measured {ft:.1f} "
-                f"[{_paper('free_draft_tokens_per_s', 'peftbd', ORACLE)} vs "
-                f"{_paper('tokens_per_s', 'fastmtp')}]; accepted tokens / round needed to match "
-                f"FastMTP {needed:.2f} [{_paper('needed_accepted_vs_fastmtp', 'peftbd', ORACLE)}]")
+                f"[{_paper('free_draft_tokens_per_s', PAPER_PEFTBD, ORACLE)} vs "
+                f"{_paper('tokens_per_s', PAPER_FASTMTP)}]; accepted tokens / round needed to "
+                f"match FastMTP {needed:.2f} "
+                f"[{_paper('needed_accepted_vs_fastmtp', PAPER_PEFTBD, ORACLE)}]")
     return _judge("c", measured, [
         (free < ft, f"free drafting reaches {free / ft:.2f}x FastMTP's throughput",
          f"free drafting would reach {free / ft:.2f}x FastMTP's throughput: here the draft cost "
@@ -177,14 +196,15 @@ def free_drafting_below_fastmtp(results: dict[str, Any]) -> Finding:
 
 def two_steps_lower_both(results: dict[str, Any]) -> Finding:
     """(d) Two denoising steps vs one: throughput and accepted length."""
-    arms = _arms(results, "peftbd", "peftbd_2step")
+    arms = _arms(results, PEFTBD, PAPER_PEFTBD_2STEP)
     if arms is None:
         return _unmeasurable("d", "the 1-step and 2-step PEFT-BD arms")
     (t1, t2), (a1, a2) = [_tps(a) for a in arms], [_acc(a) for a in arms]
-    measured = (f"tok/s 1 step {t1:.1f} vs 2 steps {t2:.1f} [{_paper('tokens_per_s', 'peftbd')} "
-                f"vs {_paper('tokens_per_s', 'peftbd_2step')}]; accepted tokens / round {a1:.3f} "
-                f"vs {a2:.3f} [{_paper('mean_accepted', 'peftbd')} vs "
-                f"{_paper('mean_accepted', 'peftbd_2step')}]")
+    measured = (f"tok/s 1 step {t1:.1f} vs 2 steps {t2:.1f} "
+                f"[{_paper('tokens_per_s', PAPER_PEFTBD)} vs "
+                f"{_paper('tokens_per_s', PAPER_PEFTBD_2STEP)}]; accepted tokens / round "
+                f"{a1:.3f} vs {a2:.3f} [{_paper('mean_accepted', PAPER_PEFTBD)} vs "
+                f"{_paper('mean_accepted', PAPER_PEFTBD_2STEP)}]")
     return _judge("d", measured, [
         (t2 < t1, f"two steps run at {t2 / t1:.2f}x one step's throughput",
          f"two steps are not slower ({t2:.1f} vs {t1:.1f} tok/s)"),
@@ -195,15 +215,15 @@ def two_steps_lower_both(results: dict[str, Any]) -> Finding:
 
 def anchoring_changes_little(results: dict[str, Any]) -> Finding:
     """(e) Anchored vs unanchored 1-step PEFT-BD."""
-    arms = _arms(results, "peftbd", "peftbd_anchored")
+    arms = _arms(results, PEFTBD, PAPER_PEFTBD_ANCHORED)
     if arms is None:
         return _unmeasurable("e", "the unanchored and anchored PEFT-BD arms")
     (t1, ta), (a1, aa) = [_tps(a) for a in arms], [_acc(a) for a in arms]
     change = ta / t1 - 1
     measured = (f"accepted tokens / round unanchored {a1:.3f} vs anchored {aa:.3f} "
-                f"[{_paper('mean_accepted', 'peftbd', HF_LOOP)} vs "
-                f"{_paper('mean_accepted', 'peftbd_anchored', HF_LOOP)}]; tok/s {t1:.1f} vs "
-                f"{ta:.1f} [{_paper('tokens_per_s', 'peftbd_anchored', HF_LOOP)}]")
+                f"[{_paper('mean_accepted', PAPER_PEFTBD, HF_LOOP)} vs "
+                f"{_paper('mean_accepted', PAPER_PEFTBD_ANCHORED, HF_LOOP)}]; tok/s {t1:.1f} vs "
+                f"{ta:.1f} [{_paper('tokens_per_s', PAPER_PEFTBD_ANCHORED, HF_LOOP)}]")
     return _judge("e", measured, [
         (aa > a1, f"anchoring adds {aa - a1:.3f} accepted tokens per round",
          f"anchoring does not raise accepted tokens per round ({a1:.3f} -> {aa:.3f})"),
@@ -214,17 +234,18 @@ def anchoring_changes_little(results: dict[str, Any]) -> Finding:
 
 def ar_is_fastest(results: dict[str, Any]) -> Finding:
     """(f) Greedy AR vs both speculative methods, and the accepted length needed to match AR."""
-    arms = _arms(results, "ar", "peftbd", "fastmtp")
-    needed = _needed(arms[1], "ar") if arms else None
+    arms = _arms(results, AR, PEFTBD, FASTMTP)
+    needed = _needed(arms[1], AR) if arms else None
     if arms is None or needed is None:
         return _unmeasurable("f", "the AR, PEFT-BD and FastMTP arms and the PEFT-BD oracle")
     (ta, tp, tf), block = [_tps(a) for a in arms], results["config"]["drafter"]["block_size"]
     best = max(tp, tf)
     measured = (f"tok/s AR {ta:.1f} vs FastMTP {tf:.1f} vs PEFT-BD {tp:.1f} "
-                f"[{_paper('tokens_per_s', 'ar')} vs {_paper('tokens_per_s', 'fastmtp')} vs "
-                f"{_paper('tokens_per_s', 'peftbd')}]; accepted tokens / round PEFT-BD needs to "
-                f"match AR {needed:.2f} vs block size D = {block} "
-                f"[{_paper('needed_accepted_vs_ar', 'peftbd', ORACLE)} vs D = {PAPER_BLOCK_SIZE}]")
+                f"[{_paper('tokens_per_s', PAPER_AR)} vs {_paper('tokens_per_s', PAPER_FASTMTP)} "
+                f"vs {_paper('tokens_per_s', PAPER_PEFTBD)}]; accepted tokens / round PEFT-BD "
+                f"needs to match AR {needed:.2f} vs block size D = {block} "
+                f"[{_paper('needed_accepted_vs_ar', PAPER_PEFTBD, ORACLE)} vs "
+                f"D = {PAPER_BLOCK_SIZE}]")
     return _judge("f", measured, [
         (ta > best, f"AR runs at {ta / best:.2f}x the faster speculative arm",
          f"the faster speculative arm beats AR ({best:.1f} vs {ta:.1f} tok/s)"),

@@ -19,9 +19,16 @@ from typing import Any
 
 from peftbd.analysis.cost_at_scale import at_scale_ratio
 from peftbd.analysis.tables import fmt, markdown_table
-from peftbd.benchmarking.schema import draft_verify_per_round
+from peftbd.benchmarking.schema import arm_items, draft_verify_per_round
+from peftbd.methods.arm import AR
+from peftbd.methods.bd_head import ID as HEAD
 
-HEAD_ARMS = ("peftbd_head", "peftbd_head_vocab")
+
+def head_arms(results: dict[str, Any]) -> list[str]:
+    """The block-diffusion head's arms in `results` (those of its method), the synthetic ones
+    (forced acceptance: not the head's own) left out, in report order."""
+    return [a for a, arm in arm_items(results)
+            if arm["method"] == HEAD and "synthetic" not in arm.get("settings", {})]
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,13 @@ GOALS = (("speedup vs AR", 1.3, 1.5, True), ("draft / verify per round", 0.35, 0
 
 
 def _ar_step_ms(results: dict[str, Any]) -> float | None:
-    ar = results["arms"].get("ar")
+    ar = results["arms"].get(AR)
     return None if ar is None else ar["round"]["verify_ms"]
 
 
 def goals(results: dict[str, Any], arm_id: str) -> list[Goal] | None:
     """The goals of head arm `arm_id`, or None when this run has no such arm."""
-    arm, ar = results["arms"].get(arm_id), results["arms"].get("ar")
+    arm, ar = results["arms"].get(arm_id), results["arms"].get(AR)
     if arm is None or ar is None:
         return None
     scale = at_scale_ratio(results, arm_id)
@@ -89,7 +96,7 @@ def goals_table(results: dict[str, Any]) -> str:
     """One row per head arm and goal: measured, goal (aim), verdict; then each arm's round
     decomposition."""
     rows, notes = [], []
-    for arm_id in HEAD_ARMS:
+    for arm_id in head_arms(results):
         found = goals(results, arm_id)
         if found is None:
             continue

@@ -22,7 +22,8 @@ from typing import Any
 
 from peftbd.analysis.report import untrained_note
 from peftbd.analysis.tables import fmt, fmt_stat, markdown_table
-from peftbd.benchmarking.schema import arm_items
+from peftbd.benchmarking.schema import arm_items, is_speculative
+from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
 from peftbd.layout import BENCHMARK
 
@@ -58,13 +59,13 @@ def _speedup(arm: dict[str, Any], ar_tps: float | None) -> str | None:
     """tok/s over AR's: results.json's paired `speedup_vs_ar` (with its interval) when it has
     one, else the ratio of the two arms' mean tok/s; None without AR."""
     paired = arm.get("speedup_vs_ar")
-    if paired and arm.get("method") != "ar":
+    if paired and is_speculative(arm):
         return _with_interval(paired["mean"], paired.get("ci95"), 2)
     return fmt(arm["tokens_per_s"]["mean"] / ar_tps, 2) if ar_tps else None
 
 
 def _audit(arm: dict[str, Any]) -> str | None:
-    if arm.get("method") == "ar":
+    if not is_speculative(arm):
         return "reference"
     audit = arm.get("audit")
     return None if audit is None else f"{audit['exact']}/{audit['prompts']}"
@@ -105,7 +106,7 @@ def render(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = N
     if not arms:
         raise ReadmeTableError("results.json has no arms; rerun the benchmark "
                                "(python -m jobs.pipeline --force benchmark)")
-    ar = results["arms"].get("ar")
+    ar = results["arms"].get(AR)
     ar_tps = ar["tokens_per_s"]["mean"] if ar else None
     rows = [[arm["label"], fmt(arm["mean_accepted"]["mean"], 2), _tokens_per_s(arm),
              _speedup(arm, ar_tps), _audit(arm)] for _, arm in arms]

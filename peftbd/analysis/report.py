@@ -24,8 +24,14 @@ from peftbd.analysis.figures import (
 )
 from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals, sampling
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
-from peftbd.benchmarking.schema import arm_items, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import BENCHMARK, PLACEMENT, STAGES
+from peftbd.analysis.recipe_ablation import ablation_section
+from peftbd.benchmarking.schema import (
+    arm_items,
+    draft_verify_per_call,
+    draft_verify_per_round,
+    is_speculative,
+)
+from peftbd.layout import BENCHMARK, PLACEMENT, RECIPE_ABLATION, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -186,6 +192,7 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         *paper_question_section(results),
         *sampling.section(results, FIGURE_5),
         *placement_section(manifests),
+        *ablation_section(manifests.get(RECIPE_ABLATION.title), RECIPE_ABLATION.subdir),
     ]
     per_category = tables.category_table(results)
     if per_category:
@@ -259,7 +266,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         ci, speedup = tps.get("ci95"), arm.get("speedup_vs_ar")
         spread = f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else f" ± {tps['std']:.1f} tok/s"
         line = f"{arm['label']}: {tps['mean']:.1f}{spread}"
-        if speedup and arm["method"] != "ar":
+        if speedup and is_speculative(arm):
             line += f", {speedup['mean']:.2f}x AR"
         line += f", {acc['mean']:.2f} accepted/round"
         if audit:

@@ -17,6 +17,9 @@ from peftbd.benchmarking.schema import (
     draft_verify_per_round,
     is_speculative,
 )
+from peftbd.methods import methods
+from peftbd.methods.arm import AR
+from peftbd.methods.fastmtp import ID as FASTMTP
 
 NA = "n/a"
 
@@ -149,11 +152,29 @@ def oracle_table(results: dict[str, Any]) -> str:
 
 OFFLINE_AGREES = 0.2
 """The engine's accepted prefix should be within this of the offline estimate on its prompts."""
-ARM_DRAFTER = {"peftbd": "peftbd_adapter", "peftbd_early_exit": "peftbd_early_exit",
-               "peftbd_offsets": "peftbd_offsets", "fastmtp": "mtp_head", "peftbd_head": "bd_head"}
-"""Arms that decode as their drafter's training eval drafts (one step, unanchored, the whole
-vocabulary) -> that drafter (a key of results.json `drafters`: the training stage's output
-subdir), whose `eval_accepted_prefix_mean` is training's estimate of the arm."""
+
+
+def training_estimates(results: dict[str, Any]) -> dict[str, float]:
+    """{arm id: its drafter's training estimate (`eval_accepted_prefix_mean`)} for each arm that
+    decodes as its training evaluation drafts: the first arm, in report order, drafting from each
+    training stage's output (its method lists that arm first, e.g. PEFT-BD's one step unanchored,
+    the head's whole vocabulary). An arm's stage is the one results.json records, else (not
+    recorded) its method's main stage; its drafter, the `drafters` entry of that stage's output
+    subdir. Arms of AR or of a method not registered here have none."""
+    registered = {m.id: m for m in methods()}
+    subdirs = {s.name: s.subdir for m in registered.values() for s in m.stages}
+    drafters, seen, out = results.get("drafters", {}), set(), {}
+    for arm_id, arm in arm_items(results):
+        m = registered.get(arm["method"])
+        stage = arm.get("stage") or (m.stage.name if m else None)
+        if stage is None or stage in seen:
+            continue
+        seen.add(stage)
+        estimate = drafters.get(subdirs.get(stage), {}).get("metrics", {}).get(
+            "eval_accepted_prefix_mean")
+        if estimate is not None:
+            out[arm_id] = estimate
+    return out
 
 
 def _relative(value: float | None, reference: float | None) -> str | None:
@@ -165,12 +186,11 @@ def offline_table(results: dict[str, Any]) -> str:
     excluded) beside the engine's rounds replayed offline on the same prompts and budget
     (`replay`), whether they agree within OFFLINE_AGREES, and the training run's estimate on its
     eval rows (`eval_accepted_prefix_mean`) with its difference from the replay."""
-    drafters, rows = results.get("drafters", {}), []
+    estimates, rows = training_estimates(results), []
     for arm_id, arm in arm_items(results):
         replay = (arm.get("replay") or {}).get("mean_accepted_prefix")
         engine = arm.get("mean_accepted_prefix")
-        training = drafters.get(ARM_DRAFTER.get(arm_id, ""), {}).get("metrics", {}).get(
-            "eval_accepted_prefix_mean")
+        training = estimates.get(arm_id)
         if engine is None or (replay is None and training is None):
             continue
         verdict = None if not replay else (
@@ -220,8 +240,8 @@ def _ours(results: dict[str, Any], pv: PaperValue) -> float | None:
         "draft_share": lambda: arm["round"]["draft_share"],
         "free_draft_tokens_per_s": lambda: next(
             (r["tokens_per_s"] for r in oracle.get("reductions", []) if r["r"] == 1.0), None),
-        "needed_accepted_vs_fastmtp": lambda: oracle.get("needed_accepted", {}).get("fastmtp"),
-        "needed_accepted_vs_ar": lambda: oracle.get("needed_accepted", {}).get("ar"),
+        "needed_accepted_vs_fastmtp": lambda: oracle.get("needed_accepted", {}).get(FASTMTP),
+        "needed_accepted_vs_ar": lambda: oracle.get("needed_accepted", {}).get(AR),
     }
     return lookups[pv.metric]()
 

@@ -71,7 +71,7 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
                             "mean_accepted": cat_stats["mean_accepted"]}
     rnd = overall["round"]
     return {
-        "label": spec.label, "method": spec.method, "settings": spec.settings(),
+        "label": spec.label, "method": spec.method, "stage": spec.stage, "settings": spec.settings(),
         "repeats": [{k: m[k] for k in ("tokens_per_s", "new_tokens", "decode_s", "rounds",
                                         "mean_accepted")} for m in stats["summaries"]],
         "tokens_per_s": stats["tokens_per_s"], "mean_accepted": stats["mean_accepted"],

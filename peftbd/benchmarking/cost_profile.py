@@ -46,11 +46,12 @@ from typing import Any
 
 import torch
 
-from peftbd.benchmarking.arms import ArmModels, ArmSpec
+from peftbd.benchmarking.arms import ArmModels
 from peftbd.benchmarking.cost_profile_models import (
     activate,
     backbone_parameters,
     cost_key,
+    draft_parameters,
     preflight,
     profile_models,
     profiled_specs,
@@ -68,10 +69,11 @@ from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import prefill, unwrap
 from peftbd.layout import TRAIN_PEFTBD
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
+from peftbd.methods import ArmSpec
+from peftbd.methods.peft_bd import WHOLE_ADAPTER
 from peftbd.models.loading import DTYPES, resolve_device
 from peftbd.models.peft_bd import (
     adapter_on,
-    count_parameters,
     draft_embeddings,
     draft_input_ids,
     draft_logits,
@@ -177,11 +179,11 @@ def _median_ms(fn: Callable[[], Any], clock: Clock, repeats: int) -> float:
 
 def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
     """Time the mask row's two paths over one draft chunk, adapter on."""
-    peft = models.adapters[TRAIN_PEFTBD.name]
+    peft = models.modules[TRAIN_PEFTBD.name]
     base, d = unwrap(peft), models.block_size
     ids = draft_input_ids(0, models.mask_id, d, models.device)
     hidden = torch.randn(1, d, base.config.hidden_size, dtype=base.dtype, device=models.device)
-    activate(models, ArmSpec("peftbd", "", "peftbd", adapter=TRAIN_PEFTBD.name))
+    peft.set_adapter(WHOLE_ADAPTER)
     with adapter_on(peft):
         wrappers = _median_ms(lambda: (base.get_input_embeddings()(ids),
                                        base.get_output_embeddings()(hidden)), clock, repeats)
@@ -281,8 +283,8 @@ def run_profile(cfg: Config) -> CostProfile:
                                                    feature_layers=layers))
     timed: dict[tuple[Any, ...], _Arm] = {}
     for spec in specs:
-        if cost_key(spec) not in timed:
-            timed[cost_key(spec)] = _Arm(models, spec, start)
+        if cost_key(models, spec) not in timed:
+            timed[cost_key(models, spec)] = _Arm(models, spec, start)
     arms = list(timed.values())
     counted = {a.spec.id: a.counted_round(models) for a in arms}
     work = {arm: _work(count, cp.roofline_gpu) for arm, count in counted.items()}
@@ -291,7 +293,7 @@ def run_profile(cfg: Config) -> CostProfile:
         """`of` (by timed arm id) for every spec, a twin's entry derived by `twin(entry, spec)`."""
         out = {}
         for spec in specs:
-            first = timed[cost_key(spec)].spec
+            first = timed[cost_key(models, spec)].spec
             out[spec.id] = of[first.id] if first.id == spec.id else twin(of[first.id], spec, first)
         return out
 
@@ -300,7 +302,7 @@ def run_profile(cfg: Config) -> CostProfile:
         architecture={"name": arch.name, "origin": arch.origin, "weights": arch.weights,
                       "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
                       "vocab_size": c.vocab_size, "parameters": backbone_parameters(models.verifier),
-                      "bd_head_parameters": count_parameters(models.bd_head)[1]},
+                      "draft_parameters": draft_parameters(models)},
         device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
         kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
         early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,
@@ -309,7 +311,7 @@ def run_profile(cfg: Config) -> CostProfile:
     )
     for i, name in enumerate(dtypes):
         if i:
-            for module in (models.verifier, models.mtp_head, models.bd_head):
+            for module in (models.verifier, *models.modules.values()):
                 module.to(DTYPES[name])
             for arm in arms:
                 arm.cast(models, DTYPES[name])

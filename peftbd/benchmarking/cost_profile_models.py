@@ -1,10 +1,8 @@
 """The models the draft-cost profile times: one backbone of the profiled architecture carrying
-every drafter the benchmark uses, untrained (`peftbd.benchmarking.cost_profile`).
-
-The PEFT-BD adapters are named adapters of one peft model (whole-backbone and early-exit; the
-offsets ablation shares the whole-backbone one: it drafts the same way), the MTP head and the
-block-diffusion head are bound to the same backbone. A round's cost does not depend on weight
-values, so random ones serve where none are local (`peftbd.models.architecture`).
+every registered method's drafters, untrained (`peftbd.benchmarking.cost_profile`; each method's
+`profile`: PEFT-BD's adapters are named adapters of one peft model, the heads bind to the same
+backbone). A round's cost does not depend on weight values, so random ones serve where none are
+local (`peftbd.models.architecture`).
 """
 
 from __future__ import annotations
@@ -13,39 +11,33 @@ import dataclasses
 from typing import Any
 
 import torch
-from peft import PeftModel
 
-from peftbd.benchmarking.arms import ArmModels, ArmSpec, arm_specs
+from peftbd.benchmarking.arms import ArmModels, synthetic_specs
 from peftbd.config import Config, ConfigError
-from peftbd.decoding.verify import unwrap
-from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
+from peftbd.methods import AR, AR_ARM, ArmSpec, DraftContext, method, methods
 from peftbd.models.architecture import Architecture, build_model, resolve_architecture
-from peftbd.models.bd_head import BDHead, HeadShape
-from peftbd.models.mtp_head import MTPHead
-from peftbd.models.peft_bd import (
-    attach_drafter_adapter,
-    count_parameters,
-    lora_config,
-    set_adapter_enabled,
-)
-
-WHOLE_ADAPTER, EARLY_EXIT_ADAPTER = "default", "early_exit"
+from peftbd.models.peft_bd import count_parameters
 
 
 def profiled_specs(cfg: Config, vocab_size: int | None = None) -> list[ArmSpec]:
-    """The benchmark's arms, with the early-exit arm at `cost_profile.early_exit_layers` and the
-    head's draft vocabulary at `cost_profile.draft_vocab` (at most `vocab_size`)."""
+    """The arms the profile times (each method's `cost_arms`: the benchmark's, DFlash at several
+    depths), with the early-exit arm at `cost_profile.early_exit_layers`, the head's draft
+    vocabulary at `cost_profile.draft_vocab` (at most `vocab_size`) and the synthetic arms."""
     cp = cfg.cost_profile
     drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cp.early_exit_layers)
     head = dataclasses.replace(cfg.head, draft_vocab=min(cp.draft_vocab, vocab_size or cp.draft_vocab))
-    return arm_specs(dataclasses.replace(cfg, drafter=drafter, head=head))
+    cfg = dataclasses.replace(cfg, drafter=drafter, head=head)
+    real = [AR_ARM, *(arm for m in methods() for arm in m.cost_arms(cfg))]
+    return real + synthetic_specs(cfg, real)
 
 
-def cost_key(spec: ArmSpec) -> tuple[Any, ...]:
-    """What a round's cost depends on: the drafting settings, not the recipe an adapter was
-    trained with (the offsets ablation drafts exactly as `peftbd` does, so it is timed once)."""
+def cost_key(models: ArmModels, spec: ArmSpec) -> tuple[Any, ...]:
+    """What a round's cost depends on: the drafting settings and the module that drafts, not the
+    recipe an adapter was trained with (the offsets ablation drafts exactly as `peftbd` does, on
+    the same profiled module, so it is timed once)."""
+    module = None if spec.method == AR else id(models.module_for(spec))
     return (spec.method, spec.denoise_steps, spec.anchored, spec.mtp_steps, spec.draft_layers,
-            spec.draft_vocab)
+            spec.draft_vocab, module)
 
 
 def preflight(cfg: Config) -> Architecture:
@@ -60,29 +52,22 @@ def preflight(cfg: Config) -> Architecture:
 
 def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
                    device: torch.device) -> ArmModels:
-    """One backbone of `arch` carrying every drafter the benchmark uses, untrained (the adapters'
-    named adapters: whole-backbone and early-exit; the MTP head and the block-diffusion head
-    bound to it)."""
+    """One backbone of `arch` carrying every registered method's untrained drafters (`profile`)."""
     verifier = build_model(arch, dtype, device, cfg.model.attn_implementation)
-    early = cfg.cost_profile.early_exit_layers
     torch.manual_seed(cfg.training.seed)
     mask_id = verifier.config.vocab_size - 1  # any row: a draft's cost does not depend on it
-    whole = dataclasses.replace(cfg.drafter, draft_layers=0, lora_r=cfg.cost_profile.lora_r,
-                                lora_alpha=cfg.cost_profile.lora_alpha)
-    peft = attach_drafter_adapter(verifier, whole, mask_id)
-    if early:
-        peft.add_adapter(EARLY_EXIT_ADAPTER,
-                         lora_config(dataclasses.replace(whole, draft_layers=early), mask_id))
-        set_adapter_enabled(peft, False)
-    base = unwrap(peft)
-    spread = dataclasses.replace(cfg.head, feature_layers=())  # DFlash's: 3 over the depth
-    head = BDHead(base, HeadShape.of(spread, base.config, mask_id)).eval()
-    return ArmModels(verifier=base, mtp_head=MTPHead(base).eval(), eos_ids=[], mask_id=mask_id,
-                     pad_id=0,  # nothing is padded: one round of one row is timed
-                     block_size=cfg.drafter.block_size, device=device,
-                     adapters={TRAIN_PEFTBD.name: peft, TRAIN_OFFSETS.name: peft,
-                               TRAIN_EARLY_EXIT.name: peft},
-                     bd_head=head, draft_vocab=list(range(base.config.vocab_size)))
+    ctx = DraftContext(cfg, verifier, mask_id, pad_id=0,  # nothing is padded: one row is timed
+                       draft_vocab=list(range(verifier.config.vocab_size)))
+    modules = {key: module.eval() for m in methods() for key, module in m.profile(ctx).items()}
+    return ArmModels(verifier=verifier, eos_ids=[], ctx=ctx, modules=modules)
+
+
+def draft_parameters(models: ArmModels) -> dict[str, int]:
+    """Parameters each profiled draft module holds beside the backbone's (a head's own; 0 for an
+    adapter, whose weights sit inside the backbone it wraps)."""
+    base = {id(p) for p in models.verifier.parameters()}
+    return {key: sum(p.numel() for p in module.parameters() if id(p) not in base)
+            for key, module in models.modules.items()}
 
 
 def backbone_parameters(model: torch.nn.Module) -> int:
@@ -95,8 +80,6 @@ def backbone_parameters(model: torch.nn.Module) -> int:
 
 
 def activate(models: ArmModels, spec: ArmSpec) -> None:
-    """Make `spec`'s adapter the peft model's active one (PEFT-BD arms)."""
-    if spec.method == "peftbd":
-        peft = models.verifier_for(spec)
-        assert isinstance(peft, PeftModel)
-        peft.set_adapter(EARLY_EXIT_ADAPTER if spec.adapter == TRAIN_EARLY_EXIT.name else WHOLE_ADAPTER)
+    """Make `spec`'s module ready to draft where one module serves several arms (`Method.activate`)."""
+    if spec.method != AR:
+        method(spec.method).activate(models.module_for(spec), spec)

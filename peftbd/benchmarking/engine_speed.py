@@ -36,6 +36,9 @@ from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 from peftbd.models.peft_bd import attach_drafter_adapter
 from peftbd.stage import StageCall, StageInputs
 
+PEFTBD = "peftbd"
+"""speed.json's key of its PEFT-BD run (this check's own format, not an arm id)."""
+
 
 def interleaved_timing(arms: dict[str, Callable[[list[int]], list[int]]],
                        prompts: Sequence[list[int]], repeats: int, clock: Clock,
@@ -86,7 +89,7 @@ def run(cfg: Config) -> dict[str, Any]:
         bd_results.append(engine_bd.decode(ids))
         return bd_results[-1].tokens
 
-    arms = {"hf_generate": hf, "engine_ar": lambda ids: engine_ar.decode(ids).tokens, "peftbd": peftbd}
+    arms = {"hf_generate": hf, "engine_ar": lambda ids: engine_ar.decode(ids).tokens, PEFTBD: peftbd}
     interleaved_timing(arms, prompts[:2], 1, clock)  # warm-up: first-call allocations, lazy inits
     bd_results.clear()
     outputs, seconds = interleaved_timing(arms, prompts, cfg.decoding.repeats, clock)
@@ -105,8 +108,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "engine_ar_vs_hf_best": best_tps["engine_ar"] / best_tps["hf_generate"],
         "engine_ar_vs_hf_per_repeat": [e / h for e, h in zip(tps["engine_ar"], tps["hf_generate"])],
         "exact_vs_hf": sum(a == b for a, b in zip(outputs["engine_ar"], outputs["hf_generate"])),
-        "peftbd_exact_vs_ar": sum(a == b for a, b in zip(outputs["peftbd"], outputs["engine_ar"])),
-        "peftbd": {
+        "peftbd_exact_vs_ar": sum(a == b for a, b in zip(outputs[PEFTBD], outputs["engine_ar"])),
+        PEFTBD: {
             "draft_over_verify_round": bd["round"]["draft_ms"] / bd["round"]["verify_ms"],
             "draft_over_verify_forward": bd["forward"]["draft"]["mean_ms"] / bd["forward"]["verify"]["mean_ms"],
             "metrics": bd,
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"engine AR {result['tokens_per_s']['engine_ar']:.1f} tok/s vs HF generate "
           f"{result['tokens_per_s']['hf_generate']:.1f} tok/s ({result['engine_ar_vs_hf']:.2f}x mean, "
           f"{result['engine_ar_vs_hf_best']:.2f}x best-of-repeats); "
-          f"PEFT-BD draft/verify per round {result['peftbd']['draft_over_verify_round']:.2f}")
+          f"PEFT-BD draft/verify per round {result[PEFTBD]['draft_over_verify_round']:.2f}")
     print(f"wrote {out / 'speed.json'} and {out / 'manifest.json'}")
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's `results.json`: its documented shape, arm ids, and small accessors.
+"""The benchmark's `results.json`: its documented shape and small accessors.
 
 ```
 {
@@ -13,10 +13,11 @@
              "sweep_repeats": int,          # the first repeats, those with the passes at B > 1
              "worker_num_cpus": float, "worker_num_gpus": float,
              "per_worker_hardware": [str], "per_worker_peak_rss_mib": [float]},
-  "drafters": {"peftbd_adapter": {"path": str, "untrained": bool, "untrained_reasons": [str], ...},
-               "mtp_head": {...}},   # each: its training manifest (config, versions, contract left out)
-  "arms": {arm_id: ARM, ...},         # ordered as ARMS
-  "concurrency": [ROW, ...],           # per arm (ARMS order), per decoding.batch_sizes entry
+  "drafters": {stage_subdir: {"path": str, "untrained": bool, "untrained_reasons": [str], ...}},
+               # per training stage read (its output subdir): its training manifest (config,
+               # versions, contract left out)
+  "arms": {arm_id: ARM, ...},          # in report order (see arm_items)
+  "concurrency": [ROW, ...],           # per arm (report order), per decoding.batch_sizes entry
   "sampling": {"temperatures": [float], "seed": int,    # decoding.temperatures, .sampling_seed
                "prompts": int, "how": str,              # the first decoding.sampling_prompts
                "arms": {arm_id: {"label": str, "skipped": str | null,  # why not at T > 0
@@ -25,7 +26,9 @@
   "cost_at_scale": {...}               # optional: the cost profile's cost_profile.json
 }                                      #   (peftbd.benchmarking.cost_profile.CostProfile)
 ARM = {
-  "label": str, "method": "ar" | "peftbd" | "fastmtp" | "peftbd_head", "settings": {...},
+  "label": str, "method": "ar" | method_id,    # a registered drafting method (peftbd.methods)
+  "stage": str | null,    # the training stage whose output drafts (null: AR; absent in older results)
+  "settings": {...},
   "repeats": [{"tokens_per_s": float, "new_tokens": int, "decode_s": float,
                "rounds": int, "mean_accepted": float}, ...],      # one per repeated run
   "tokens_per_s": STAT + {"ci95": [low, high] | null},           # STAT = {"mean", "std"}
@@ -80,18 +83,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peftbd.methods.arm import AR
+from peftbd.methods.fastmtp import ID as FASTMTP
+
 SCHEMA = "peftbd-benchmark/3"
 
-ARMS: tuple[str, ...] = ("ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
-                         "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab")
-"""Benchmark arms in report order: greedy AR, PEFT-BD (1 step unanchored; 2 steps; anchored),
-early-exit PEFT-BD (beyond the paper; only when `drafter.early_exit_layers` > 0), the
-block-offsets ablation (the adapter trained with the other `drafter.block_offsets`; only with
-`drafter.offsets_ablation`), FastMTP, and the block-diffusion head (beyond the paper), over the
-whole vocabulary and over its draft vocabulary (only when `head.draft_vocab` > 0)."""
-
-ORACLE_TARGETS: tuple[str, ...] = ("fastmtp", "ar")
-"""Arms whose measured throughput the draft-cost oracle asks each speculative arm to match."""
+ORACLE_TARGETS: tuple[str, ...] = (FASTMTP, AR)
+"""Arms whose measured throughput the draft-cost oracle asks each speculative arm to match (the
+paper's: FastMTP and greedy AR)."""
 
 
 def stat(values: Sequence[float]) -> dict[str, float]:
@@ -126,15 +125,15 @@ def concurrency_rows(results: dict[str, Any]) -> list[ConcurrencyRow]:
 
 
 def arm_items(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(arm id, arm) pairs present in `results`, in ARMS order (unknown ids last)."""
-    arms = results.get("arms", {})
-    order = {a: i for i, a in enumerate(ARMS)}
-    return sorted(arms.items(), key=lambda kv: order.get(kv[0], len(ARMS)))
+    """(arm id, arm) pairs of `results`, in report order: as results.json records them, which is
+    the benchmark's (`peftbd.benchmarking.arms.arm_specs`: AR, each registered method's arms in
+    registration order, then the synthetic arms)."""
+    return list(results.get("arms", {}).items())
 
 
 def is_speculative(arm: dict[str, Any]) -> bool:
     """True for arms with a drafter (everything but greedy AR)."""
-    return arm.get("method") != "ar"
+    return arm.get("method") != AR
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

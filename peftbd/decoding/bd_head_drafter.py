@@ -5,11 +5,12 @@ KV choice: the head keeps its own cache per request (`state.drafter_state`): per
 context KV of every committed position but the last, exactly the positions of the verifier's
 cache. Each round first injects the context KV of the positions the last verify (or prefill)
 cached, from their features in `state.features`; then one forward over the chunk
-`[last committed token, D masks]` (the token's input fused with the last cached position's
-context) proposes D tokens, and the chunk's KV is dropped. A batch of requests drafts in one
-forward, the rows' head caches packed (`peftbd.decoding.ragged`). The drafter never reads the
-verifier's KV (`reads_kv_layers = 0`): a split drafter replica needs only the committed tokens and
-the new positions' features.
+`[last committed token, K masks]` (the token's input fused with the last cached position's
+context) proposes K tokens, and the chunk's KV is dropped: K = D, or D - 1 for a head whose
+`block_masks` is block_minus_one (DFlash's block of D positions, the token's included). A batch
+of requests drafts in one forward, the rows' head caches packed (`peftbd.decoding.ragged`). The
+drafter never reads the verifier's KV (`reads_kv_layers = 0`): a split drafter replica needs only
+the committed tokens and the new positions' features.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_vis
 
 
 class BDHeadDrafter:
-    """The block-diffusion head drafter: one forward of the head per round, D = `block_size`
-    tokens; `vocab_ids` (N,) restricts the draft LM head to those tokens (FR-Spec)."""
+    """The block-diffusion head drafter: one forward of the head per round, `block_size` =
+    `head.shape.drafted(block_size)` tokens (D, or D - 1: see module doc); `vocab_ids` (N,)
+    restricts the draft LM head to those tokens (FR-Spec)."""
 
-    name = "peftbd_head"
+    name = "block-diffusion head drafter"
     reads_kv_layers: int | None = 0  # reads `state.features`, never the verifier's KV
     reads_hidden = False
 
@@ -42,7 +44,7 @@ class BDHeadDrafter:
         head.bind(verifier)  # share this verifier's embeddings and LM head
         self.head = head.eval()
         self.vocab = None if vocab_ids is None else head.draft_vocabulary(vocab_ids)
-        self.block_size = block_size
+        self.block_size = head.shape.drafted(block_size)
         self.feature_layers = tuple(head.shape.feature_layers)
 
     def start(self, state: DecodeState) -> None:

@@ -26,7 +26,7 @@ from peftbd.models.mtp_head import MTPHead
 class MTPDrafter:
     """The FastMTP drafter: `num_steps` recursive MTP steps per round (paper: 3, verify width 4)."""
 
-    name = "fastmtp"
+    name = "FastMTP drafter"
     reads_kv_layers: int | None = 0  # its own head cache, never the verifier's KV
     reads_hidden = True  # the verifier's final hidden states
     feature_layers: tuple[int, ...] = ()

@@ -45,7 +45,7 @@ class PeftBDDrafter:
     """The PEFT-BD drafter: `peft_model` is the verifier with the drafter adapter attached (the
     same object verifies with the adapter off)."""
 
-    name = "peftbd"
+    name = "PEFT-BD drafter"
     reads_hidden = False
     feature_layers: tuple[int, ...] = ()
 

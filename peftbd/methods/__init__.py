@@ -10,6 +10,7 @@ A new drafter is one module that calls `register` (docs/adding-a-drafter.md).
 from peftbd.methods import peft_bd  # noqa: F401  (each import registers its method: report order)
 from peftbd.methods import fastmtp  # noqa: F401, I001
 from peftbd.methods import bd_head  # noqa: F401, I001
+from peftbd.methods import dflash  # noqa: F401, I001
 from peftbd.methods.arm import AR, AR_ARM, ArmSpec
 from peftbd.methods.registry import (
     DraftContext,

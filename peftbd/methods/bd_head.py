@@ -13,11 +13,15 @@ from torch import nn
 
 from peftbd.config_sections import Config
 from peftbd.decoding.bd_head_drafter import BDHeadDrafter
+from peftbd.decoding.drafter import Drafter
 from peftbd.layout import TRAIN_HEAD
 from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
 from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.head_objective import head_drafts
 from peftbd.training.head_task import HeadTask
+from peftbd.training.rounds import Drafts
 
 ID = "peftbd_head"
 
@@ -53,6 +57,12 @@ def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> BDHeadDrafte
     return BDHeadDrafter(module, ctx.verifier, ctx.cfg.drafter.block_size, vocab_ids=vocab)
 
 
+def replay(drafter: Drafter, ctx: DraftContext, batch: SequenceBatch) -> tuple[Drafts, int]:
+    assert isinstance(drafter, BDHeadDrafter)
+    return head_drafts(drafter.head, ctx.verifier, batch, block_size=drafter.block_size,
+                       pad_id=ctx.pad_id, vocab=drafter.vocab), drafter.block_size
+
+
 def profile(ctx: DraftContext) -> dict[str, nn.Module]:
     """An untrained head reading DFlash's spread of three feature layers over the depth."""
     spread = dataclasses.replace(ctx.cfg.head, feature_layers=())
@@ -64,5 +74,5 @@ METHOD = register(Method(
     id=ID, serving="peft-bd-head", kind="head", label="BD head", what="block-diffusion head",
     section="head", stages=(TRAIN_HEAD,), task=HeadTask, export_subdir=HEAD_SUBDIR, arms=arms,
     positions=lambda cfg: cfg.drafter.block_size, load=load, drafter=drafter, profile=profile,
-    dir_arg="head_dir", ships="features",
+    dir_arg="head_dir", ships="features", replay=replay,
 ))

@@ -9,11 +9,15 @@ import torch
 from torch import nn
 
 from peftbd.config_sections import Config
+from peftbd.decoding.drafter import Drafter
 from peftbd.decoding.mtp_drafter import MTPDrafter
 from peftbd.layout import TRAIN_MTP
 from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
 from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.mtp_objective import mtp_drafts
+from peftbd.training.rounds import Drafts
 from peftbd.training.tasks import MTPTask
 
 ID = "fastmtp"
@@ -36,9 +40,15 @@ def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> MTPDrafter:
     return MTPDrafter(module, ctx.verifier, num_steps=spec.mtp_steps or ctx.cfg.mtp.num_steps)
 
 
+def replay(drafter: Drafter, ctx: DraftContext, batch: SequenceBatch) -> tuple[Drafts, int]:
+    assert isinstance(drafter, MTPDrafter)
+    return mtp_drafts(drafter.head, ctx.verifier, batch, drafter.num_steps), drafter.num_steps
+
+
 METHOD = register(Method(
     id=ID, serving="fastmtp", kind="mtp", label="FastMTP", what="FastMTP head", section="mtp",
     stages=(TRAIN_MTP,), task=MTPTask, export_subdir=HEAD_SUBDIR, arms=arms,
     positions=lambda cfg: cfg.mtp.num_steps, load=load, drafter=drafter,
     profile=lambda ctx: {TRAIN_MTP.name: load(ctx, None)}, dir_arg="mtp_dir", ships="hidden",
+    replay=replay,
 ))

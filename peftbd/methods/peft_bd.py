@@ -14,8 +14,8 @@ from peft import PeftModel
 from torch import nn
 
 from peftbd.config_sections import Config
+from peftbd.decoding.drafter import Drafter
 from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
-from peftbd.decoding.verify import unwrap
 from peftbd.layout import OTHER_OFFSETS, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_PEFTBD
 from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
@@ -27,6 +27,8 @@ from peftbd.models.peft_bd import (
     lora_config,
     set_adapter_enabled,
 )
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.rounds import Drafts, peftbd_drafts
 from peftbd.training.tasks import PeftBDTask
 
 ID = "peftbd"
@@ -80,18 +82,23 @@ def load(ctx: DraftContext, path: Path | None) -> nn.Module:
     return model
 
 
-def check_depth(module: nn.Module, spec: ArmSpec, cfg: Config, path: Path) -> None:
-    """The early-exit adapter must draft from `drafter.early_exit_layers` layers."""
-    if spec.stage == TRAIN_EARLY_EXIT.name and adapter_depth(module) != cfg.drafter.early_exit_layers:
-        raise ValueError(
-            f"the early-exit adapter in {str(path)!r} drafts from {adapter_depth(module)} layers but "
-            f"drafter.early_exit_layers={cfg.drafter.early_exit_layers}; set it to match or retrain "
-            "the adapter")
-
-
 def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> PeftBDDrafter:
+    """The arm's drafter; an early-exit arm's adapter must draft from its `draft_layers`."""
+    if spec.draft_layers and adapter_depth(module) != spec.draft_layers:
+        raise ValueError(
+            f"arm {spec.id!r}: its adapter drafts from {adapter_depth(module)} layers but "
+            f"drafter.early_exit_layers={spec.draft_layers}; set it to match or retrain the adapter")
     return PeftBDDrafter(module, ctx.mask_id, ctx.cfg.drafter.block_size,
                          denoise_steps=spec.denoise_steps or 1, anchored=bool(spec.anchored))
+
+
+def replay(drafter: Drafter, ctx: DraftContext, batch: SequenceBatch) -> tuple[Drafts, int] | None:
+    """One-step drafts of the replayed rounds (a two-step arm has no offline estimate)."""
+    assert isinstance(drafter, PeftBDDrafter)
+    if drafter.denoise_steps != 1:
+        return None
+    return peftbd_drafts(drafter.model, batch, block_size=drafter.block_size, mask_id=ctx.mask_id,
+                         pad_id=ctx.pad_id, anchored=drafter.anchored), drafter.block_size
 
 
 def activate(module: nn.Module, spec: ArmSpec) -> None:
@@ -120,5 +127,5 @@ METHOD = register(Method(
     stage_configs=stage_configs, task=PeftBDTask, export_subdir=ADAPTER_SUBDIR, arms=arms,
     positions=lambda cfg: cfg.drafter.block_size, load=load, drafter=drafter, profile=profile,
     verifier=lambda module, ctx: module, wraps_verifier=True, activate=activate,
-    dir_arg="adapter_dir", ships="kv",
+    dir_arg="adapter_dir", ships="kv", replay=replay,
 ))

@@ -21,6 +21,9 @@ from peftbd.decoding.drafter import Drafter
 from peftbd.methods.arm import AR, ArmSpec
 from peftbd.stage import StageSpec
 from peftbd.training.distill_task import DistillTask
+from peftbd.training.examples import SequenceBatch
+from peftbd.training.recipe import TrainingRecipe
+from peftbd.training.rounds import Drafts
 
 Shipped = Literal["kv", "hidden", "features"]
 """What a split verifier replica ships a method's drafter each round (`peftbd.serving.features`):
@@ -67,7 +70,10 @@ class Method:
     arm over that module), `verifier` (the model that verifies for it; PEFT-BD: its own adapter's
     model), `wraps_verifier` (`load` wraps the verifier it is given: the benchmark gives it a copy
     of its own), `activate` (before an arm runs on a module shared by several arms), `profile`
-    (untrained modules at the cost profile's architecture, by stage). Serving: `dir_arg` (the Serve
+    (untrained modules at the cost profile's architecture, by stage key) and `profile_arms` (the
+    arms timed there; None: `arms`), `replay` (the drafter's drafts of a batch's replayed rounds
+    with the most tokens a round proposes, `peftbd.training.rounds`; None: no offline estimate).
+    Serving: `dir_arg` (the Serve
     app argument naming its trained output dir) and `ships` (what a split verifier ships it).
     """
 
@@ -91,15 +97,27 @@ class Method:
     wraps_verifier: bool = False
     activate: Callable[[nn.Module, ArmSpec], None] = _no_activation
     stage_configs: Callable[[Config], list[tuple[StageSpec, Config]]] | None = None
+    profile_arms: Callable[[Config], list[ArmSpec]] | None = None
+    replay: Callable[[Drafter, DraftContext, SequenceBatch], tuple[Drafts, int] | None] | None = None
+
+    @property
+    def recipe(self) -> TrainingRecipe:
+        """What the training job needs of this method (`peftbd.training.recipe`)."""
+        return TrainingRecipe(self.kind, self.what, self.section, self.stages, self.task,
+                              self.stage_configs)
 
     @property
     def stage(self) -> StageSpec:
         """The stage `jobs.train_<kind>` runs (the method's main training stage)."""
         return self.stages[0]
 
+    def cost_arms(self, cfg: Config) -> list[ArmSpec]:
+        """The arms the cost profile times (`profile_arms`, else `arms`)."""
+        return (self.profile_arms or self.arms)(cfg)
+
     def training_stages(self, cfg: Config) -> list[tuple[StageSpec, Config]]:
         """The training stages `cfg` asks of the main job, each with the config it trains with."""
-        return self.stage_configs(cfg) if self.stage_configs else [(self.stage, cfg)]
+        return self.recipe.training_stages(cfg)
 
 
 _REGISTRY: dict[str, Method] = {}

@@ -9,14 +9,16 @@ with its own k_proj / k_norm / v_proj at position i (rotary included): the conte
 into that layer's cache once per committed position (DFlash's KV injection; no attention or MLP
 runs over the context).
 
-Block. The chunk `[b, m_1..m_D]` (b = the last committed token at position t, embedded by the
+Block. The chunk `[b, m_1..m_K]` (b = the last committed token at position t, embedded by the
 verifier's table and fused with c_{t-1}, the context of the position that predicted it,
 W_f [RMSNorm(E b); c_{t-1}], as EAGLE and MTP fuse a token with its predecessor's hidden state;
 m = the head's learned mask embedding) runs
-through the head's layers at positions t..t+D over [context KV | chunk] with PEFT-BD's draft
+through the head's layers at positions t..t+K over [context KV | chunk] with PEFT-BD's draft
 pattern (`peftbd.models.peft_bd`: unanchored); the head's final norm and the verifier's LM head
 give the logits, chunk position j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so
-training cuts blocks with the same code. The chunk's KV is cropped off afterwards.
+training cuts blocks with the same code. The chunk's KV is cropped off afterwards. K = D
+(`block_masks` block) or, DFlash's block of D positions in all, D - 1 (block_minus_one):
+`HeadShape.drafted`.
 
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
 `parameters()`, `state_dict()` and `save_pretrained` hold only W_c, W_f, the layers, three
@@ -63,18 +65,36 @@ class HeadShape:
     intermediate_size: int
     feature_layers: tuple[int, ...]
     mask_id: int
+    block_masks: str = "block"  # HeadConfig.block_masks
 
     @classmethod
     def of(cls, cfg: HeadConfig, verifier_config, mask_id: int) -> HeadShape:
         """The shape `cfg` asks for on this verifier (0 = the verifier's MLP width)."""
         width = cfg.intermediate_size or int(verifier_config.intermediate_size)
-        return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id)
+        return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id,
+                   cfg.block_masks)
 
     @classmethod
     def saved(cls, meta: dict) -> HeadShape:
-        """The shape recorded in a saved head's json (`saved_head`)."""
+        """The shape recorded in a saved head's json (`saved_head`; a head saved before
+        `block_masks` existed drafts whole blocks)."""
         return cls(int(meta["layers"]), int(meta["intermediate_size"]),
-                   tuple(meta["feature_layers"]), int(meta["mask_id"]))
+                   tuple(meta["feature_layers"]), int(meta["mask_id"]),
+                   meta.get("block_masks", "block"))
+
+    def drafted(self, block_size: int) -> int:
+        """Tokens this head drafts a round at `drafter.block_size` (`drafted`)."""
+        return drafted(self.block_masks, block_size)
+
+
+def drafted(block_masks: str, block_size: int) -> int:
+    """Tokens a round drafts: D = `block_size` for `block` ([b, D masks]), D - 1 for
+    `block_minus_one` (DFlash's block of D positions, b's included)."""
+    count = block_size - (block_masks == "block_minus_one")
+    if count < 1:
+        raise ValueError(f"drafter.block_size={block_size} leaves a {block_masks} head no token to "
+                         "draft; set drafter.block_size >= 2")
+    return count
 
 
 def saved_head(head_dir: str | Path) -> tuple[Path, dict]:
@@ -102,11 +122,29 @@ class DraftVocabulary:
     is_mask: torch.Tensor
 
 
+def dflash_target_layers(depth: int, count: int) -> list[int]:
+    """DFlash's target layers (z-lab/dflash `build_target_layer_ids`; 0-based decoder layers) for
+    a head of `count` layers on a `depth`-layer verifier: the middle one for a single layer, else
+    `count` evenly spaced from layer 1 to layer depth - 3 (28 layers, 5: [1, 7, 13, 19, 25]).
+    Under 4 layers, where DFlash has no rule, `count` evenly spaced over all of them; distinct."""
+    if count == 1:
+        return [depth // 2]
+    first, last = (1, depth - 3) if depth >= 4 else (0, depth - 1)
+    return sorted({round(first + i * (last - first) / (count - 1)) for i in range(count)})
+
+
 def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
-    """`cfg.feature_layers`, checked against the verifier's depth; [] = DFlash's spread: three
-    layers evenly spaced from the first to the last (for a 2-layer verifier: [1, 2])."""
+    """`cfg.feature_layers`, checked against the verifier's depth; [] = `cfg.feature_rule`'s:
+    `three` spreads three layers evenly from the first to the last (for a 2-layer verifier:
+    [1, 2]); `per_layer` reads the output of each of DFlash's target layers (hidden_states index
+    = `dflash_target_layers` + 1, as DFlash: Qwen3-0.6B, 5 layers: [2, 8, 14, 20, 26]; a 2-layer
+    verifier: [2] for 1 head layer, [1, 2] for more)."""
     depth = int(verifier_config.num_hidden_layers)
-    layers = list(cfg.feature_layers) or sorted({round(1 + i * (depth - 1) / 2) for i in range(3)})
+    if cfg.feature_rule == "per_layer":
+        rule = [k + 1 for k in dflash_target_layers(depth, cfg.layers)]
+    else:
+        rule = sorted({round(1 + i * (depth - 1) / 2) for i in range(3)})
+    layers = list(cfg.feature_layers) or rule
     bad = [k for k in layers if not 0 <= k <= depth]
     if bad:
         raise ValueError(f"head.feature_layers={layers}: {bad} outside 0..{depth} (the verifier has "
@@ -228,7 +266,7 @@ class BDHead(nn.Module):
         meta = {"format": FORMAT, "layers": self.shape.layers,
                 "intermediate_size": self.shape.intermediate_size,
                 "feature_layers": list(self.shape.feature_layers), "mask_id": self.shape.mask_id,
-                "verifier": self.verifier_shape}
+                "block_masks": self.shape.block_masks, "verifier": self.verifier_shape}
         (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         return out_dir
 

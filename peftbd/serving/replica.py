@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.methods import by_serving
 from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock, Shipped
@@ -119,7 +120,7 @@ class ReplicaDecoder:
             for method, idx in _by([it.method for it in items]).items():
                 dec, group = self.models.decoder(method), [items[i] for i in idx]
                 for it in group:
-                    _check_layers(dec, it.shipped)
+                    _check_layers(dec, it.shipped, method)
                 sync_start = clock.now()
                 sessions, resumed = self._catch_up(dec, group)
                 draft_start = clock.now()
@@ -299,13 +300,14 @@ def _taken(block: FeatureBlock | KVBlock, device: Any, reads_kv_layers: int | No
     return {"hidden" if block.layers == FINAL_HIDDEN else "features": block.decode(device)}
 
 
-def _check_layers(dec: SpeculativeDecoder, block: Shipped) -> None:
+def _check_layers(dec: SpeculativeDecoder, block: Shipped, method: str) -> None:
     if isinstance(block, FeatureBlock) and block.layers != FINAL_HIDDEN \
             and block.layers != dec.drafter.feature_layers:
+        m = by_serving(method)
         raise ValueError(
             f"the Verifier sent features of verifier layers {list(block.layers)} but this "
             f"Drafter's {dec.drafter.name} reads {list(dec.drafter.feature_layers)}: deploy both "
-            "with the same head_dir (or, untrained, the same head.feature_layers)"
+            f"with the same {m.dir_arg} (or, untrained, the same `{m.section}` config)"
         )
 
 

@@ -7,15 +7,11 @@ field is an error that names it). These models check shapes and types only; serv
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from peftbd.config_sections import Method
-
-METHODS: tuple[str, ...] = get_args(Method)
-"""Decoding methods a request can choose: greedy AR, the PEFT-BD drafter, the FastMTP head, the
-block-diffusion head (`peft-bd-head`)."""
+from peftbd.methods import serving_names
 
 FinishReason = Literal["stop", "length"]
 
@@ -52,8 +48,16 @@ class _GenerationRequest(_Strict):
     logit_bias: dict[str, float] | None = None
     top_k: int | None = None
     min_p: float | None = None
-    method: Method | None = None
-    """Extra field (not OpenAI's): the decoding method; the model name can carry it instead."""
+    method: str | None = None
+    """Extra field (not OpenAI's): the decoding method (`peftbd.methods.serving_names`); the model
+    name can carry it instead."""
+
+    @field_validator("method")
+    @classmethod
+    def _served_method(cls, value: str | None) -> str | None:
+        if value is not None and value not in serving_names():
+            raise ValueError(f"must be one of {', '.join(map(repr, serving_names()))}")
+        return value
 
     @field_validator("stop")
     @classmethod

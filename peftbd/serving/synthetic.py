@@ -14,20 +14,20 @@ from pathlib import Path
 
 from peftbd.config import Config, ConfigError
 from peftbd.decoding.controlled import AcceptanceProfile
-from peftbd.serving.schemas import METHODS
+from peftbd.methods import by_serving, methods
 from peftbd.serving.validation import GenerationSpec, RequestError
 
 
 def draft_positions(cfg: Config, method: str) -> int:
     """How many tokens `method`'s drafter proposes a round (the profile's positions)."""
-    return cfg.mtp.num_steps if method == "fastmtp" else cfg.drafter.block_size
+    return by_serving(method).positions(cfg)
 
 
 def synthetic_rates(cfg: Config) -> dict[str, float]:
     """{method: tokens per round} of `serving.synthetic`; a clear error for a method that is not
     a drafting one, named twice, or a rate its draft positions cannot reach."""
     rates: dict[str, float] = {}
-    drafting = [m for m in METHODS if m != "ar"]
+    drafting = [m.serving for m in methods()]
     for entry in cfg.serving.synthetic:
         method, _, tokens = entry.partition("=")
         if method not in drafting:

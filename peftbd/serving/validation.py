@@ -23,8 +23,8 @@ from transformers import PreTrainedTokenizerBase
 from peftbd.config import ConfigError, ServingConfig
 from peftbd.data.chat import encode_plain, encode_prompt
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.methods import serving_names
 from peftbd.serving.schemas import (
-    METHODS,
     ChatCompletionRequest,
     CompletionRequest,
     ErrorDetail,
@@ -69,12 +69,14 @@ class GenerationSpec:
 
 
 def check_serving_config(serving: ServingConfig) -> None:
-    """Fail at startup (not per request) on a serving config the apps cannot honour."""
-    if serving.default_method not in METHODS:
-        raise ConfigError(
-            f"config key 'serving.default_method': {serving.default_method!r} is not one of "
-            f"{list(METHODS)}"
-        )
+    """Fail at startup (not per request) on a serving config the apps cannot honour: among
+    others, a method name no registered method serves (`peftbd.methods.serving_names`)."""
+    for key, names in (("default_method", (serving.default_method,)),
+                       ("placement_methods", serving.placement_methods)):
+        unknown = [n for n in names if n not in serving_names()]
+        if unknown:
+            raise ConfigError(f"config key 'serving.{key}': {unknown[0]!r} is not one of "
+                              f"{list(serving_names())}")
     if ":" in serving.model_name or not serving.model_name:
         raise ConfigError(
             f"config key 'serving.model_name': {serving.model_name!r} must be non-empty and "
@@ -84,7 +86,7 @@ def check_serving_config(serving: ServingConfig) -> None:
 
 def served_model_ids(served_name: str) -> list[str]:
     """The ids `GET /v1/models` lists: the served name (default method) and `<name>:<method>`."""
-    return [served_name] + [f"{served_name}:{m}" for m in METHODS]
+    return [served_name] + [f"{served_name}:{m}" for m in serving_names()]
 
 
 def check_body_size(nbytes: int, serving: ServingConfig) -> None:

@@ -9,6 +9,9 @@ continuation y_P..y_{n-1}; block k starting at s covers y_s..y_{s+D-1}. `drafter
   its rounds start at every position after P; over the epochs a row is cut at every offset.
 - `aligned` (the paper's BD3LM-style cut, kept as the ablation): s = P, P+D, P+2D, ...
 
+DFlash's anchors (`random_starts`, the head's `anchors` > 0) instead draw up to N distinct starts
+uniformly from P+1..n-1 per (seed, epoch, row id): blocks overlap wherever they fall.
+
 The last block is partial when it runs past the end (a continuation shorter than D is one
 partial block): its positions past the end are always mask tokens and carry no loss, exactly
 what a full-mask draft near the end of a text looks like.
@@ -32,7 +35,7 @@ of the cross-entropy over the masked real positions of the micro-batch:
 It is linear in the per-token losses and discounts later positions because a drafted token only
 counts if every earlier token of its block is accepted: with a per-token acceptance rate near
 gamma, position j is used with probability ~gamma^j, so these weights make the loss track the
-expected accepted prefix.
+expected accepted prefix. DFlash's decay (`decay` g > 0) weighs position j exp(-j / g) instead.
 
 One forward per micro-batch (BD3LM's clean || noised trick, exact). The adapter-off KV of every
 whole clean sequence is computed once; all block chunks of a sequence are concatenated into one
@@ -69,9 +72,11 @@ from peftbd.training.examples import SequenceBatch
 IGNORE = -100
 
 
-def prefix_weights(block_size: int, gamma: float) -> torch.Tensor:
-    """Float (block_size,): gamma^j for block position j."""
-    return gamma ** torch.arange(block_size, dtype=torch.float64).float()
+def prefix_weights(block_size: int, gamma: float, decay: float = 0.0) -> torch.Tensor:
+    """Float (block_size,): block position j's loss weight, gamma^j, or DFlash's exp(-j / decay)
+    when `decay` > 0 (its block position k = j + 1 weighs exp(-(k - 1) / decay))."""
+    j = torch.arange(block_size, dtype=torch.float64)
+    return torch.exp(-j / decay).float() if decay > 0 else gamma ** j.float()
 
 
 def _row_hash(key: str) -> int:
@@ -101,6 +106,19 @@ def block_starts(
     for p, n, row_id in rows:
         first = p if offsets == "aligned" else p + 1 + block_offset(seed, epoch, row_id, stride)
         starts.append(list(range(first, n, stride)))
+    return starts
+
+
+def random_starts(batch: SequenceBatch, count: int, seed: int, epoch: int) -> list[list[int]]:
+    """Each row's block starts as DFlash's anchors: min(`count`, n - P - 1) distinct starts drawn
+    uniformly from P+1..n-1 (every start the engine drafts from), sorted; a pure function of
+    (seed, epoch, row id), as `block_offset`."""
+    rows = zip(batch.prompt_lens.tolist(), batch.lengths.tolist(), batch.row_ids, strict=True)
+    starts = []
+    for p, n, row_id in rows:
+        gen = torch.Generator().manual_seed(_row_hash(f"anchors:{seed}:{epoch}:{row_id}") >> 1)
+        picked = torch.randperm(max(n - p - 1, 0), generator=gen)[:count]
+        starts.append(sorted((p + 1 + picked).tolist()))
     return starts
 
 
@@ -163,9 +181,11 @@ def build_draft_batch(
     seed: int,
     epoch: int,
     dtype: torch.dtype = torch.float32,
+    decay: float = 0.0,
 ) -> DraftBatch:
     """Noise the blocks of `batch` that start at `starts` (per row, each in P..n-1) and lay the
-    chunks out for one forward (see module doc)."""
+    chunks out for one forward, weighing the loss with `prefix_weights(gamma, decay)` (see
+    module doc)."""
     d, chunk = block_size, block_size + 1
     n_rows, width = batch.ids.shape
     num_blocks = max([1, *map(len, starts)])  # rows with fewer blocks get dummy chunks
@@ -193,7 +213,7 @@ def build_draft_batch(
             visible[r, rows, :cache_len] = pattern[:, :cache_len]
             visible[r, rows, width + k * chunk : width + (k + 1) * chunk] = pattern[:, cache_len:]
     weights = torch.zeros((n_rows, num_blocks, chunk))
-    weights[:, :, 1:] = prefix_weights(d, gamma)
+    weights[:, :, 1:] = prefix_weights(d, gamma, decay)
     weights = weights.view(n_rows, q) * (labels != IGNORE)
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
     return DraftBatch(

@@ -9,14 +9,16 @@ metrics, and what is exported.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from peftbd.config import OptimConfig
 from peftbd.models.peft_bd import count_parameters
+from peftbd.training.deepspeed_config import BatchPlan
 from peftbd.training.examples import SequenceBatch
+from peftbd.training.memory import StepMemory
 
 EVAL_EPOCH = -1
 """The noise epoch of evaluation: the same eval noise at every eval of every run."""
@@ -25,9 +27,9 @@ EVAL_EPOCH = -1
 class DistillTask(Protocol):
     """What the training job needs from a task (see module doc)."""
 
-    kind: str
     optim: OptimConfig
     export_subdir: str
+    block_size: int | None  # the block its rows are counted in (the manifest's data counts)
 
     def build(self, device: torch.device) -> nn.Module: ...
 
@@ -40,6 +42,10 @@ class DistillTask(Protocol):
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]: ...
 
     def export(self, module: nn.Module, out_dir: Path) -> Path: ...
+
+    def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
+                    dtype: str) -> StepMemory:
+        """The estimated peak of one training step (`peftbd.training.memory`)."""
 
 
 def parameter_summary(trainable: int, total: int) -> dict[str, float | int]:

@@ -8,9 +8,11 @@ prompt is a block start over the epochs) and fully masked (t = 1: the head draft
 so it is trained on what it sees when drafting). The head injects the context KV of every
 position once (c_i at position i), then runs all block chunks of a row as one query sequence
 whose 4D mask gives chunk k the context columns 0..s_k-2 and its own chunk, chunk k's first token
-fused with c_{s_k-2}: for each block, exactly the engine's draft forward (a test compares them). The loss is PEFT-BD's linear-prefix
-loss (`head.prefix_gamma`) over the block positions, through the verifier's LM head, `chunk_rows`
-positions at a time.
+fused with c_{s_k-2}: for each block, exactly the engine's draft forward (a test compares them).
+The loss is PEFT-BD's linear-prefix loss (`prefix_gamma`) or DFlash's exponential decay
+(`loss_decay`) over the block positions, through the verifier's LM head, `chunk_rows` positions
+at a time. Where blocks start and how many positions they draft is the task's
+(`peftbd.training.head_task`).
 
 Eval replays the engine's rounds on the rows (`peftbd.training.rounds`) with `head_drafts`.
 """

@@ -1,6 +1,8 @@
 """The block-diffusion head's training task (`peftbd.training.distill_task.DistillTask`): the head
 trains on the frozen verifier's features (`peftbd.training.head_objective`); `bd_head/` is
-exported.
+exported. One task trains any `HeadConfig` section: `head`, or `dflash` (DFlash's recipe): its
+`block_masks` sets the drafted block (D or D - 1 tokens), `anchors` its blocks' starts (every
+`block_stride`, or random: `block_diffusion.random_starts`), `loss_decay` the loss weights.
 
 Eval metrics: `eval_loss` (the objective at the eval epoch's offsets), `eval_masked_token_accuracy`
 (top-1 == target over the block positions), `eval_block_accepted_prefix_mean` (the leading correct
@@ -12,31 +14,41 @@ compares with the engine's `mean_accepted_prefix`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from peftbd.config import Config
-from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape
+from peftbd.config import Config, HeadConfig
+from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape, drafted
 from peftbd.models.loading import DTYPES, load_tokenizer, load_verifier
-from peftbd.training.block_diffusion import BlockStats, block_starts, build_draft_batch
-from peftbd.training.deepspeed_config import training_dtype
+from peftbd.training.block_diffusion import (
+    BlockStats,
+    block_starts,
+    build_draft_batch,
+    random_starts,
+)
+from peftbd.training.deepspeed_config import BatchPlan, training_dtype
 from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, ratio
 from peftbd.training.examples import SequenceBatch
+from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.head_objective import head_block_stats, head_drafts
 from peftbd.training.rounds import replay_rounds, round_sums
 
 
 class HeadTask:
-    """The block-diffusion head on the frozen verifier (see module doc)."""
+    """The block-diffusion head on the frozen verifier, as config section `section` (a
+    `HeadConfig`: "head" or "dflash") asks (see module doc)."""
 
-    kind = "head"
     export_subdir = HEAD_SUBDIR
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, section: str = "head") -> None:
         self.cfg = cfg
-        self.optim = cfg.head.optim
+        self.head_cfg: HeadConfig = getattr(cfg, section)
+        self.optim = self.head_cfg.optim
+        self.draft_len = drafted(self.head_cfg.block_masks, cfg.drafter.block_size)  # D or D - 1
+        self.block_size: int | None = self.draft_len
         tokenizer = load_tokenizer(cfg)
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
         self.verifier: PreTrainedModel | None = None
@@ -45,15 +57,17 @@ class HeadTask:
         self.verifier = load_verifier(self.cfg, device, DTYPES[training_dtype(self.cfg.training)])
         self.verifier.requires_grad_(False)
         torch.manual_seed(self.cfg.training.seed)
-        return BDHead(self.verifier, HeadShape.of(self.cfg.head, self.verifier.config, self.mask_id))
+        return BDHead(self.verifier, HeadShape.of(self.head_cfg, self.verifier.config, self.mask_id))
 
     def _stats(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> BlockStats:
-        d, seed = self.cfg.drafter.block_size, self.cfg.training.seed
+        h, d, seed = self.head_cfg, self.draft_len, self.cfg.training.seed
+        starts = (random_starts(batch, h.anchors, seed, epoch) if h.anchors
+                  else block_starts(batch, d, "random", seed, epoch, h.block_stride))
         draft = build_draft_batch(
-            batch, block_starts(batch, d, "random", seed, epoch, self.cfg.head.block_stride),
-            block_size=d,
-            mask_id=self.mask_id, pad_id=self.pad_id, anchored=False, gamma=self.cfg.head.prefix_gamma,
+            batch, starts, block_size=d,
+            mask_id=self.mask_id, pad_id=self.pad_id, anchored=False, gamma=h.prefix_gamma,
             t_range=(1.0, 1.0), seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
+            decay=h.loss_decay,
         )
         return head_block_stats(module, self.verifier, draft.to(batch.ids.device),
                                 self.cfg.training.logits_chunk_rows)
@@ -63,7 +77,7 @@ class HeadTask:
 
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         blocks = self._stats(module, batch, EVAL_EPOCH)
-        d = self.cfg.drafter.block_size
+        d = self.draft_len
         drafts = head_drafts(module, self.verifier, batch, block_size=d, pad_id=self.pad_id)
         rounds = replay_rounds(drafts, batch, budget=self.cfg.data.max_new_tokens, block_size=d)
         return {
@@ -86,6 +100,11 @@ class HeadTask:
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
         return head_parameter_counts(module, self.verifier)
+
+    def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
+                    dtype: str) -> StepMemory:
+        return step_memory("head", self.cfg, model_config, trainable, total, plan, dtype,
+                           head=self.head_cfg)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)

@@ -32,8 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from peftbd.config import Config
+from peftbd.config import Config, HeadConfig
 from peftbd.manifest import WorkerPeaks
+from peftbd.models.bd_head import feature_layers
 from peftbd.training.deepspeed_config import BatchPlan
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,10 @@ def estimate_step_memory(
     kind: str, shape: ModelShape, *, trainable: int, total: int, dtype: str, micro_batch: int,
     sequence_tokens: int, continuation_tokens: int, chunk_rows: int, world_size: int,
     zero_stage: int, block_size: int = 0, draft_layers: int = 0, lora_r: int = 0,
-    mtp_steps: int = 0, head_layers: int = 0, head_features: int = 0,
+    mtp_steps: int = 0, head_layers: int = 0, head_features: int = 0, head_anchors: int = 0,
 ) -> StepMemory:
-    """The estimate for a `kind` ("peftbd", "mtp" or "head") step of `micro_batch` sequences of
+    """The estimate for a `kind` step ("adapter": a LoRA block drafter on the backbone; "head": a
+    block-diffusion head on the frozen backbone's features; "mtp": an MTP head) of `micro_batch` sequences of
     `sequence_tokens` (of which `continuation_tokens` continuation), `total` parameters at
     `dtype` of which `trainable` train, logits `chunk_rows` positions at a time (0: all)."""
     b = 2 if dtype in ("bfloat16", "float16") else FP32
@@ -108,8 +110,10 @@ def estimate_step_memory(
     optimizer = trainable * (2 * FP32 + (FP32 if bf16 else 0)) / partitions
     gradients = trainable * (b + (FP32 if bf16 else 0)) / (world_size if zero_stage >= 2 else 1)
     per_token = shape.activation_bytes_per_token(b, lora_r)
-    if kind in ("peftbd", "head"):
-        blocks = math.ceil(continuation_tokens / block_size)
+    if kind in ("adapter", "head"):
+        # blocks per row: one every D positions, or up to `head_anchors` random ones (DFlash's)
+        blocks = (min(head_anchors, continuation_tokens) if head_anchors
+                  else math.ceil(continuation_tokens / block_size))
         chunk_tokens = blocks * (block_size + 1)  # every block's [x_{s-1}, D positions]
         layers = head_layers if kind == "head" else draft_layers or shape.layers
         activations = micro_batch * chunk_tokens * per_token * layers
@@ -117,9 +121,9 @@ def estimate_step_memory(
         activations += micro_batch * chunk_tokens * (sequence_tokens + chunk_tokens) * b  # 4D mask
         # the head: the verifier's features and their projection, per position
         activations += micro_batch * sequence_tokens * (head_features + 2) * shape.hidden * b
-        copies = 2 * shape.vocab * shape.hidden * b if kind == "peftbd" else 0
+        copies = 2 * shape.vocab * shape.hidden * b if kind == "adapter" else 0
         scored = micro_batch * continuation_tokens  # at t = 1 every block position is scored
-        extra = b if kind == "peftbd" else 0  # adapted_logits' copy with the mask column in place
+        extra = b if kind == "adapter" else 0  # adapted_logits' copy with the mask column in place
     else:
         # each step: the head's one decoder layer plus its two input norms and the 2h projection
         step = per_token + (FP32 + b) * 2 * shape.hidden + b * 2 * shape.hidden
@@ -141,20 +145,22 @@ def estimate_step_memory(
 
 
 def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total: int,
-                plan: BatchPlan, dtype: str) -> StepMemory:
+                plan: BatchPlan, dtype: str, head: HeadConfig | None = None) -> StepMemory:
     """`estimate_step_memory` of a `kind` training job with `cfg`: sequences of up to
     `data.max_prompt_len + data.max_new_tokens` tokens, `plan.micro_batch` per forward,
-    `training.logits_chunk_rows` logits per chunk; `trainable` / `total` parameters as built."""
-    d = cfg.drafter
+    `training.logits_chunk_rows` logits per chunk; `trainable` / `total` parameters as built; a
+    head's shape from `head` (default `cfg.head`)."""
+    d, head = cfg.drafter, head or cfg.head
     return estimate_step_memory(
         kind, ModelShape.of(model_config), trainable=trainable, total=total, dtype=dtype,
         micro_batch=plan.micro_batch,
         sequence_tokens=cfg.data.max_prompt_len + cfg.data.max_new_tokens,
         continuation_tokens=cfg.data.max_new_tokens, chunk_rows=cfg.training.logits_chunk_rows,
         world_size=plan.world_size, zero_stage=cfg.training.zero_stage, block_size=d.block_size,
-        draft_layers=d.draft_layers, lora_r=d.lora_r if kind == "peftbd" else 0,
-        mtp_steps=cfg.mtp.num_steps, head_layers=cfg.head.layers,
-        head_features=len(cfg.head.feature_layers) or 3,
+        draft_layers=d.draft_layers, lora_r=d.lora_r if kind == "adapter" else 0,
+        mtp_steps=cfg.mtp.num_steps, head_layers=head.layers,
+        head_anchors=head.anchors if kind == "head" else 0,
+        head_features=len(feature_layers(head, model_config)),
     )
 
 

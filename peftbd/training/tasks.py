@@ -1,5 +1,5 @@
-"""The PEFT-BD and FastMTP distillation tasks (`peftbd.training.distill_task.DistillTask`) and
-`make_task`, which names every task (the block-diffusion head's: `head_task`).
+"""The PEFT-BD and FastMTP distillation tasks (`peftbd.training.distill_task.DistillTask`; the
+block-diffusion head's: `head_task`; each method names its task in `peftbd.methods`).
 
 PEFT-BD trains a `PeftModel` whose only trainable tensors are LoRA and the mask-token row and
 exports `adapter/` (`PeftModel.save_pretrained`); FastMTP trains the `MTPHead` and exports
@@ -24,6 +24,7 @@ Eval metrics (all over the rows of the val split that are evaluated; see `docs/a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,10 +45,10 @@ from peftbd.training.block_diffusion import (
     block_starts,
     build_draft_batch,
 )
-from peftbd.training.deepspeed_config import training_dtype
-from peftbd.training.distill_task import EVAL_EPOCH, DistillTask, head_parameter_counts, ratio
+from peftbd.training.deepspeed_config import BatchPlan, training_dtype
+from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, ratio
 from peftbd.training.examples import SequenceBatch
-from peftbd.training.head_task import HeadTask
+from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.mtp_objective import mtp_drafts, mtp_stats
 from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
 
@@ -55,12 +56,12 @@ from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
 class PeftBDTask:
     """LoRA block-diffusion drafter on the frozen verifier (`peftbd.training.block_diffusion`)."""
 
-    kind = "peftbd"
     export_subdir = ADAPTER_SUBDIR
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.optim = cfg.drafter.optim
+        self.block_size: int | None = cfg.drafter.block_size
         tokenizer = load_tokenizer(cfg)
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
 
@@ -125,6 +126,10 @@ class PeftBDTask:
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
         return count_parameters(module)
 
+    def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
+                    dtype: str) -> StepMemory:
+        return step_memory("adapter", self.cfg, model_config, trainable, total, plan, dtype)
+
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         path = Path(out_dir) / ADAPTER_SUBDIR
         module.save_pretrained(str(path))
@@ -134,8 +139,8 @@ class PeftBDTask:
 class MTPTask:
     """FastMTP head on the frozen verifier's hidden states (`peftbd.training.mtp_objective`)."""
 
-    kind = "mtp"
     export_subdir = HEAD_SUBDIR
+    block_size = None
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -183,13 +188,10 @@ class MTPTask:
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
         return head_parameter_counts(module, self.verifier)
 
+    def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
+                    dtype: str) -> StepMemory:
+        return step_memory("mtp", self.cfg, model_config, trainable, total, plan, dtype)
+
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)
 
-
-def make_task(kind: str, cfg: Config) -> DistillTask:
-    """The task named `kind` ("peftbd", "mtp" or "head")."""
-    tasks = {"peftbd": PeftBDTask, "mtp": MTPTask, "head": HeadTask}
-    if kind not in tasks:
-        raise ValueError(f"training task {kind!r} is not one of {', '.join(tasks)}")
-    return tasks[kind](cfg)

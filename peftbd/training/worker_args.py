@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from peftbd.config import Config
 from peftbd.progress import Sink
+from peftbd.training.distill_task import DistillTask
 from peftbd.training.schedule import Schedule
-from peftbd.untrained import Kind
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class WorkerArgs:
     """
 
     cfg: Config
-    kind: Kind
+    task: Callable[[Config], DistillTask]  # the method's (sent whole: a worker needs no registry)
     fingerprint: str
     schedule: Schedule
     pad_id: int

@@ -3,7 +3,6 @@ the counts add up, and the job writes results, report, figure and manifest."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +20,6 @@ from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.sampled import SamplingPlan, sample_arms, samples
-from peftbd.benchmarking.schema import ARMS as REAL_ARMS
 from peftbd.benchmarking.schema import concurrency_rows as typed_rows
 from peftbd.config import Config, apply_override, load_config
 from peftbd.data.artifact import write_split
@@ -30,8 +28,9 @@ from peftbd.decoding import SpeculativeDecoder
 from peftbd.manifest import read_manifest, write_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
-from peftbd.training.tasks import make_task
+from peftbd.methods import methods
 
+REAL_ARMS = tuple(s.id for s in arm_specs(load_config("tiny-full")) if s.synthetic is None)
 SYNTHETIC = ("peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic")  # tiny's
 ARMS = (*REAL_ARMS, *SYNTHETIC)
 N_PROMPTS = 3
@@ -70,17 +69,12 @@ def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) ->
                                write_split(tmp, "train", pa.Table.from_pylist(train))),
                   wall_seconds=11.5, peak_rss_mib=512.0, peak_gpu_mib=None)
     torch.manual_seed(0)
-    early_exit = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
-        small_cfg.drafter, draft_layers=small_cfg.drafter.early_exit_layers))
-    aligned = dataclasses.replace(small_cfg, drafter=dataclasses.replace(
-        small_cfg.drafter, block_offsets="aligned"))
-    for kind, sub, cfg in (("peftbd", "peftbd_adapter", small_cfg), ("mtp", "mtp_head", small_cfg),
-                           ("peftbd", "peftbd_early_exit", early_exit),
-                           ("peftbd", "peftbd_offsets", aligned), ("head", "bd_head", small_cfg)):
-        task = make_task(kind, cfg)
-        module = task.build(torch.device("cpu"))
-        make_artifact(root / sub, lambda tmp, t=task, m=module: t.export(m, tmp),
-                      stage=f"train_{kind}", untrained=True, wall_seconds=0.5, peak_rss_mib=400.0)
+    for method in methods():  # every registered method's training stages, as the main job runs them
+        for spec, cfg in method.training_stages(small_cfg):
+            task = method.task(cfg)
+            module = task.build(torch.device("cpu"))
+            make_artifact(root / spec.subdir, lambda tmp, t=task, m=module: t.export(m, tmp),
+                          stage=spec.name, untrained=True, wall_seconds=0.5, peak_rss_mib=400.0)
     return root
 
 

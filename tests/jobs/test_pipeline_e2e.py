@@ -15,19 +15,22 @@ TRIM = [
     "drafter.optim.eval_every=10", "drafter.optim.checkpoint_every=10",
     "mtp.optim.eval_every=10", "mtp.optim.checkpoint_every=10",
     "head.optim.max_steps=20", "head.optim.eval_every=10", "head.optim.checkpoint_every=10",
+    "dflash.optim.max_steps=10", "dflash.optim.eval_every=10", "dflash.optim.checkpoint_every=10",
     "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
     "decoding.max_new_tokens=24",
     # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
-STAGES = ("continuations", "peftbd_adapter", "mtp_head", "bd_head", "cost_profile", "benchmark")
-NAMES = ("world", "generate", "train_peftbd", "train_mtp", "train_head", "cost_profile", "benchmark")
+STAGES = ("continuations", "peftbd_adapter", "mtp_head", "bd_head", "dflash_head", "cost_profile",
+          "benchmark")
+NAMES = ("world", "generate", "train_peftbd", "train_mtp", "train_head", "train_dflash", "cost_profile",
+         "benchmark")
 """The default main job's stages (the ablations' own trainings run only with --preset tiny-full)."""
 
 
-def _pipeline(out: Path, *extra: str) -> str:
-    args = [sys.executable, "-m", "jobs.pipeline", "--out", str(out)]
+def _pipeline(out: Path, *extra: str, job: str = "jobs.pipeline") -> str:
+    args = [sys.executable, "-m", job, "--out", str(out)]
     for item in TRIM:
         args += ["--set", item]
     proc = subprocess.run([*args, *extra], cwd=REPO, capture_output=True, text=True, timeout=1500)
@@ -85,3 +88,11 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     again = _pipeline(out, "--set", "drafter.lora_r=4")
     assert set(_plan(again).values()) == {"skip"}
     assert again.count("current, skipped") == len(NAMES)
+
+    # the DFlash recipe ablation beside the main job: its four variants train, and the main job's
+    # next run only rebuilds the benchmark, whose report now shows the ablation table
+    ablation = _pipeline(out / "recipe_ablation", "--artifacts", str(out), job="jobs.recipe_ablation")
+    assert "| DFlash without its anchors |" in ablation, ablation[-3000:]
+    beside = _pipeline(out, "--set", "drafter.lora_r=4")
+    assert {n for n, v in _plan(beside).items() if v == "RUN"} == {"benchmark"}, beside
+    assert "DFlash recipe ablation" in (out / "benchmark" / "report.md").read_text()

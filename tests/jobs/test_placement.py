@@ -25,14 +25,30 @@ def test_cluster_placements_need_the_cluster_yaml_resources():
 
 
 def test_every_drafter_dir_is_an_upstream_of_the_experiment(tmp_path):
-    from jobs.placement import DRAFTER_DIRS, placement_call
+    from jobs.placement import placement_call
     from peftbd.layout import PLACEMENT
-    from serve_apps.args import AppArgs
+    from peftbd.methods import methods
 
-    assert set(DRAFTER_DIRS) == {f for f in AppArgs.model_fields if f.endswith("_dir")}
-    assert {s.name for s in DRAFTER_DIRS.values()} == {s.name for s in PLACEMENT.inputs}
-    call = placement_call(load_config("tiny"), tmp_path / "out", head_dir=str(tmp_path / "h"))
+    assert {m.stage.name for m in methods()} == {s.name for s in PLACEMENT.inputs}
+    call = placement_call(load_config("tiny"), tmp_path / "out", {"peft-bd-head": str(tmp_path / "h")})
     assert call.upstream == {"train_head": tmp_path / "h"}
+
+
+def test_each_registered_method_has_its_dir_flag(tmp_path, monkeypatch):
+    import jobs.placement as placement
+    from peftbd.methods import methods
+
+    seen = {}
+
+    def call(cfg, out, dirs):
+        seen.update(dirs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(placement, "placement_call", call)
+    monkeypatch.setattr(placement, "run_stage_job", lambda stage, out, call, *a, **k: call())
+    with pytest.raises(SystemExit):
+        placement.main(["--head-dir", "h", "--mtp-dir", "m", "--out", str(tmp_path)])
+    assert seen == {m.serving: None for m in methods()} | {"fastmtp": "m", "peft-bd-head": "h"}
 
 
 def test_overrides_rebuild_the_config_from_its_preset():

@@ -10,7 +10,7 @@ import yaml
 from peftbd.config import (
     Config, ConfigError, DrafterConfig, apply_override, load_config, preset_names, save_config,
 )
-from peftbd.config_sections import Method, Placement
+from peftbd.config_sections import Placement
 
 
 def test_presets_load_with_the_papers_values():
@@ -97,9 +97,13 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "head.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "head.feature_rule": ("two", "'three', 'per_layer'"),
+    "head.block_masks": ("half", "'block', 'block_minus_one'"),
+    "dflash.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "dflash.feature_rule": ("two", "'three', 'per_layer'"),
+    "dflash.block_masks": ("half", "'block', 'block_minus_one'"),
     "training.precision": ("fp16", "'fp32', 'bf16'"),
     "training.zero_stage": ("4", "0, 1, 2, 3"),
-    "serving.default_method": ("greedy", "'ar', 'peft-bd', 'fastmtp', 'peft-bd-head'"),
     "serving.drafter_sync": ("mail", "'ship', 'forward'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
 }
@@ -144,7 +148,7 @@ def _literal_fields(section: type):
 
 def test_every_allowed_value_of_every_enum_field_loads():
     fields = dict(_literal_fields(Config))
-    lists = {"serving.placements", "serving.placement_methods", "cost_profile.dtypes"}
+    lists = {"serving.placements", "cost_profile.dtypes"}
     assert set(fields) == set(ENUMS) | lists  # ENUMS covers every enum field
     for key, values in fields.items():
         for value in values:
@@ -168,10 +172,10 @@ def test_placements_items_are_checked_and_each_is_a_known_placement():
 
 
 def test_consumers_derive_their_sets_from_the_config():
+    from peftbd.methods import serving_names
     from peftbd.models.loading import DTYPES
-    from peftbd.serving.schemas import METHODS
 
-    assert METHODS == typing.get_args(Method) == ("ar", "peft-bd", "fastmtp", "peft-bd-head")
+    assert serving_names()[:4] == ("ar", "peft-bd", "fastmtp", "peft-bd-head")  # the registry's
     assert tuple(DTYPES) == ("float32", "bfloat16", "float16")
 
 
@@ -208,19 +212,19 @@ def test_device_pattern_rejects(device):
     ("generate.batch_size=0", "config key 'generate.batch_size': value 0 is out of range; expected >= 1"),
     ("data.max_new_tokens=0", "config key 'data.max_new_tokens': value 0 is out of range; expected >= 1"),
     ("drafter.optim.max_steps=0", "config key 'drafter.optim.max_steps': value 0 would publish "
-     "an untrained PEFT-BD adapter (no optimizer step); set a value that trains, or set "
+     "an untrained drafter (no optimizer step); set a value that trains, or set "
      "training.allow_untrained=true to publish it untrained on purpose (its manifest then says "
      "untrained)"),
     ("mtp.optim.max_steps=0", "config key 'mtp.optim.max_steps': value 0 would publish an untrained "
-     "FastMTP head"),
+     "drafter"),
     ("drafter.optim.max_steps=-1", "config key 'drafter.optim.max_steps': value -1 is out of range; "
      "expected >= 0"),
     # their neighbours: settings under which the steps change nothing
     ("drafter.optim.lr=0", "config key 'drafter.optim.lr': value 0.0 would publish an untrained "
-     "PEFT-BD adapter (every step leaves the weights as they are)"),
-    ("mtp.optim.lr=0.0", "config key 'mtp.optim.lr': value 0.0 would publish an untrained FastMTP head"),
+     "drafter (every step leaves the weights as they are)"),
+    ("mtp.optim.lr=0.0", "config key 'mtp.optim.lr': value 0.0 would publish an untrained drafter"),
     ("mtp.loss_weights=[0, 0, 0]", "config key 'mtp.loss_weights': value [0.0, 0.0, 0.0] would publish "
-     "an untrained FastMTP head (no step has a loss)"),
+     "an untrained drafter (no step has a loss)"),
     ("mtp.loss_weights=[0.5, -0.1, 0.2]", "config key 'mtp.loss_weights': value [0.5, -0.1, 0.2] "
      "holds -0.1; expected every entry >= 0"),
     ("training.zero_stage=7", "config key 'training.zero_stage': value 7 is not valid; "
@@ -293,7 +297,7 @@ def test_preset_files_are_complete_commented_and_equal_the_presets(name):
 def test_the_presets_are_the_only_values():
     """No field has a default: a config is a preset's tree, never a bare `Config()`, and a preset
     without some key does not load."""
-    with pytest.raises(TypeError, match="missing 13 required"):
+    with pytest.raises(TypeError, match="missing 14 required"):
         Config()
     sections = {Config, typing.get_type_hints(DrafterConfig)["optim"],
                 *(s for s in typing.get_type_hints(Config).values() if dataclasses.is_dataclass(s))}
@@ -326,19 +330,22 @@ def test_embedded_tiny_is_importable_from_both_modules():
     assert from_config == from_presets == load_config("tiny").model.name_or_path == "embedded:tiny"
 
 
-@pytest.mark.parametrize(("override", "kind", "reason"), [
-    ("drafter.optim.max_steps=0", "peftbd", "drafter.optim.max_steps=0 (no optimizer step)"),
+@pytest.mark.parametrize(("override", "section", "reason"), [
+    ("drafter.optim.max_steps=0", "drafter", "drafter.optim.max_steps=0 (no optimizer step)"),
     ("mtp.optim.max_steps=0", "mtp", "mtp.optim.max_steps=0 (no optimizer step)"),
-    ("drafter.optim.lr=0", "peftbd", "drafter.optim.lr=0.0 (every step leaves the weights as they are)"),
+    ("drafter.optim.lr=0", "drafter", "drafter.optim.lr=0.0 (every step leaves the weights as they are)"),
     ("mtp.optim.lr=0.0", "mtp", "mtp.optim.lr=0.0 (every step leaves the weights as they are)"),
     ("mtp.loss_weights=[0, 0, 0]", "mtp", "mtp.loss_weights=[0.0, 0.0, 0.0] (no step has a loss)"),
+    ("head.optim.max_steps=0", "head", "head.optim.max_steps=0 (no optimizer step)"),
 ])
-def test_untrained_settings_pass_when_asked_for_explicitly(override, kind, reason):
-    from peftbd.untrained import untrained_reasons
+def test_untrained_settings_pass_when_asked_for_explicitly(override, section, reason):
+    from peftbd.untrained import trained_sections, untrained_reasons
 
     cfg = load_config("tiny", overrides=[override, "training.allow_untrained=true"])
-    assert untrained_reasons(cfg, kind, train_rows=100) == [reason]
-    assert untrained_reasons(cfg, "mtp" if kind == "peftbd" else "peftbd", train_rows=100) == []
+    assert untrained_reasons(cfg, section, "drafter", train_rows=100) == [reason]
+    others = [s for s in trained_sections(cfg) if s != section]
+    assert {"drafter", "mtp", "head"} <= {section, *others}  # every section with an optimizer
+    assert all(untrained_reasons(cfg, s, "drafter", train_rows=100) == [] for s in others)
     assert not load_config("tiny").training.allow_untrained  # off by default
 
 
@@ -347,17 +354,17 @@ def test_no_train_rows_is_an_untrained_reason_refused_unless_asked_for():
 
     cfg = load_config("tiny", overrides=["data.train_size=0"])  # a benchmark-only artifact: fine
     with pytest.raises(ConfigError) as err:
-        untrained_reasons(cfg, "mtp", train_rows=0)
+        untrained_reasons(cfg, "mtp", "FastMTP head", train_rows=0)
     assert str(err.value) == (
         "the FastMTP head would be published untrained: the train split has no usable rows "
         "(data.train_size=0); fix the setting, or set training.allow_untrained=true to publish it "
         "untrained on purpose (its manifest then says untrained)")
     allowed = load_config("tiny", overrides=["data.train_size=0", "training.allow_untrained=true",
                                              "drafter.optim.max_steps=0"])
-    assert untrained_reasons(allowed, "peftbd", train_rows=0) == [
+    assert untrained_reasons(allowed, "drafter", "PEFT-BD adapter", train_rows=0) == [
         "drafter.optim.max_steps=0 (no optimizer step)",
         "the train split has no usable rows (data.train_size=0)"]
-    assert untrained_reasons(load_config("tiny"), "peftbd", train_rows=5) == []
+    assert untrained_reasons(load_config("tiny"), "drafter", "PEFT-BD adapter", train_rows=5) == []
 
 
 def test_device_cpu_implies_no_gpu_request_anywhere():

@@ -19,7 +19,7 @@ import openai
 import pytest
 import requests
 
-from peftbd.serving.schemas import METHODS
+from peftbd.methods import serving_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,8 +38,9 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "serve_apps" / "grafana_dashbo
 def test_both_apps_answer_with_the_engine_output(served, engine, app):
     tok, greedy = engine
     client = served.client(app)
-    assert [m.id for m in client.models.list().data] == [served.model] + [f"{served.model}:{m}" for m in METHODS]
-    for method in METHODS:
+    assert [m.id for m in client.models.list().data] == [served.model] + [
+        f"{served.model}:{m}" for m in serving_names()]
+    for method in serving_names():
         resp = served.chat(app, PROMPTS[0], method, MAX_TOKENS)
         assert resp.choices[0].message.content == greedy(PROMPTS[0], MAX_TOKENS)
         spec = resp.usage.model_extra["speculative"]
@@ -65,7 +66,8 @@ def test_both_apps_answer_with_the_engine_output(served, engine, app):
 
 def test_eight_concurrent_requests_per_app_are_all_correct(served, engine):
     _, greedy = engine
-    jobs = [(app, PROMPTS[i % len(PROMPTS)], METHODS[i % len(METHODS)])
+    names = serving_names()
+    jobs = [(app, PROMPTS[i % len(PROMPTS)], names[i % len(names)])
             for app in ("split", "colocated") for i in range(8)]
     with ThreadPoolExecutor(len(jobs)) as pool:
         answers = list(pool.map(lambda job: served.chat(*job, MAX_TOKENS), jobs))
@@ -161,7 +163,7 @@ def test_stop_sequences_cut_the_text_in_both_endpoints_streamed_or_not(served, e
     full = greedy(PROMPTS[1], MAX_TOKENS)
     stop, before = _stop_in(full)
     messages = [{"role": "user", "content": PROMPTS[1]}]
-    for method in METHODS:
+    for method in serving_names():
         resp = client.chat.completions.create(model=f"{served.model}:{method}", messages=messages,
                                               max_tokens=MAX_TOKENS, stop=[stop, "\x07never"])
         assert (resp.choices[0].message.content, resp.choices[0].finish_reason) == (before, "stop")

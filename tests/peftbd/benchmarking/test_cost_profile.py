@@ -35,14 +35,15 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab",
-                   "peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic"]
+                   "dflash_1layer", "dflash_2layers", "dflash_5layers", "peftbd_synthetic",
+                   "fastmtp_synthetic", "peftbd_head_synthetic"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
     assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == cfg.cost_profile.threads
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
     tiny_params = sum(p.numel() for p in load_verifier(cfg).parameters())
     assert prof["architecture"]["parameters"] == tiny_params  # the backbone, no adapter counted
-    assert 0 < prof["architecture"]["bd_head_parameters"] < tiny_params
+    assert 0 < prof["architecture"]["draft_parameters"]["train_head"] < tiny_params
     d, steps = cfg.drafter.block_size, cfg.mtp.num_steps
     for run in prof["profiles"].values():
         arms = run["arms"]
@@ -110,8 +111,8 @@ def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypat
     assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__,
                      BDHeadDrafter.__name__}
     # per timed arm: warm-up + counted round + 3 timed rounds (the offsets ablation drafts as
-    # peftbd does, so it is timed once); the early-exit arm drafts from 1 layer
-    assert len(seen) == 8 * 5
+    # peftbd does, so it is timed once; DFlash at three depths); the early-exit arm drafts from 1 layer
+    assert len(seen) == 11 * 5
     assert sorted({depth for name, depth in seen if name == "PeftBDDrafter"}) == [1, 2]
 
 
@@ -182,7 +183,7 @@ def test_the_counter_sees_a_copy_when_there_is_one(real_vocab_models):
     """peft's trainable-token wrapper (the path the engine avoids) copies the whole table per call:
     the check above would fail on it."""
     _, models = real_vocab_models
-    peft = models.adapters["train_peftbd"]
+    peft = models.modules["train_peftbd"]
     base = models.verifier
     counter = ForwardCounter()
     ids = draft_input_ids(0, models.mask_id, 16)

@@ -14,7 +14,7 @@ def test_each_entry_adds_a_labelled_synthetic_twin_of_its_arm():
     assert [i for i in specs if i.endswith("_synthetic")] == \
         ["peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic"]
     twin, real = specs["peftbd_synthetic"], specs["peftbd"]
-    assert twin.method == real.method and twin.adapter == real.adapter
+    assert twin.method == real.method and twin.stage == real.stage
     assert "[synthetic: 2.881/round]" in twin.label and twin.settings()["synthetic"] == 2.881
     assert twin.profile().expected_emitted() == pytest.approx(2.881)
     assert len(twin.profile().conditional) == cfg.drafter.block_size
@@ -38,7 +38,6 @@ def test_synthetic_arms_need_an_oracle():
     from peftbd.benchmarking.arms import ArmModels
 
     spec = next(s for s in arm_specs(load_config("tiny")) if s.id == "fastmtp_synthetic")
-    models = ArmModels(verifier=None, mtp_head=None, eos_ids=[], mask_id=0, pad_id=0,
-                       block_size=4, device=None)
+    models = ArmModels(verifier=None, eos_ids=[], ctx=None)
     with pytest.raises(ValueError, match="needs an oracle"):
         models.drafter_for(spec)

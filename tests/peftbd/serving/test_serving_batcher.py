@@ -10,8 +10,8 @@ import pytest
 
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
+from peftbd.methods import serving_names
 from peftbd.serving.replica import ReplicaDecoder
-from peftbd.serving.schemas import METHODS
 
 MAX_NEW = 12
 QUESTIONS = ["Describe the for statement.", "Count from 9 to 15.", "What is a list?",
@@ -54,7 +54,7 @@ def _tokens(events) -> list[int]:
     return [t for e in events for t in e.tokens]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", serving_names())
 def test_concurrent_requests_are_batched_and_exact(models, prompts, references, method):
     replica = ReplicaDecoder(models, 16, max_batch=16, batch_wait_ms=20)
     jobs = [(p, method, []) for p in prompts * 2]  # 8 requests, prompts of different lengths
@@ -67,9 +67,9 @@ def test_concurrent_requests_are_batched_and_exact(models, prompts, references, 
 
 def test_mixed_methods_keep_one_batch_each_and_stay_exact(models, prompts, references):
     replica = ReplicaDecoder(models, 16, max_batch=3, batch_wait_ms=20)
-    jobs = [(p, m, []) for m in METHODS for p in prompts]
+    jobs = [(p, m, []) for m in serving_names() for p in prompts]
     results = _concurrent(replica, jobs)
-    assert [_tokens(r) for r in results] == references * len(METHODS)
+    assert [_tokens(r) for r in results] == references * len(serving_names())
     assert max(replica.batch_sizes) == 3  # capped at serving.max_batch, per method
     assert all(e.batch_size <= 3 for r in results for e in r)
 

@@ -11,10 +11,10 @@ import torch
 
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
+from peftbd.methods import serving_names
 from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RequestStats, prefill_event, split_round
-from peftbd.serving.schemas import METHODS
 from peftbd.serving.sessions import Session, SessionStore
 
 MAX_NEW = 16
@@ -41,7 +41,7 @@ def reference(models, prompt):
     return decode(models.model, prompt, None, MAX_NEW, models.eos_ids).tokens
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", serving_names())
 def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
     events = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, method))
     assert [t for e in events for t in e.tokens] == reference
@@ -99,7 +99,7 @@ def _split(models, prompt, method, lose_at: int | None = None,
     return committed[len(prompt):], resumes
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", serving_names())
 def test_split_protocol_equals_the_engine_and_survives_lost_state(models, prompt, reference, method):
     tokens, resumes = _split(models, prompt, method)
     assert tokens == reference and resumes == 0
@@ -222,7 +222,7 @@ def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, r
     cfg = dataclasses.replace(tiny_cfg, serving=dataclasses.replace(tiny_cfg.serving,
                                                                     drafter_sync="forward"))
     models = load_serving_models(cfg)
-    assert models.shipped == {HEAD: "features"}
+    assert HEAD in models.shipped and set(models.shipped.values()) == {"features"}
     for method in ("fastmtp", "peft-bd"):
         events, drafter = [], ReplicaDecoder(models, 4)
         assert _split(models, prompt, method, drafter=drafter, events=events)[0] == reference
@@ -231,26 +231,28 @@ def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, r
 
 
 def _bytes_per_position(models, method: str) -> int:
-    """What the Verifier ships per cached position: the head's m features, FastMTP's final
-    hidden state, PEFT-BD's keys and values of every layer."""
+    """What the Verifier ships per cached position (`ServingModels.shipped`): a head's m
+    features, FastMTP's final hidden state, PEFT-BD's keys and values of every layer."""
     c, size = models.model.config, next(models.model.parameters()).element_size()
-    if method == HEAD:
-        return len(models.decoder(HEAD).drafter.feature_layers) * c.hidden_size * size
-    if method == "fastmtp":
+    kind = models.shipped[method]
+    if kind == "features":
+        return len(models.decoder(method).drafter.feature_layers) * c.hidden_size * size
+    if kind == "hidden":
         return c.hidden_size * size
     return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * size
 
 
 def test_shipped_bytes_are_counted_per_method(models, prompt, reference):
     assert _bytes_per_position(models, HEAD) == 2 * 192 * 4  # tiny: m = 2, d = 192, float32
-    for method in METHODS:
+    for method in serving_names():
         events: list = []
         _split(models, prompt, method, events=events)
         stats = RequestStats(method)
         for e in events:
             stats.add(e)
         rounds = sum(len(e.tokens) for e in events[1:] if not e.done)
-        rows = rounds + (len(prompt) if method == HEAD else 0)  # the head starts from features
+        kind = models.shipped.get(method)
+        rows = rounds + (len(prompt) if kind == "features" else 0)  # a head starts from features
         want = 0 if method == "ar" else rows * _bytes_per_position(models, method)
         assert stats.summary().feature_bytes == want, method
     colocated = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, HEAD))
@@ -326,8 +328,8 @@ def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models,
     shape = HeadShape(1, 64, (0, 2), models.decoder(HEAD).drafter.head.shape.mask_id)
     torch.manual_seed(0)
     BDHead(models.model.get_base_model(), shape).save_pretrained(tmp_path / "bd_head")
-    drafter = load_serving_models(tiny_cfg, (HEAD,), head_dir=tmp_path)
-    verifier = load_serving_models(tiny_cfg, ("ar",), head_dir=tmp_path)
+    drafter = load_serving_models(tiny_cfg, (HEAD,), {HEAD: tmp_path})
+    verifier = load_serving_models(tiny_cfg, ("ar",), {HEAD: tmp_path})
     assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.head.feature_layers)
     assert verifier.verifier_decoder(HEAD).drafter.feature_layers == (0, 2)
     replica = ReplicaDecoder(drafter, 4)

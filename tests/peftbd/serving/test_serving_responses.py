@@ -9,6 +9,7 @@ from openai.types import Completion as OpenAICompletion
 from openai.types.chat import ChatCompletion as OpenAIChat
 from openai.types.chat import ChatCompletionChunk as OpenAIChunk
 
+from peftbd.methods import serving_names
 from peftbd.serving.responses import SSE_DONE, chunk, full_response, model_list, sse, usage, usage_chunk
 from peftbd.serving.schemas import SpecStats
 from peftbd.serving.text_stream import TextStream
@@ -62,8 +63,9 @@ def test_chunks_parse_as_openai_types_and_frame_as_sse():
 
 def test_model_list_has_one_id_per_method():
     ids = [m.id for m in model_list("peftbd-tiny", created=0).data]
-    assert ids == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peft-bd", "peftbd-tiny:fastmtp",
-                   "peftbd-tiny:peft-bd-head"]
+    assert ids[:5] == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peft-bd", "peftbd-tiny:fastmtp",
+                       "peftbd-tiny:peft-bd-head"]
+    assert ids[5:] == [f"peftbd-tiny:{m}" for m in serving_names()[4:]]  # methods registered since
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import pytest
 
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import SamplingParams
+from peftbd.methods import serving_names
 from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import temperature_band
-from peftbd.serving.schemas import METHODS
 from peftbd.serving.sessions import SessionStore
 from peftbd.serving.synthetic import check_sampled
 from peftbd.serving.validation import GenerationSpec, RequestError
@@ -51,7 +51,7 @@ def _split(models, prompt, method, sampling, lose_verifier_at: int | None = None
     return committed[len(prompt):]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", serving_names())
 def test_a_seeded_sample_is_the_engines_colocated_and_split(models, prompt, method):
     engine = models.decoder(method).decode_many([prompt], 1, MAX_NEW, SAMPLING)[0].tokens
     greedy = models.decoder(method).decode(prompt, MAX_NEW).tokens

@@ -143,8 +143,11 @@ def test_method_from_model_suffix_or_field(serving):
 
 def test_serving_config_is_checked_at_startup(serving):
     check_serving_config(serving)
-    bad = dataclasses.replace(serving, default_method="greedy")  # load_config would refuse it
-    with pytest.raises(ConfigError, match="serving.default_method"):
+    bad = dataclasses.replace(serving, default_method="greedy")  # no registered method's name
+    with pytest.raises(ConfigError, match="serving.default_method': 'greedy' is not one of .*'peft-bd'"):
+        check_serving_config(bad)
+    bad = dataclasses.replace(serving, placement_methods=("ar", "medusa"))
+    with pytest.raises(ConfigError, match="serving.placement_methods': 'medusa'"):
         check_serving_config(bad)
 
 

@@ -18,7 +18,7 @@ from peftbd.models.loading import eos_token_ids, load_tokenizer
 from peftbd.training.examples import collate_sequences
 from peftbd.training.head_objective import head_drafts
 from peftbd.training.rounds import replay_rounds
-from peftbd.training.tasks import make_task
+from peftbd.methods import by_kind
 
 from .conftest import ROUNDS_BUDGET as BUDGET
 from .conftest import overfit
@@ -29,7 +29,7 @@ def trained(tiny_world, greedy_rows):
     """(task, head, rows, eos): a head trained 40 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept long prefixes)."""
     cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}", "drafter.block_size=8"])
-    task, tok = make_task("head", cfg), load_tokenizer(cfg)
+    task, tok = by_kind("head").task(cfg), load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
     rows = greedy_rows

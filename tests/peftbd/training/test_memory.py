@@ -16,17 +16,17 @@ A10G_MIB = 24 * 1024 * 0.95  # 22.8 GiB of the card's 24 GiB are usable
 QWEN3_06B = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                         head_dim=128, tie_word_embeddings=True)
-COUNTS = {"peftbd": (10_093_568, 606_143_488), "mtp": (17_830_144, 613_880_064)}  # tested elsewhere
+COUNTS = {"adapter": (10_093_568, 606_143_488), "mtp": (17_830_144, 613_880_064)}  # tested elsewhere
 
 
 def _estimate(kind, overrides=()):
     cfg = load_config("qwen3-0.6b", overrides=list(overrides))
-    optim = cfg.drafter.optim if kind == "peftbd" else cfg.mtp.optim
+    optim = cfg.drafter.optim if kind == "adapter" else cfg.mtp.optim
     plan = batch_plan(cfg.training, optim, cfg.training.num_workers)
     return step_memory(kind, cfg, QWEN3_06B, *COUNTS[kind], plan, "bfloat16")
 
 
-@pytest.mark.parametrize("kind", ["peftbd", "mtp"])
+@pytest.mark.parametrize("kind", ["adapter", "mtp"])
 def test_the_presets_step_fits_a_24gb_gpu_with_headroom(kind):
     est = _estimate(kind)
     assert est.micro_batch == 8 and est.sequence_tokens == 768 and est.logits_rows == 512
@@ -34,7 +34,7 @@ def test_the_presets_step_fits_a_24gb_gpu_with_headroom(kind):
     assert est.logits_mib < 2048  # one chunk of 512 positions x 151,936 logits
 
 
-@pytest.mark.parametrize("kind", ["peftbd", "mtp"])
+@pytest.mark.parametrize("kind", ["adapter", "mtp"])
 def test_the_old_layout_did_not_fit(kind):
     est = _estimate(kind, ["training.micro_batch_size=0", "training.logits_chunk_rows=0"])
     assert est.micro_batch == 64 and est.total_mib > A10G_MIB

@@ -31,8 +31,7 @@ from peftbd.training.checkpoint import TrainState, save_checkpoint
 from peftbd.training.deepspeed_config import batch_plan
 from peftbd.training.evaluate import evaluate
 from peftbd.training.examples import collate_sequences
-from peftbd.training.memory import step_memory
-from peftbd.training.tasks import make_task
+from peftbd.methods import by_kind
 
 from .conftest import QWEN3_VOCAB, qwen3_stand_in
 
@@ -104,14 +103,14 @@ def artifact(cfg):
 
 def _train(kind, cfg, artifact, ds_engine, out):
     rows, pad_id = artifact
-    task = make_task(kind, cfg)
+    task = by_kind(kind).task(cfg)
     engine = ds_engine(task.build(torch.device("cpu")), cfg, task.optim)
     module = engine.module
     assert next(module.parameters()).dtype == torch.float32  # training.precision, CPU or not
     plan = batch_plan(cfg.training, task.optim, 1)
     assert (plan.micro_batch, plan.accumulation) == (2, 2)
     trainable, total = task.parameter_counts(module)
-    estimate = step_memory(kind, cfg, module.config, trainable, total, plan, "float32")
+    estimate = task.step_memory(module.config, trainable, total, plan, "float32")
     before = peak_rss_mib()
     for step in range(task.optim.max_steps):
         for m in range(plan.accumulation):
@@ -144,8 +143,8 @@ def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_eng
         results[kind] = (trainable, ckpt_bytes, estimate.total_mib, round(growth))
     rows, _ = artifact
     prompts = [Prompt(f"p{i}", rows["prompt_ids"][4 + i]) for i in range(cfg.decoding.num_prompts)]
-    dirs = DrafterDirs(adapters={"train_peftbd": str(tmp_path / "peftbd")},
-                       mtp_head=str(tmp_path / "mtp"), bd_head=str(tmp_path / "head"),
+    dirs = DrafterDirs({"train_peftbd": str(tmp_path / "peftbd"), "train_mtp": str(tmp_path / "mtp"),
+                        "train_head": str(tmp_path / "head")},
                        draft_vocab=list(range(cfg.head.draft_vocab)))
     shard = run_shard(cfg, dirs, arm_specs(cfg), prompts, repeats=1)
     assert shard.dtype == "bfloat16" and shard.device == "cpu"  # what the report states

@@ -14,7 +14,7 @@ from peftbd.training.checkpoint import TrainState, load_checkpoint, save_checkpo
 from peftbd.training.deepspeed_config import batch_plan
 from peftbd.training.examples import collate_sequences
 from peftbd.training.schedule import Rows, Schedule, Trained, WorkerData, train
-from peftbd.training.tasks import make_task
+from peftbd.methods import by_kind
 
 TRAIN_ROWS = 6
 """One rank, one row per micro-batch, two per step: three steps per epoch."""
@@ -39,7 +39,7 @@ def _run(ds_engine, cfg: Config, ckpt_dir: Path, resume: bool = False,
          stop_at: int | None = None) -> tuple[Trained | None, dict, list, dict]:
     """A run from scratch or from the checkpoint in `ckpt_dir`: what `train` returned (None when
     stopped), the loss of each step, the reports and the trainable weights it ended with."""
-    task = make_task("peftbd", cfg)
+    task = by_kind("peftbd").task(cfg)
     engine = ds_engine(task.build(torch.device("cpu")), cfg, task.optim)
     start = load_checkpoint(engine, ckpt_dir, "fp") if resume else TrainState()
     pad_id = load_tokenizer(cfg).pad_token_id

@@ -1,0 +1,29 @@
+"""Distil the block-diffusion head with DFlash's published recipe (the `dflash` section: DFlash's
+feature layers, its block of D positions drafting D - 1 tokens, exponential loss decay, random
+anchors) with Ray Train.
+
+    python -m jobs.train_dflash --data outputs/tiny/continuations --out outputs/tiny/dflash_head
+    ray job submit --working-dir . -- python -m jobs.train_dflash --preset qwen3-0.6b \\
+        --data /shared/peftbd/continuations --out /shared/peftbd/train_dflash
+
+Writes `bd_head/` (`BDHead.from_pretrained(dir, verifier)` loads it) and `manifest.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobs.train_common import main, run_train
+from peftbd.config import Config
+from peftbd.methods.dflash import METHOD
+
+
+def run_train_dflash(cfg: Config, data_dir: str | Path, out_dir: str | Path,
+                     resume: bool = True) -> Path:
+    """Train the DFlash head on the artifact in `data_dir`; Ray must be initialised (or is
+    started locally). Returns `out_dir`."""
+    return run_train(METHOD.recipe, cfg, data_dir, out_dir, resume=resume)
+
+
+if __name__ == "__main__":
+    main(METHOD.recipe)

@@ -1,0 +1,74 @@
+"""DFlash (z-lab/dflash, trained as SpecForge's DFlash trainer does): the block-diffusion head
+(`peftbd.models.bd_head`, the same module and drafter as `peftbd.methods.bd_head`) with DFlash's
+published recipe, the `dflash` section: one verifier feature layer per head layer at DFlash's
+spacing, a block of D positions drafting D - 1 tokens, exp(-j / 7) loss weights and up to 512
+random anchors per sequence. One arm; the cost profile times it at `cost_profile.dflash_layers`
+head layers."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+from torch import nn
+
+from peftbd.config_sections import Config, HeadConfig
+from peftbd.layout import TRAIN_DFLASH
+from peftbd.methods.bd_head import drafter, load as load_head, replay
+from peftbd.methods.arm import ArmSpec
+from peftbd.methods.registry import DraftContext, Method, register
+from peftbd.models.bd_head import HEAD_SUBDIR, drafted
+from peftbd.training.head_task import HeadTask
+
+ID = "dflash"
+SECTION = "dflash"
+
+
+def _label(cfg: Config, layers: int) -> str:
+    return f"DFlash head D={cfg.drafter.block_size}, {layers} layer{'s' * (layers != 1)}"
+
+
+def arms(cfg: Config) -> list[ArmSpec]:
+    return [ArmSpec(ID, _label(cfg, cfg.dflash.layers), ID, stage=TRAIN_DFLASH.name)]
+
+
+def profile_stage(layers: int) -> str:
+    """The cost profile's key of the untrained DFlash head of `layers` layers."""
+    return f"{TRAIN_DFLASH.name}@{layers}"
+
+
+def profile_arms(cfg: Config) -> list[ArmSpec]:
+    """DFlash at each of `cost_profile.dflash_layers` head layers (ids dflash_1layer, ...)."""
+    return [ArmSpec(f"{ID}_{k}layer{'s' * (k != 1)}", _label(cfg, k), ID, stage=profile_stage(k))
+            for k in cfg.cost_profile.dflash_layers]
+
+
+def _as_head(ctx: DraftContext, section: HeadConfig) -> DraftContext:
+    """`ctx` with `section` as its `head`: the block-diffusion head's code builds from it."""
+    return dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, head=section))
+
+
+def load(ctx: DraftContext, path: Path | None) -> nn.Module:
+    """The head in `path`, else an untrained one of `dflash`'s shape seeded by `training.seed`."""
+    return load_head(_as_head(ctx, ctx.cfg.dflash), path)
+
+
+def profile(ctx: DraftContext) -> dict[str, nn.Module]:
+    """An untrained DFlash head per `cost_profile.dflash_layers` depth, each reading its own
+    DFlash feature layers of the profiled architecture (`feature_rule` over its depth)."""
+    out = {}
+    for k in ctx.cfg.cost_profile.dflash_layers:
+        section = dataclasses.replace(ctx.cfg.dflash, layers=k, feature_layers=())
+        out[profile_stage(k)] = load_head(_as_head(ctx, section), None)
+    return out
+
+
+METHOD = register(Method(
+    id=ID, serving="dflash", kind="dflash", label="DFlash head", what="DFlash head",
+    section=SECTION, stages=(TRAIN_DFLASH,), task=functools.partial(HeadTask, section=SECTION),
+    export_subdir=HEAD_SUBDIR, arms=arms, profile_arms=profile_arms,
+    positions=lambda cfg: drafted(cfg.dflash.block_masks, cfg.drafter.block_size), load=load,
+    drafter=drafter, profile=profile, dir_arg="dflash_dir", ships="features",
+    replay=replay,
+))

@@ -1,0 +1,78 @@
+"""DFlash, registered once (`peftbd.methods.dflash`): its names, stage, task, arm, the drafter
+over a loaded head, and the cost profile's three depths at Qwen3-0.6B's shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from peftbd.config import load_config
+from peftbd.decoding import BDHeadDrafter
+from peftbd.layout import BENCHMARK, STAGES, TRAIN_DFLASH, TRAIN_HEAD
+from peftbd.methods import DraftContext, by_kind, by_serving, method, methods
+from peftbd.methods import dflash
+from peftbd.models.bd_head import BDHead
+from peftbd.models.loading import load_tokenizer, load_verifier
+from peftbd.training.head_task import HeadTask
+
+DFLASH = dflash.METHOD
+
+
+def test_dflash_is_registered_after_the_head_with_its_stage():
+    ids = [m.id for m in methods()]
+    assert ids.index("dflash") == ids.index("peftbd_head") + 1
+    assert method("dflash") is by_serving("dflash") is by_kind("dflash") is DFLASH
+    assert (DFLASH.section, DFLASH.dir_arg, DFLASH.ships) == ("dflash", "dflash_dir", "features")
+    assert DFLASH.stage is TRAIN_DFLASH and TRAIN_DFLASH.subdir == "dflash_head"
+    assert TRAIN_DFLASH.command == "python -m jobs.train_dflash"
+    assert STAGES.index(TRAIN_DFLASH) == STAGES.index(TRAIN_HEAD) + 1
+    assert TRAIN_DFLASH in BENCHMARK.inputs
+
+
+def test_its_arm_and_positions_follow_the_dflash_section():
+    cfg = load_config("qwen3-0.6b")
+    [arm] = DFLASH.arms(cfg)
+    assert (arm.id, arm.method, arm.stage) == ("dflash", "dflash", TRAIN_DFLASH.name)
+    assert arm.label == "DFlash head D=16, 5 layers"
+    assert DFLASH.positions(cfg) == 15  # D - 1
+    assert [a.id for a in DFLASH.cost_arms(cfg)] == ["dflash_1layer", "dflash_2layers",
+                                                    "dflash_5layers"]
+    assert [a.stage for a in DFLASH.cost_arms(cfg)] == [
+        f"{TRAIN_DFLASH.name}@{k}" for k in (1, 2, 5)]
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny_world) -> DraftContext:
+    cfg = load_config("tiny")
+    tok = load_tokenizer(cfg)
+    return DraftContext(cfg, load_verifier(cfg), tok.mask_token_id, tok.pad_token_id)
+
+
+def test_its_task_load_and_drafter_read_the_dflash_section(ctx, tmp_path):
+    task = DFLASH.task(ctx.cfg)
+    assert isinstance(task, HeadTask) and task.head_cfg == ctx.cfg.dflash
+    head = DFLASH.load(ctx, None)
+    assert isinstance(head, BDHead) and head.shape.block_masks == "block_minus_one"
+    assert head.shape.feature_layers == (2,)  # 1 head layer on the 2-layer verifier
+    head.save_pretrained(tmp_path / "bd_head")
+    loaded = DFLASH.load(ctx, tmp_path)  # a training run's output dir
+    assert loaded.shape == head.shape
+    [arm] = DFLASH.arms(ctx.cfg)
+    drafter = DFLASH.drafter(loaded, ctx, arm)
+    assert isinstance(drafter, BDHeadDrafter) and drafter.block_size == 15
+
+
+def test_the_profile_builds_one_untrained_head_per_depth_at_qwen3_0_6b_shape():
+    """At Qwen3-0.6B's depth and width (a meta-device verifier: no weights), each depth reads its
+    own DFlash feature layers."""
+    cfg = load_config("qwen3-0.6b")
+    with torch.device("meta"):
+        verifier = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True))
+    modules = DFLASH.profile(DraftContext(cfg, verifier, mask_id=151_669, pad_id=0))
+    assert list(modules) == [f"{TRAIN_DFLASH.name}@{k}" for k in (1, 2, 5)]
+    shapes = {key: (len(m.layers), m.shape.feature_layers) for key, m in modules.items()}
+    assert list(shapes.values()) == [(1, (15,)), (2, (2, 26)), (5, (2, 8, 14, 20, 26))]
+    assert all(not m.training and m.shape.drafted(16) == 15 for m in modules.values())
