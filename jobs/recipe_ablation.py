@@ -24,16 +24,11 @@ from jobs.ray_env import shutdown
 from jobs.train_common import train_call
 from peftbd.analysis.recipe_ablation import ablation_markdown, ablation_rows, differing, reverted
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
-from peftbd.config import Config
-from peftbd.errors import UserError
+from peftbd.config import Config, ConfigError
 from peftbd.layout import GENERATE, RECIPE_ABLATION, TRAIN_DFLASH, TRAIN_HEAD
 from peftbd.manifest import is_complete, read_manifest
 from peftbd.methods.dflash import METHOD as DFLASH
-from peftbd.stage import StageCall, StageInputs
-
-
-class AblationInputError(UserError, ValueError):
-    """The main job's outputs the ablation needs are missing; the message says how to make them."""
+from peftbd.stage import StageCall, StageError, StageInputs
 
 
 def ablation_call(cfg: Config, root: str | Path, out_dir: str | Path) -> StageCall:
@@ -42,11 +37,11 @@ def ablation_call(cfg: Config, root: str | Path, out_dir: str | Path) -> StageCa
     upstream = {s.name: Path(root).resolve() / s.subdir for s in (GENERATE, TRAIN_HEAD, TRAIN_DFLASH)}
     missing = [f"{name} ({path})" for name, path in upstream.items() if not is_complete(path)]
     if missing:
-        raise AblationInputError(f"the ablation needs the main job's {', '.join(missing)}; run "
+        raise StageError(f"the ablation needs the main job's {', '.join(missing)}; run "
                                  f"python -m jobs.pipeline with the same preset and --out first")
     if not differing(cfg.dflash, cfg.head):
-        raise AblationInputError("dflash and head share every recipe setting (feature_rule, "
-                                 "block_masks, loss_decay, anchors): nothing to ablate")
+        raise ConfigError("config keys dflash.feature_rule, block_masks, loss_decay and anchors "
+                          "equal head's: nothing to ablate; keep DFlash's recipe in dflash")
     build = functools.partial(_build, cfg=cfg, upstream=upstream, runs=Path(f"{Path(out_dir).resolve()}.runs"))
     return StageCall(RECIPE_ABLATION, cfg.to_dict(), Path(out_dir).resolve(), upstream, build)
 

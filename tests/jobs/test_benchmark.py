@@ -261,8 +261,10 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
 def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:
     k = small_cfg.drafter.early_exit_layers
     cfg = apply_override(small_cfg, f"drafter.early_exit_layers={k + 1}")
+    models = load_arm_models(cfg, _dirs(cfg, artifacts))
+    early_exit = next(s for s in arm_specs(cfg) if s.draft_layers)  # built before any timing
     with pytest.raises(ValueError, match=f"drafts from {k} layers but drafter.early_exit_layers={k + 1}"):
-        load_arm_models(cfg, _dirs(cfg, artifacts))
+        models.drafter_for(early_exit)
 
 
 def _dirs(cfg: Config, root: Path) -> DrafterDirs:

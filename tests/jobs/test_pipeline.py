@@ -47,7 +47,7 @@ def _reruns(overrides, root, force=(), start=None):
 
 PEFTBD_STAGES = {"train_peftbd", "train_early_exit", "train_offsets", "benchmark"}
 AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
-               "train_head", "benchmark"}
+               "train_head", "train_dflash", "benchmark"}
 
 
 def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_path, monkeypatch):
@@ -62,17 +62,20 @@ def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_pat
     assert _reruns(["head.optim.lr=1e-3"], root) == {"train_head", "benchmark"}
     assert _reruns(["head.layers=2"], root) == {"train_head", "cost_profile", "benchmark"}
     assert _reruns(["head.draft_vocab=256"], root) == {"benchmark"}  # drafting, not training
+    assert _reruns(["dflash.anchors=64"], root) == {"train_dflash", "benchmark"}
+    assert _reruns(["dflash.block_masks=block"], root) == {"train_dflash", "cost_profile", "benchmark"}
     assert _reruns(["drafter.early_exit_layers=2"], root) == {"train_early_exit", "benchmark"}
     # the main recipe flips to aligned: both adapters retrain (each the other's ablation)
     assert _reruns(["drafter.block_offsets=aligned"], root) == PEFTBD_STAGES
     assert _reruns(["drafter.offsets_ablation=false"], root) == {"cost_profile", "benchmark"}
     assert _reruns(["cost_profile.kv_len=256"], root) == {"cost_profile", "benchmark"}
-    assert _reruns(["drafter.block_size=8"], root) == PEFTBD_STAGES | {"cost_profile", "train_head"}
+    assert _reruns(["drafter.block_size=8"], root) == PEFTBD_STAGES | {"cost_profile", "train_head",
+                                                                      "train_dflash"}
     assert _reruns(["tiny_world.seed=1"], root) == {"world"} | AFTER_WORLD
     assert _reruns(["training.storage_path=/elsewhere", "generate.num_actors=1"], root) == set()
     assert _reruns([], root, force=["generate"]) == AFTER_WORLD
-    assert _reruns([], root, start="train_mtp") == {"train_mtp", "train_head", "cost_profile",
-                                                    "benchmark"}
+    assert _reruns([], root, start="train_mtp") == {"train_mtp", "train_head", "train_dflash",
+                                                    "cost_profile", "benchmark"}
 
 
 def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from peftbd.errors import USER_ERRORS, UserError, error_line, one_line, user_error
+from peftbd.methods import by_kind
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("peftbd", "jobs", "serve_apps")
@@ -34,7 +35,7 @@ def _main(mod: Any, argv: list[str]) -> None:
 
 
 def _train(kind: str) -> Callable[[Any, list[str]], None]:
-    return lambda mod, argv: mod.main(kind, argv)
+    return lambda mod, argv: mod.main(by_kind(kind).recipe, argv)
 
 
 def _out(tmp: Path) -> list[str]:
@@ -52,6 +53,10 @@ COMMANDS: dict[str, Runner] = {
                        lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
     "jobs.train_head": ("jobs.train_common", "train_call", _train("head"),
                         lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
+    "jobs.train_dflash": ("jobs.train_common", "train_call", _train("dflash"),
+                          lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
+    "jobs.recipe_ablation": ("jobs.recipe_ablation", "ablation_call", _main,
+                             lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "root")]),
     "jobs.cost_profile": ("jobs.cost_profile", "cost_profile_call", _main, _out),
     "jobs.benchmark": ("jobs.benchmark", "benchmark_call", _main,
                        lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "artifacts")]),
