@@ -21,7 +21,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from peftbd.config import Config, HeadConfig
-from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape, drafted
+from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape, drafted, feature_layers
 from peftbd.models.loading import DTYPES, load_tokenizer, load_verifier
 from peftbd.training.block_diffusion import (
     BlockStats,
@@ -103,8 +103,10 @@ class HeadTask:
 
     def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
                     dtype: str) -> StepMemory:
+        assert self.verifier is not None, "build() first"
+        features = len(feature_layers(self.head_cfg, self.verifier.config))
         return step_memory("head", self.cfg, model_config, trainable, total, plan, dtype,
-                           head=self.head_cfg)
+                           head=self.head_cfg, head_features=features)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)

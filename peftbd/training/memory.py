@@ -34,7 +34,6 @@ import torch.distributed as dist
 
 from peftbd.config import Config, HeadConfig
 from peftbd.manifest import WorkerPeaks
-from peftbd.models.bd_head import feature_layers
 from peftbd.training.deepspeed_config import BatchPlan
 
 log = logging.getLogger(__name__)
@@ -145,11 +144,12 @@ def estimate_step_memory(
 
 
 def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total: int,
-                plan: BatchPlan, dtype: str, head: HeadConfig | None = None) -> StepMemory:
+                plan: BatchPlan, dtype: str, head: HeadConfig | None = None,
+                head_features: int = 0) -> StepMemory:
     """`estimate_step_memory` of a `kind` training job with `cfg`: sequences of up to
     `data.max_prompt_len + data.max_new_tokens` tokens, `plan.micro_batch` per forward,
     `training.logits_chunk_rows` logits per chunk; `trainable` / `total` parameters as built; a
-    head's shape from `head` (default `cfg.head`)."""
+    head's shape from `head` (default `cfg.head`) reading `head_features` verifier layers."""
     d, head = cfg.drafter, head or cfg.head
     return estimate_step_memory(
         kind, ModelShape.of(model_config), trainable=trainable, total=total, dtype=dtype,
@@ -160,7 +160,7 @@ def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total
         draft_layers=d.draft_layers, lora_r=d.lora_r if kind == "adapter" else 0,
         mtp_steps=cfg.mtp.num_steps, head_layers=head.layers,
         head_anchors=head.anchors if kind == "head" else 0,
-        head_features=len(feature_layers(head, model_config)),
+        head_features=head_features,
     )
 
 
