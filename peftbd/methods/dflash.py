@@ -39,8 +39,11 @@ def profile_stage(layers: int) -> str:
 
 
 def profile_arms(cfg: Config) -> list[ArmSpec]:
-    """DFlash at each of `cost_profile.dflash_layers` head layers (ids dflash_1layer, ...)."""
-    return [ArmSpec(f"{ID}_{k}layer{'s' * (k != 1)}", _label(cfg, k), ID, stage=profile_stage(k))
+    """DFlash at each of `cost_profile.dflash_layers` head layers: the run's own depth
+    (`dflash.layers`) as its arm "dflash", so the report projects it with this run's acceptance,
+    the others as dflash_<k>layer(s)."""
+    return [ArmSpec(ID if k == cfg.dflash.layers else f"{ID}_{k}layer{'s' * (k != 1)}",
+                    _label(cfg, k), ID, stage=profile_stage(k))
             for k in cfg.cost_profile.dflash_layers]
 
 

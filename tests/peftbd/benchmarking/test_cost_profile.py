@@ -35,7 +35,7 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab",
-                   "dflash_1layer", "dflash_2layers", "dflash_5layers", "peftbd_synthetic",
+                   "dflash", "dflash_2layers", "dflash_5layers", "peftbd_synthetic",
                    "fastmtp_synthetic", "peftbd_head_synthetic"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
