@@ -65,8 +65,9 @@ def names(m: Method) -> set[str]:
 
 def own_module(m: Method) -> str:
     """The repository path of the module that declares `m` (its `METHOD`)."""
-    found = [Path(file) for mod in list(sys.modules.values())
-             if getattr(mod, "METHOD", None) is m and (file := getattr(mod, "__file__", None))]
+    found = [Path(file) for mod in list(sys.modules.values())  # a job importing it is no declarer
+             if getattr(mod, "METHOD", None) is m and (file := getattr(mod, "__file__", None))
+             and getattr(mod, "__name__", "").startswith("peftbd.methods.")]
     assert len(found) == 1, f"method {m.id!r}: {len(found)} modules declare it as METHOD"
     return found[0].resolve().relative_to(ROOT).as_posix()
 

@@ -45,6 +45,7 @@ OVERRIDES = [
     "drafter.optim.global_batch_size=4", "mtp.optim.global_batch_size=4",
     "drafter.optim.max_steps=1", "mtp.optim.max_steps=1",
     "head.optim.global_batch_size=4", "head.optim.max_steps=1",
+    "dflash.optim.global_batch_size=4", "dflash.optim.max_steps=1", "dflash.layers=1",
     "head.feature_layers=[1,2]",  # the stand-in has 2 of the 28 layers
     "training.micro_batch_size=2",  # 2 micro-batches of 2 per step (gradient accumulation)
     "training.logits_chunk_rows=16",  # several chunks per micro-batch
@@ -132,7 +133,7 @@ def _train(kind, cfg, artifact, ds_engine, out):
 @pytest.mark.slow
 def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_engine, tmp_path):
     results = {}
-    for kind in ("peftbd", "mtp", "head"):
+    for kind in ("peftbd", "mtp", "head", "dflash"):
         trainable, ckpt_bytes, estimate, growth = _train(kind, cfg, artifact, ds_engine, tmp_path / kind)
         # only what trains is saved: 12 bytes per trainable parameter under ZeRO-2 fp32 (weights,
         # AdamW moments), nothing of the 622 MB fp32 table
@@ -144,7 +145,7 @@ def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_eng
     rows, _ = artifact
     prompts = [Prompt(f"p{i}", rows["prompt_ids"][4 + i]) for i in range(cfg.decoding.num_prompts)]
     dirs = DrafterDirs({"train_peftbd": str(tmp_path / "peftbd"), "train_mtp": str(tmp_path / "mtp"),
-                        "train_head": str(tmp_path / "head")},
+                        "train_head": str(tmp_path / "head"), "train_dflash": str(tmp_path / "dflash")},
                        draft_vocab=list(range(cfg.head.draft_vocab)))
     shard = run_shard(cfg, dirs, arm_specs(cfg), prompts, repeats=1)
     assert shard.dtype == "bfloat16" and shard.device == "cpu"  # what the report states
