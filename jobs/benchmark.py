@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,7 +55,8 @@ from peftbd.analysis.report import (
     summary_lines,
 )
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs
-from peftbd.benchmarking.cost_profile import PROFILE_FILE
+from peftbd.benchmarking.cost_profile_schema import PROFILE_FILE, CostProfile
+from peftbd.benchmarking.schema import DrafterInfo, Results
 from peftbd.benchmarking.prompts import PromptSet, load_prompts
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
@@ -115,10 +115,10 @@ def training_stages(cfg: Config) -> list[StageSpec]:
     return [stage for m in methods() for stage, _ in m.training_stages(cfg)]
 
 
-def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs, dict[str, Any]]:
+def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs, dict[str, Any] | None]:
     """Where the arms' drafters lie, and the head's draft vocabulary (`head.draft_vocab` tokens
-    of the continuation artifact's train split) as results.json records it (empty: none)."""
-    vocab: dict[str, Any] = {}
+    of the continuation artifact's train split) as results.json records it (None: none)."""
+    vocab: dict[str, Any] | None = None
     if cfg.head.draft_vocab > 0:
         if GENERATE.name not in upstream:
             raise BenchmarkInputError(
@@ -133,10 +133,10 @@ def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs
     return dirs, vocab
 
 
-def _drafter_info(path: Path) -> dict[str, Any]:
+def _drafter_info(path: Path, draft_vocab: dict[str, Any] | None = None) -> DrafterInfo:
     manifest = read_manifest(path)
-    return {"path": str(path),
-            **{k: v for k, v in manifest.items() if k not in ("config", "versions", "contract")}}
+    return DrafterInfo(path=str(path), draft_vocab=draft_vocab, **{
+        k: v for k, v in manifest.items() if k not in ("config", "versions", "contract")})
 
 
 def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test") -> dict[str, Path]:
@@ -184,20 +184,20 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
     dirs, vocab = drafter_dirs(cfg, upstream)
     shards = time_on_workers(cfg, dirs, prompt_set, repeats)
-    drafters = {spec.subdir: _drafter_info(upstream[spec.name]) for spec in training_stages(cfg)}
-    if vocab:
-        drafters[TRAIN_HEAD.subdir]["draft_vocab"] = vocab
+    drafters = {spec.subdir: _drafter_info(upstream[spec.name],
+                                           vocab if spec.name == TRAIN_HEAD.name else None)
+                for spec in training_stages(cfg)}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
     if COST_PROFILE.name in upstream:
-        results["cost_at_scale"] = json.loads((upstream[COST_PROFILE.name] / PROFILE_FILE).read_text())
+        results.cost_at_scale = CostProfile.read(upstream[COST_PROFILE.name] / PROFILE_FILE)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
     for experiment in (PLACEMENT, RECIPE_ABLATION):  # beside the main job: summarised
         if experiment.name in upstream:
             manifests[experiment.title] = read_manifest(upstream[experiment.name])
-    (tmp / RESULTS).write_text(json.dumps(results, indent=2, default=str))
+    results.write(tmp / RESULTS)
     build_report(results, manifests, tmp)
-    return {"prompts": results["prompts"], "timing": results["timing"],
+    return {"prompts": results.prompts.model_dump(), "timing": results.timing.model_dump(),
             "summary": summary_lines(results), **stats}
 
 
@@ -244,8 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = layout_inputs(cfg, args.artifacts, prompts)
     run_stage_job(BENCHMARK, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
                   args.force, args.verbose, before_exit=shutdown)
-    results = json.loads((out / RESULTS).read_text())
-    print("\n".join(summary_lines(results)))
+    print("\n".join(summary_lines(Results.read(out / RESULTS))))
     print(f"benchmark report: {(out / REPORT).resolve()}")
 
 

@@ -28,7 +28,8 @@ import ray
 
 from jobs.ray_env import init_ray, shutdown
 from jobs.resources import wait_for_resources
-from peftbd.benchmarking.cost_profile import PROFILE_FILE, run_profile, summary_lines
+from peftbd.benchmarking.cost_profile import run_profile, summary_lines
+from peftbd.benchmarking.cost_profile_schema import PROFILE_FILE, CostProfile
 from peftbd.benchmarking.cost_profile_models import preflight
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
@@ -37,11 +38,7 @@ from peftbd.manifest import WorkerPeaks
 from peftbd.stage import StageCall, StageInputs
 
 
-def _task(cfg: Config) -> dict[str, Any]:
-    return run_profile(cfg).to_dict()
-
-
-def profile_on_ray(cfg: Config) -> dict[str, Any]:
+def profile_on_ray(cfg: Config) -> CostProfile:
     """Run the profile as one Ray task with the CPUs its threads use and `num_gpus` GPUs, in a
     worker process of its own (`max_calls=1`): its model's memory goes with it, and no later
     task (the benchmark's timing workers) inherits its peak RSS."""
@@ -49,7 +46,7 @@ def profile_on_ray(cfg: Config) -> dict[str, Any]:
     cp = cfg.cost_profile
     resources = {"CPU": float(max(1, cp.threads)), "GPU": cp.num_gpus}
     wait_for_resources("cost profile (1 task)", [resources])
-    task = ray.remote(num_cpus=resources["CPU"], num_gpus=cp.num_gpus, max_calls=1)(_task)
+    task = ray.remote(num_cpus=resources["CPU"], num_gpus=cp.num_gpus, max_calls=1)(run_profile)
     return ray.get(task.remote(cfg))
 
 
@@ -65,10 +62,9 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
 
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
         profile = profile_on_ray(cfg)
-        (tmp / PROFILE_FILE).write_text(json.dumps(profile, indent=2))
-        workers = WorkerPeaks(1, profile["peak_rss_mib"], profile["peak_gpu_mib"],
-                              "+".join(profile["profiles"]))
-        return {"summary": summary_lines(profile), "profile_seconds": profile["seconds"],
+        (tmp / PROFILE_FILE).write_text(json.dumps(profile.to_dict(), indent=2))
+        workers = WorkerPeaks(1, profile.peak_rss_mib, profile.peak_gpu_mib, "+".join(profile.profiles))
+        return {"summary": summary_lines(profile), "profile_seconds": profile.seconds,
                 "workers": workers.to_dict()}
 
     return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build,
@@ -88,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # plain ValueErrors too (as before UserError): one line each
     run_stage_job(COST_PROFILE, out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
                   (ValueError,), before_exit=shutdown)
-    print("\n".join(summary_lines(json.loads((out / PROFILE_FILE).read_text()))))
+    print("\n".join(summary_lines(CostProfile.read(out / PROFILE_FILE))))
     print(f"wrote {out / PROFILE_FILE} and {out / 'manifest.json'}")
 
 

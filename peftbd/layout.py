@@ -5,6 +5,7 @@ decisions (`peftbd.stage`) and the report's stage table all read them from here.
 
 from __future__ import annotations
 
+from peftbd.config_sections import BlockOffsets
 from peftbd.stage import StageSpec
 
 _PLACEMENT_ONLY = ("training.storage_path", "training.max_failures", "training.allow_untrained")
@@ -131,7 +132,7 @@ STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT
 BY_NAME = {s.name: s for s in STAGES}
 PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)
 """The stages whose output is a PEFT-BD adapter (the benchmark's PEFT-BD arms draft with them)."""
-OTHER_OFFSETS = {"random": "aligned", "aligned": "random"}
+OTHER_OFFSETS: dict[BlockOffsets, BlockOffsets] = {"random": "aligned", "aligned": "random"}
 """`drafter.block_offsets` -> the recipe the offsets ablation trains."""
 
 ENGINE_SPEED = StageSpec(

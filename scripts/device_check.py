@@ -35,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peftbd.benchmarking.cost_profile import run_profile, summary_lines
+from peftbd.benchmarking.cost_profile_schema import CostProfile
 from peftbd.benchmarking.cost_profile_models import activate, preflight, profile_models, profiled_specs
 from peftbd.config import Config, load_config
 from peftbd.decoding.controlled import reference_oracle
@@ -56,14 +57,14 @@ def profile_config(preset: str, sets: list[str], device: str, dtype: str, quick:
     return load_config(preset, overrides=overrides + sets)
 
 
-def profile(cfg: Config) -> dict:
-    result = run_profile(cfg).to_dict()
+def profile(cfg: Config) -> CostProfile:
+    result = run_profile(cfg)
     print("\n".join(summary_lines(result)), flush=True)
     return result
 
 
 @torch.inference_mode()
-def synthetic_decodes(cfg: Config, prof: dict, fast_paths: list[bool], quick: bool) -> dict:
+def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], quick: bool) -> dict:
     """AR and every synthetic arm at the profile's architecture, `decode_many` at batch 1 and 16
     (16 random prompts; quick: 4), eager and/or fast path; AR's eager batch-1 outputs are the
     oracle and the reference."""
@@ -77,7 +78,7 @@ def synthetic_decodes(cfg: Config, prof: dict, fast_paths: list[bool], quick: bo
     prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(rows)]
     references: dict[tuple[int, ...], list[int]] = {}
     oracle, clock, out = reference_oracle(references), Clock(device), {}
-    roof = prof["roofline"]["arms"]
+    roof = prof.roofline.arms
     for fast in fast_paths:
         for spec in specs:
             activate(models, spec)
@@ -99,7 +100,7 @@ def synthetic_decodes(cfg: Config, prof: dict, fast_paths: list[bool], quick: bo
                     "exact_rows": sum(r.tokens == references[tuple(p)] for p, r in zip(prompts, runs)),
                     "verify_ms_per_forward": round(1e3 * sum(r.forward_seconds.get("verify", 0.0)
                                                              for r in runs) / max(calls, 1), 3),
-                    "roofline_verify_ms": roof[spec.id]["roofline_verify_ms"],
+                    "roofline_verify_ms": roof[spec.id].roofline_verify_ms,
                     "compile_s": round(dec.fast.compile_s, 1) if dec.fast else 0.0}
                 ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)
@@ -180,9 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"device: {name}; torch {torch.__version__}", flush=True)
     cfg = profile_config(args.preset, args.set, args.device, args.dtype, args.quick)
-    result = {"device": name, "torch": torch.__version__, "cost_profile": profile(cfg)}
+    prof = profile(cfg)
+    result = {"device": name, "torch": torch.__version__, "cost_profile": prof.to_dict()}
     fast = {"both": [False, True], "on": [True], "off": [False]}[args.fast_path]
-    result["synthetic_decodes"] = synthetic_decodes(cfg, result["cost_profile"], fast, args.quick)
+    result["synthetic_decodes"] = synthetic_decodes(cfg, prof, fast, args.quick)
     if args.world:
         result["batched_exactness"] = batched_exactness(
             args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)

@@ -11,38 +11,38 @@ from __future__ import annotations
 from typing import Any
 
 from peftbd.analysis.tables import fmt, markdown_table
-from peftbd.benchmarking.schema import arm_items, is_speculative
+from peftbd.benchmarking.schema import Arm, PerPosition, Results
 from peftbd.methods.peft_bd import ID as PEFTBD
 
 
-def prefix_gamma(results: dict[str, Any]) -> float:
+def prefix_gamma(results: Results) -> float:
     """The gamma the PEFT-BD adapters were trained with (`drafter.prefix_gamma`)."""
-    return results["config"]["drafter"]["prefix_gamma"]
+    return results.config["drafter"]["prefix_gamma"]
 
 
-def fitted_gamma(per_position: dict[str, list]) -> float | None:
+def fitted_gamma(per_position: PerPosition) -> float | None:
     """The constant per-token acceptance that best explains the rounds: accepted draft tokens /
     positions reached (maximum likelihood under rate_j = gamma^j); None if nothing was reached."""
-    reached = sum(per_position["reached"])
-    return sum(per_position["accepted"]) / reached if reached else None
+    reached = sum(per_position.reached)
+    return sum(per_position.accepted) / reached if reached else None
 
 
-def _positioned(results: dict[str, Any], method: str | None = None) -> list[dict[str, Any]]:
+def _positioned(results: Results, method: str | None = None) -> list[Arm]:
     """Speculative arms (of `method`, if given) with per-position counts, in report order."""
-    return [arm for _, arm in arm_items(results)
-            if is_speculative(arm) and arm.get("per_position", {}).get("proposed")
-            and (method is None or arm["method"] == method)]
+    return [arm for _, arm in results.arm_items()
+            if arm.speculative and arm.per_position.proposed
+            and (method is None or arm.method == method)]
 
 
-def _columns(arms: list[dict[str, Any]]) -> range:
-    return range(1, max(len(arm["per_position"]["proposed"]) for arm in arms) + 1)
+def _columns(arms: list[Arm]) -> range:
+    return range(1, max(len(arm.per_position.proposed) for arm in arms) + 1)
 
 
 def _padded(cells: list[Any], n: int) -> list[Any]:
     return cells + [""] * (n - len(cells))
 
 
-def position_table(results: dict[str, Any]) -> str:
+def position_table(results: Results) -> str:
     """Per speculative arm, draft positions 1..D: rate (accepted / proposed rounds)."""
     arms = _positioned(results)
     if not arms:
@@ -50,14 +50,13 @@ def position_table(results: dict[str, Any]) -> str:
     cols = _columns(arms)
     rows = []
     for arm in arms:
-        pos = arm["per_position"]
-        cells = [f"{r:.3f} ({a}/{p})"
-                 for r, a, p in zip(pos["rate"], pos["accepted"], pos["proposed"])]
-        rows.append([arm["label"], *_padded(cells, len(cols))])
+        pos = arm.per_position
+        cells = [f"{r:.3f} ({a}/{p})" for r, a, p in zip(pos.rate, pos.accepted, pos.proposed)]
+        rows.append([arm.label, *_padded(cells, len(cols))])
     return markdown_table(["arm", *[f"j={j}" for j in cols]], rows)
 
 
-def gamma_table(results: dict[str, Any]) -> str:
+def gamma_table(results: Results) -> str:
     """Per PEFT-BD arm, positions 1..D: measured rate, gamma^j at the training gamma, the fitted
     gamma's powers, and the measured conditional acceptance (the gamma model: constant)."""
     arms = _positioned(results, PEFTBD)
@@ -66,16 +65,16 @@ def gamma_table(results: dict[str, Any]) -> str:
     gamma, cols = prefix_gamma(results), _columns(arms)
     rows = []
     for arm in arms:
-        pos, fit = arm["per_position"], fitted_gamma(arm["per_position"])
-        depth = range(1, len(pos["rate"]) + 1)
+        pos, fit = arm.per_position, fitted_gamma(arm.per_position)
+        depth = range(1, len(pos.rate) + 1)
         rows += [
-            [arm["label"], "measured P(accepted prefix >= j)",
-             *_padded([fmt(r, 3) for r in pos["rate"]], len(cols))],
-            [arm["label"], f"gamma^j, training gamma = {gamma:g}",
+            [arm.label, "measured P(accepted prefix >= j)",
+             *_padded([fmt(r, 3) for r in pos.rate], len(cols))],
+            [arm.label, f"gamma^j, training gamma = {gamma:g}",
              *_padded([fmt(gamma ** j, 3) for j in depth], len(cols))],
-            [arm["label"], f"fitted gamma^j, fitted gamma = {fmt(fit, 3)}",
+            [arm.label, f"fitted gamma^j, fitted gamma = {fmt(fit, 3)}",
              *_padded([fmt(None if fit is None else fit ** j, 3) for j in depth], len(cols))],
-            [arm["label"], "measured P(accept j | accepted j-1) (model: gamma)",
-             *_padded([fmt(c, 3) for c in pos["conditional"]], len(cols))],
+            [arm.label, "measured P(accept j | accepted j-1) (model: gamma)",
+             *_padded([fmt(c, 3) for c in pos.conditional], len(cols))],
         ]
     return markdown_table(["arm", "quantity", *[f"j={j}" for j in cols]], rows)

@@ -12,17 +12,27 @@ paper's 2.881 for PEFT-BD, 1.511 for FastMTP) or else the paper's number.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from peftbd.analysis.paper import ORACLE, PAPER_AR, PAPER_PEFTBD, PAPER_VALUES, SGLANG, paper_value
 from peftbd.analysis.tables import fmt, markdown_table
-from peftbd.benchmarking.schema import is_speculative
+from peftbd.benchmarking.schema import Results
 from peftbd.methods.arm import AR
 from peftbd.methods.peft_bd import ID as PEFTBD
 
 SYNTHETIC = "_synthetic"
-PAPER_ROUND_MS = 1e3 * paper_value("t0_s", PAPER_PEFTBD, ORACLE).value
-PAPER_AR_MS = 1e3 / paper_value("tokens_per_s", PAPER_AR).value
+
+
+def _quoted(metric: str, arm: str, measured_on: str) -> float:
+    """A number the paper gives (not only as a range)."""
+    value = paper_value(metric, arm, measured_on).value
+    if value is None:
+        raise ValueError(f"the paper gives no number for {metric} of {arm}")
+    return value
+
+
+PAPER_ROUND_MS = 1e3 * _quoted("t0_s", PAPER_PEFTBD, ORACLE)
+PAPER_AR_MS = 1e3 / _quoted("tokens_per_s", PAPER_AR, SGLANG)
 
 
 @dataclass(frozen=True)
@@ -47,48 +57,48 @@ def base_arm(arm_id: str) -> str:
     return arm_id.removesuffix(SYNTHETIC)
 
 
-def cost_sources(results: dict[str, Any]) -> list[CostSource]:
+def cost_sources(results: Results) -> list[CostSource]:
     """Every round cost this run has, cheapest evidence last: the roofline."""
-    arms, sources = results["arms"], []
+    arms, sources = results.arms, []
     if AR in arms:
         sources.append(CostSource(
-            "run", f"this run ({results['measured_on']['model']}), measured",
-            1e3 * arms[AR]["round"]["t0_s"],
-            {a: 1e3 * v["round"]["t0_s"] for a, v in arms.items()
-             if is_speculative(v) and not a.endswith(SYNTHETIC)}))
-    prof = results.get("cost_at_scale")
+            "run", f"this run ({results.measured_on.model}), measured",
+            1e3 * arms[AR].round.t0_s,
+            {a: 1e3 * v.round.t0_s for a, v in arms.items()
+             if v.speculative and not a.endswith(SYNTHETIC)}))
+    prof = results.cost_at_scale
     if prof is None:
         return sources
-    name, dtype = prof["architecture"]["name"], next(iter(prof["profiles"]))
-    costs = prof["profiles"][dtype]["arms"]
+    name, dtype = prof.architecture.name, prof.primary_dtype
+    costs = prof.profiles[dtype].arms
     sources.append(CostSource(
-        "round", f"{name} {dtype}, one round, {prof['hardware']}", costs[AR]["verify_ms_round"],
-        {a: c["draft_ms_round"] + c["verify_ms_round"] for a, c in costs.items()
-         if is_speculative(c) and not a.endswith(SYNTHETIC)}))
-    if prof.get("decode"):
-        dec = prof["decode"]["arms"]
-        whole = {a: d["draft_ms_round"] + d["verify_ms_round"] + d["host_ms_round"]
-                 for a, d in dec.items()}
+        "round", f"{name} {dtype}, one round, {prof.hardware}", costs[AR].verify_ms_round,
+        {a: c.draft_ms_round + c.verify_ms_round for a, c in costs.items()
+         if c.method != AR and not a.endswith(SYNTHETIC)}))
+    if prof.decode is not None:
+        whole = {a: d.draft_ms_round + d.verify_ms_round + d.host_ms_round
+                 for a, d in prof.decode.arms.items()}
         sources.append(CostSource(
             "decode",
-            f"{name} {prof['decode']['dtype']}, decoded (synthetic acceptance), {prof['hardware']}",
+            f"{name} {prof.decode.dtype}, decoded (synthetic acceptance), {prof.hardware}",
             whole.pop(AR), {base_arm(a): ms for a, ms in whole.items()}))
-    roof = prof["roofline"]["arms"]
+    roof = prof.roofline.arms
     sources.append(CostSource(
-        "roofline", f"{name} bf16, {prof['roofline']['gpu']['name']} roofline",
-        roof[AR]["roofline_verify_ms"],
-        {a: w["roofline_draft_ms"] + w["roofline_verify_ms"] for a, w in roof.items()
-         if w["draft_forwards"] and not a.endswith(SYNTHETIC)}))
+        "roofline", f"{name} bf16, {prof.roofline.gpu.name} roofline",
+        roof[AR].roofline_verify_ms,
+        {a: w.roofline_draft_ms + w.roofline_verify_ms for a, w in roof.items()
+         if w.draft_forwards and not a.endswith(SYNTHETIC)}))
     return sources
 
 
-def reference_acceptance(results: dict[str, Any]) -> dict[str, tuple[float, str]]:
+def reference_acceptance(results: Results) -> dict[str, tuple[float, str]]:
     """{real arm id: (accepted tokens per round, where it comes from)}: the synthetic arm's
     target, else the paper's (SGLang) number."""
     out = {pv.arm: (pv.value, "the paper") for pv in PAPER_VALUES
-           if pv.metric == "mean_accepted" and pv.measured_on == SGLANG and pv.arm in results["arms"]}
-    for arm_id, arm in results["arms"].items():
-        target = arm.get("settings", {}).get("synthetic")
+           if pv.metric == "mean_accepted" and pv.measured_on == SGLANG and pv.arm in results.arms
+           and pv.value is not None}
+    for arm_id, arm in results.arms.items():
+        target = arm.settings.get("synthetic")
         if target is not None:
             source = "the paper" if out.get(base_arm(arm_id), (None,))[0] == target else "synthetic"
             out[base_arm(arm_id)] = (target, source)
@@ -107,20 +117,20 @@ class Row:
     speedup_at_reference: float | None
 
 
-def rows(results: dict[str, Any]) -> list[Row]:
+def rows(results: Results) -> list[Row]:
     """One row per (arm with a reference acceptance, cost source that priced it)."""
     refs, out = reference_acceptance(results), []
     for arm, (ref, _) in refs.items():
-        accepted = results["arms"][arm]["mean_accepted"]["mean"]
+        accepted = results.arms[arm].mean_accepted.mean
         for src in cost_sources(results):
             if arm in src.round_ms:
-                out.append(Row(arm, results["arms"][arm]["label"], src.name, accepted, ref,
+                out.append(Row(arm, results.arms[arm].label, src.name, accepted, ref,
                                src.break_even(arm), src.speedup(arm, accepted),
                                src.speedup(arm, ref)))
     return out
 
 
-def table(results: dict[str, Any]) -> str | None:
+def table(results: Results) -> str | None:
     """The paper's question, per arm and cost source (None: no arm has a reference)."""
     found = rows(results)
     if not found:
@@ -133,7 +143,7 @@ def table(results: dict[str, Any]) -> str | None:
          f"{fmt(r.reference)} ({refs[r.arm][1]})", fmt(r.speedup_at_reference)] for r in found])
 
 
-def verdict(results: dict[str, Any]) -> list[str]:
+def verdict(results: Results) -> list[str]:
     """The computed answer: does the paper's batch-1 conclusion (PEFT-BD slower than AR) hold at
     its own acceptance, at the roofline and as measured here; and the per-round overhead under
     which PEFT-BD would beat AR there. Empty without the roofline or the PEFT-BD arm."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from peftbd.analysis.cost_at_scale import LABEL as AT_SCALE, at_scale_ratio, projected
 from peftbd.analysis.paper import (
@@ -33,7 +32,7 @@ from peftbd.analysis.paper import (
     SGLANG,
     paper_value,
 )
-from peftbd.benchmarking.schema import draft_verify_per_call, draft_verify_per_round
+from peftbd.benchmarking.schema import Arm, Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.methods.arm import AR
 from peftbd.methods.fastmtp import ID as FASTMTP
 from peftbd.methods.peft_bd import ID as PEFTBD
@@ -91,34 +90,37 @@ def _unmeasurable(key: str, needs: str) -> Finding:
     return Finding(key, CLAIMS[key], "none", NOT_MEASURABLE, f"needs {needs}, which this run lacks")
 
 
-def _arms(results: dict[str, Any], *arm_ids: str) -> list[dict[str, Any]] | None:
-    arms = [results["arms"].get(a) for a in arm_ids]
-    return None if None in arms else arms
+def _arms(results: Results, *arm_ids: str) -> list[Arm] | None:
+    """The arms `arm_ids`, in that order; None unless this run has every one."""
+    if any(a not in results.arms for a in arm_ids):
+        return None
+    return [results.arms[a] for a in arm_ids]
 
 
-def _tps(arm: dict[str, Any]) -> float:
-    return arm["tokens_per_s"]["mean"]
+def _tps(arm: Arm) -> float:
+    return arm.tokens_per_s.mean
 
 
-def _acc(arm: dict[str, Any]) -> float:
-    return arm["mean_accepted"]["mean"]
+def _acc(arm: Arm) -> float:
+    return arm.mean_accepted.mean
 
 
 def _paper(metric: str, arm: str, measured_on: str = SGLANG) -> str:
     return paper_value(metric, arm, measured_on).quoted
 
 
-def _free_drafting(arm: dict[str, Any]) -> float | None:
+def _free_drafting(arm: Arm) -> float | None:
     """The oracle's throughput with the draft cost removed (r = 1)."""
-    reductions = (arm.get("oracle") or {}).get("reductions", [])
-    return next((r["tokens_per_s"] for r in reductions if r["r"] == 1.0), None)
+    if arm.oracle is None:
+        return None
+    return next((r.tokens_per_s for r in arm.oracle.reductions if r.r == 1.0), None)
 
 
-def _needed(arm: dict[str, Any], target: str) -> float | None:
-    return (arm.get("oracle") or {}).get("needed_accepted", {}).get(target)
+def _needed(arm: Arm, target: str) -> float | None:
+    return None if arm.oracle is None else arm.oracle.needed_accepted.get(target)
 
 
-def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
+def longer_prefix_not_faster(results: Results) -> Finding:
     """(a) PEFT-BD vs FastMTP: more accepted tokens per round, less throughput (projected at the
     paper's architecture when profiled, else as measured here)."""
     arms = _arms(results, PEFTBD, FASTMTP)
@@ -131,9 +133,10 @@ def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
                 f"[{_paper('tokens_per_s', PAPER_PEFTBD)} vs "
                 f"{_paper('tokens_per_s', PAPER_FASTMTP)}]")
     where = ""
-    scaled = projected(results, PEFTBD), projected(results, FASTMTP)
-    if None not in scaled:
-        pt, ft, where = scaled[0].tokens_per_s, scaled[1].tokens_per_s, f" at scale ({AT_SCALE})"
+    peftbd_at_scale, fastmtp_at_scale = projected(results, PEFTBD), projected(results, FASTMTP)
+    if peftbd_at_scale is not None and fastmtp_at_scale is not None:
+        pt, ft = peftbd_at_scale.tokens_per_s, fastmtp_at_scale.tokens_per_s
+        where = f" at scale ({AT_SCALE})"
         measured += f"; at scale ({AT_SCALE}) tok/s {pt:.1f} vs {ft:.1f}"
     return _judge("a", measured, [
         (pa > fa, f"PEFT-BD accepts {pa / fa:.2f}x FastMTP's tokens per round",
@@ -143,28 +146,31 @@ def longer_prefix_not_faster(results: dict[str, Any]) -> Finding:
     ])
 
 
-def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
+def draft_is_verifier_scale(results: Results) -> Finding:
     """(b) PEFT-BD's draft forward vs its verify forward: at the paper's architecture when
     profiled (one draft forward per round, so per round = per call), else on this run."""
     arms = _arms(results, PEFTBD)
     per_call = draft_verify_per_call(arms[0]) if arms else None
     scaled = at_scale_ratio(results, PEFTBD)
-    if scaled is None and (arms is None or per_call is None):
+    if scaled is not None:
+        ratio, where = scaled[1], "at the paper's architecture"
+    elif per_call is not None:
+        ratio, where = per_call, "at this size"
+    else:
         return _unmeasurable("b", "the PEFT-BD arm's draft and verify forward times")
-    paper_ratio = (paper_value("draft_mean_ms", PAPER_PEFTBD, PROFILE).value
-                   / paper_value("verify_mean_ms", PAPER_PEFTBD, PROFILE).value)
+    paper_ratio = (paper_value("draft_mean_ms", PAPER_PEFTBD, PROFILE).number
+                   / paper_value("verify_mean_ms", PAPER_PEFTBD, PROFILE).number)
     parts = []
     if scaled is not None:
         parts.append(f"PEFT-BD draft / verify per round at the paper's architecture "
                      f"({scaled[0]}) {scaled[1]:.2f} [{paper_ratio:.2f}]")
     if arms is not None and per_call is not None:
-        fwd = arms[0]["forward"]
+        fwd = arms[0].forward
         parts.append(f"on this run per forward call {per_call:.2f}, per round "
                      f"{draft_verify_per_round(arms[0]):.2f}; draft vs verify calls "
-                     f"{fwd['draft']['calls']} vs {fwd['verify']['calls']} "
+                     f"{fwd.draft.calls} vs {fwd.verify.calls} "
                      f"[{_paper('draft_calls', PAPER_PEFTBD, PROFILE)} vs "
                      f"{_paper('verify_calls', PAPER_PEFTBD, PROFILE)}]")
-    ratio, where = (scaled[1], "at the paper's architecture") if scaled else (per_call, "at this size")
     side = ("dearer: no draft/verify asymmetry either, but not the paper's near-equality"
             if ratio > 1 else "cheaper: some asymmetry exists")
     return _judge("b", "; ".join(parts), [
@@ -175,7 +181,7 @@ def draft_is_verifier_scale(results: dict[str, Any]) -> Finding:
     ])
 
 
-def free_drafting_below_fastmtp(results: dict[str, Any]) -> Finding:
+def free_drafting_below_fastmtp(results: Results) -> Finding:
     """(c) The oracle's PEFT-BD throughput at zero draft cost vs FastMTP's measured one."""
     arms = _arms(results, PEFTBD, FASTMTP)
     free = _free_drafting(arms[0]) if arms else None
@@ -194,7 +200,7 @@ def free_drafting_below_fastmtp(results: dict[str, Any]) -> Finding:
     ])
 
 
-def two_steps_lower_both(results: dict[str, Any]) -> Finding:
+def two_steps_lower_both(results: Results) -> Finding:
     """(d) Two denoising steps vs one: throughput and accepted length."""
     arms = _arms(results, PEFTBD, PAPER_PEFTBD_2STEP)
     if arms is None:
@@ -213,7 +219,7 @@ def two_steps_lower_both(results: dict[str, Any]) -> Finding:
     ])
 
 
-def anchoring_changes_little(results: dict[str, Any]) -> Finding:
+def anchoring_changes_little(results: Results) -> Finding:
     """(e) Anchored vs unanchored 1-step PEFT-BD."""
     arms = _arms(results, PEFTBD, PAPER_PEFTBD_ANCHORED)
     if arms is None:
@@ -232,13 +238,13 @@ def anchoring_changes_little(results: dict[str, Any]) -> Finding:
     ])
 
 
-def ar_is_fastest(results: dict[str, Any]) -> Finding:
+def ar_is_fastest(results: Results) -> Finding:
     """(f) Greedy AR vs both speculative methods, and the accepted length needed to match AR."""
     arms = _arms(results, AR, PEFTBD, FASTMTP)
     needed = _needed(arms[1], AR) if arms else None
     if arms is None or needed is None:
         return _unmeasurable("f", "the AR, PEFT-BD and FastMTP arms and the PEFT-BD oracle")
-    (ta, tp, tf), block = [_tps(a) for a in arms], results["config"]["drafter"]["block_size"]
+    (ta, tp, tf), block = [_tps(a) for a in arms], results.config["drafter"]["block_size"]
     best = max(tp, tf)
     measured = (f"tok/s AR {ta:.1f} vs FastMTP {tf:.1f} vs PEFT-BD {tp:.1f} "
                 f"[{_paper('tokens_per_s', PAPER_AR)} vs {_paper('tokens_per_s', PAPER_FASTMTP)} "
@@ -254,13 +260,13 @@ def ar_is_fastest(results: dict[str, Any]) -> Finding:
     ])
 
 
-FINDINGS: tuple[Callable[[dict[str, Any]], Finding], ...] = (
+FINDINGS: tuple[Callable[[Results], Finding], ...] = (
     longer_prefix_not_faster, draft_is_verifier_scale, free_drafting_below_fastmtp,
     two_steps_lower_both, anchoring_changes_little, ar_is_fastest,
 )
 """The checks of findings (a)-(f), in order."""
 
 
-def findings(results: dict[str, Any]) -> list[Finding]:
+def findings(results: Results) -> list[Finding]:
     """Findings (a)-(f) with this run's verdicts."""
     return [check(results) for check in FINDINGS]

@@ -15,20 +15,19 @@ ms per round in AR steps), verify width (a verify of D + 1 positions in AR steps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from peftbd.analysis.cost_at_scale import at_scale_ratio
 from peftbd.analysis.tables import fmt, markdown_table
-from peftbd.benchmarking.schema import arm_items, draft_verify_per_round
+from peftbd.benchmarking.schema import Results, draft_verify_per_round
 from peftbd.methods.arm import AR
 from peftbd.methods.bd_head import ID as HEAD
 
 
-def head_arms(results: dict[str, Any]) -> list[str]:
+def head_arms(results: Results) -> list[str]:
     """The block-diffusion head's arms in `results` (those of its method), the synthetic ones
     (forced acceptance: not the head's own) left out, in report order."""
-    return [a for a, arm in arm_items(results)
-            if arm["method"] == HEAD and "synthetic" not in arm.get("settings", {})]
+    return [a for a, arm in results.arm_items()
+            if arm.method == HEAD and "synthetic" not in arm.settings]
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class Goal:
         return self.measured >= self.bound if self.at_least else self.measured <= self.bound
 
     def verdict(self) -> str:
-        if self.met is None:
+        if self.measured is None:
             return "not measured"
         if self.met:
             return "met"
@@ -61,38 +60,38 @@ GOALS = (("speedup vs AR", 1.3, 1.5, True), ("draft / verify per round", 0.35, 0
 """(name, bound, aim, at least?) of each goal, in the issue's order."""
 
 
-def _ar_step_ms(results: dict[str, Any]) -> float | None:
-    ar = results["arms"].get(AR)
-    return None if ar is None else ar["round"]["verify_ms"]
+def _ar_step_ms(results: Results) -> float | None:
+    ar = results.arms.get(AR)
+    return None if ar is None else ar.round.verify_ms
 
 
-def goals(results: dict[str, Any], arm_id: str) -> list[Goal] | None:
+def goals(results: Results, arm_id: str) -> list[Goal] | None:
     """The goals of head arm `arm_id`, or None when this run has no such arm."""
-    arm, ar = results["arms"].get(arm_id), results["arms"].get(AR)
+    arm, ar = results.arms.get(arm_id), results.arms.get(AR)
     if arm is None or ar is None:
         return None
     scale = at_scale_ratio(results, arm_id)
-    values = (arm["tokens_per_s"]["mean"] / ar["tokens_per_s"]["mean"],
-              draft_verify_per_round(arm), arm["mean_accepted"]["mean"],
+    values = (arm.tokens_per_s.mean / ar.tokens_per_s.mean,
+              draft_verify_per_round(arm), arm.mean_accepted.mean,
               None if scale is None else scale[1])
     return [Goal(name, value, bound, aim, at_least)
             for (name, bound, aim, at_least), value in zip(GOALS, values, strict=True)]
 
 
-def round_terms(results: dict[str, Any], arm_id: str) -> str | None:
+def round_terms(results: Results, arm_id: str) -> str | None:
     """The speedup's decomposition (see module doc) of `arm_id`, in AR steps."""
-    arm, step = results["arms"].get(arm_id), _ar_step_ms(results)
+    arm, step = results.arms.get(arm_id), _ar_step_ms(results)
     if arm is None or not step:
         return None
-    rnd = arm["round"]
-    total = 1e3 * rnd["t0_s"]
-    other = max(total - rnd["draft_ms"] - rnd["verify_ms"], 0.0)
-    return (f"{arm['mean_accepted']['mean']:.2f} accepted / round x AR step {step:.2f} ms / "
-            f"(draft {rnd['draft_ms'] / step:.2f} + verify {rnd['verify_ms'] / step:.2f} + "
+    rnd = arm.round
+    total = 1e3 * rnd.t0_s
+    other = max(total - rnd.draft_ms - rnd.verify_ms, 0.0)
+    return (f"{arm.mean_accepted.mean:.2f} accepted / round x AR step {step:.2f} ms / "
+            f"(draft {rnd.draft_ms / step:.2f} + verify {rnd.verify_ms / step:.2f} + "
             f"other {other / step:.2f} AR steps)")
 
 
-def goals_table(results: dict[str, Any]) -> str:
+def goals_table(results: Results) -> str:
     """One row per head arm and goal: measured, goal (aim), verdict; then each arm's round
     decomposition."""
     rows, notes = [], []
@@ -100,7 +99,7 @@ def goals_table(results: dict[str, Any]) -> str:
         found = goals(results, arm_id)
         if found is None:
             continue
-        label = results["arms"][arm_id]["label"]
+        label = results.arms[arm_id].label
         for g in found:
             bound = f"{'>=' if g.at_least else '<='} {g.bound:g}" + (f" (aim {g.aim:g})" if g.aim else "")
             rows.append([label, g.name, fmt(g.measured, 2), bound, g.verdict()])

@@ -66,6 +66,14 @@ class PaperValue:
             return self.text
         return f"{self.value:g} ± {self.std:g}" if self.std is not None else f"{self.value:g}"
 
+    @property
+    def number(self) -> float:
+        """`value`, for a number the paper states as one (a ValueError for one it quotes only as
+        text, e.g. a range)."""
+        if self.value is None:
+            raise ValueError(f"the paper quotes {self.metric} of {self.arm} only as {self.text!r}")
+        return self.value
+
 
 PAPER_VALUES: tuple[PaperValue, ...] = (
     PaperValue("tokens_per_s", PAPER_PEFTBD, 34.05, SGLANG, std=0.20),

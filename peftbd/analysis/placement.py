@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,10 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
     draft / verify / sync / other / transport ms, draft cost over verify cost, and the verifier
     feature bytes a split head drafter received per completion token (prefill included)."""
     out: dict[str, Any] = {}
-    key = lambda r: (r.placement, r.method)  # noqa: E731
-    for (placement, method), group in itertools.groupby(sorted(records, key=key), key=key):
-        group = list(group)
+    key: Callable[[RequestRecord], tuple[str, str]] = (  # noqa: E731
+        lambda r: (r.placement, r.method))
+    for (placement, method), run in itertools.groupby(sorted(records, key=key), key=key):
+        group = list(run)
         rounds = sum(r.spec["rounds"] for r in group)
         tokens = sum(r.completion_tokens for r in group)
         wall_s = sum(r.wall_ms for r in group) / 1e3
@@ -99,10 +100,11 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
     its rounds, each role's mean replica busy fraction (`windows`), and tokens/s over the same
     placement and method at the lowest concurrency (`speedup`)."""
     load = {(w.placement, w.method, w.concurrency): w.busy for w in windows}
-    key = lambda r: (r.placement, r.method, r.concurrency)  # noqa: E731
-    rows = []
-    for (placement, method, conc), group in itertools.groupby(sorted(records, key=key), key=key):
-        group = list(group)
+    key: Callable[[RequestRecord], tuple[str, str, int]] = (  # noqa: E731
+        lambda r: (r.placement, r.method, r.concurrency))
+    rows: list[dict[str, Any]] = []
+    for (placement, method, conc), run in itertools.groupby(sorted(records, key=key), key=key):
+        group = list(run)
         wall_s = max(r.end_s for r in group) - min(r.start_s for r in group)
         tokens = sum(r.completion_tokens for r in group)
         latencies = sorted(r.wall_ms for r in group)
@@ -123,7 +125,7 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
             "busy": {role: _div(sum(f), len(f))
                      for role, f in load.get((placement, method, conc), {}).items()},
         })
-    base = {}
+    base: dict[tuple[str, str], float | None] = {}  # (placement, method): its lowest's tok/s
     for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
         ref = base.setdefault((row["placement"], row["method"]), row["tokens_per_s"])
         row["speedup"] = _div(row["tokens_per_s"] or 0.0, ref or 0.0)

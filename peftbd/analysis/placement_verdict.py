@@ -6,9 +6,9 @@ verifier of t_v per round serve that many times more clients)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from peftbd.analysis.placement import Devices, busy_words
 from peftbd.analysis.tables import fmt, markdown_table
@@ -80,22 +80,36 @@ def _verdict(method: str, placement: str, summary: dict[str, Any], rows: Sequenc
     levels = sorted({r["concurrency"] for r in mine[placement]} & {r["concurrency"] for r in mine["colocated"]})
     clients = GOAL_CLIENTS if GOAL_CLIENTS in levels else max(levels, default=1)
     at = {p: next((r for r in mine[p] if r["concurrency"] == clients), {}) for p in mine}
-    caps = tuple(capacity(mine[p], fraction) for p in mine)
-    per_verifier = tuple(c and c.clients / devices[p].verifiers for c, p in zip(caps, mine))
+    caps = _pair(placement, lambda p: capacity(mine[p], fraction))
+    per_verifier = (_per_verifier(caps[0], devices, "colocated"),
+                    _per_verifier(caps[1], devices, placement))
     one = {p: summary[p][method] for p in mine}
     t_d = _add(one["colocated"]["draft_ms_per_round"], one["colocated"]["sync_ms_per_round"])
     split = at[placement]
     return Verdict(
         method=method, placement=placement,
-        draft_ms_per_token=tuple(_per_token(one[p]) for p in mine),
+        draft_ms_per_token=_pair(placement, lambda p: _per_token(one[p])),
         clients=clients,
-        per_device=tuple(at[p].get("tokens_per_s_per_device") for p in mine),
+        per_device=_pair(placement, lambda p: at[p].get("tokens_per_s_per_device")),
         capacity=caps, capacity_per_verifier=per_verifier,
         predicted_capacity=1 + t_d / one["colocated"]["verify_ms_per_round"]
         if t_d is not None and one["colocated"]["verify_ms_per_round"] else None,
         terms_ms_per_token=_terms(one[placement], split),
-        busy=split.get("busy", {}), batch=tuple(at[p].get("mean_batch") for p in mine),
+        busy=split.get("busy", {}), batch=_pair(placement, lambda p: at[p].get("mean_batch")),
     )
+
+
+_T = TypeVar("_T")
+
+
+def _pair(placement: str, value: Callable[[str], _T]) -> tuple[_T, _T]:
+    """A verdict's (colocated, split) pair: `value` of "colocated" and of `placement`."""
+    return value("colocated"), value(placement)
+
+
+def _per_verifier(c: Capacity | None, devices: dict[str, Devices], placement: str) -> float | None:
+    """`placement`'s capacity (clients) per device holding a verifier (None: no capacity)."""
+    return None if c is None else c.clients / devices[placement].verifiers
 
 
 def _add(a: float | None, b: float | None) -> float | None:

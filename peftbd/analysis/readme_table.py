@@ -3,8 +3,8 @@
     python -m peftbd.analysis.readme_table                 # outputs/tiny, README.md
     python -m peftbd.analysis.readme_table OUT_ROOT --readme README.md
 
-`render(results, pipeline_manifest)` is a pure function of the benchmark's results.json (schema:
-`peftbd.benchmarking.schema`) and, optionally, the main job's manifest (`OUT_ROOT/manifest.json`,
+`render(results, pipeline_manifest)` is a pure function of the benchmark's results.json (types:
+`peftbd.benchmarking.schema.Results`) and, optionally, the main job's manifest (`OUT_ROOT/manifest.json`,
 written by `jobs.pipeline`): one row per arm (accepted tokens per round, tok/s at batch 1 and
 speedup vs AR, each with its 95% interval over the prompts when results.json has one, the greedy
 audit) and one caption line saying what ran. The CLI replaces what lies
@@ -22,7 +22,7 @@ from typing import Any
 
 from peftbd.analysis.report import untrained_note
 from peftbd.analysis.tables import fmt, fmt_stat, markdown_table
-from peftbd.benchmarking.schema import arm_items, is_speculative
+from peftbd.benchmarking.schema import Arm, Interval, Results
 from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
 from peftbd.layout import BENCHMARK
@@ -39,36 +39,35 @@ class ReadmeTableError(UserError, ValueError):
     said in one line that names the fix."""
 
 
-def _with_interval(mean: float, interval: list[float] | None, digits: int) -> str | None:
+def _with_interval(mean: float, interval: Interval | None, digits: int) -> str | None:
     """`mean (low-high)` with the 95% interval results.json holds, or the mean alone."""
     if not interval:
         return fmt(mean, digits)
     return f"{fmt(mean, digits)} ({fmt(interval[0], digits)}-{fmt(interval[1], digits)})"
 
 
-def _tokens_per_s(arm: dict[str, Any]) -> str | None:
+def _tokens_per_s(arm: Arm) -> str | None:
     """Mean tok/s at batch 1 with its bootstrap interval over the prompts (`ci95`) when
     results.json has one, else ± the std over repeats when there was more than one."""
-    tps = arm["tokens_per_s"]
-    if tps.get("ci95") or len(arm.get("repeats", [])) <= 1:
-        return _with_interval(tps["mean"], tps.get("ci95"), 1)
+    tps = arm.tokens_per_s
+    if tps.ci95 or len(arm.repeats) <= 1:
+        return _with_interval(tps.mean, tps.ci95, 1)
     return fmt_stat(tps, 1)
 
 
-def _speedup(arm: dict[str, Any], ar_tps: float | None) -> str | None:
+def _speedup(arm: Arm, ar_tps: float | None) -> str | None:
     """tok/s over AR's: results.json's paired `speedup_vs_ar` (with its interval) when it has
     one, else the ratio of the two arms' mean tok/s; None without AR."""
-    paired = arm.get("speedup_vs_ar")
-    if paired and is_speculative(arm):
-        return _with_interval(paired["mean"], paired.get("ci95"), 2)
-    return fmt(arm["tokens_per_s"]["mean"] / ar_tps, 2) if ar_tps else None
+    paired = arm.speedup_vs_ar
+    if paired is not None and arm.speculative:
+        return _with_interval(paired.mean, paired.ci95, 2)
+    return fmt(arm.tokens_per_s.mean / ar_tps, 2) if ar_tps else None
 
 
-def _audit(arm: dict[str, Any]) -> str | None:
-    if not is_speculative(arm):
+def _audit(arm: Arm) -> str | None:
+    if not arm.speculative:
         return "reference"
-    audit = arm.get("audit")
-    return None if audit is None else f"{audit['exact']}/{audit['prompts']}"
+    return None if arm.audit is None else f"{arm.audit.exact}/{arm.audit.prompts}"
 
 
 def _duration(seconds: float) -> str:
@@ -76,20 +75,19 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def caption(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = None) -> str:
+def caption(results: Results, pipeline_manifest: dict[str, Any] | None = None) -> str:
     """One line: the preset, prompts x new tokens, the machine and the date results.json records,
     and the main job's wall time when its manifest (of the same preset) is given."""
-    mo, pr, tm = results["measured_on"], results["prompts"], results.get("timing", {})
-    repeats = tm.get("repeats")
-    parts = [f"preset `{results['preset']}`",
-             f"{pr['count']} {pr['source']} prompts x {pr['max_new_tokens']} new tokens, greedy"
+    mo, pr, repeats = results.measured_on, results.prompts, results.timing.repeats
+    parts = [f"preset `{results.preset}`",
+             f"{pr.count} {pr.source} prompts x {pr.max_new_tokens} new tokens, greedy"
              + (f", {repeats} timed repeat{'s' if repeats != 1 else ''} per arm" if repeats else ""),
-             f"{mo['hardware']} ({mo['device']}, {mo['dtype']})",
+             f"{mo.hardware} ({mo.device}, {mo.dtype})",
              *(["in parentheses: 95% bootstrap intervals over the prompts"]
-               if any(arm["tokens_per_s"].get("ci95") for _, arm in arm_items(results)) else []),
-             f"run of {str(results['created'])[:10]}"]
+               if any(arm.tokens_per_s.ci95 for _, arm in results.arm_items()) else []),
+             f"run of {results.created[:10]}"]
     m = pipeline_manifest
-    if m and m.get("wall_seconds") is not None and m.get("preset", results["preset"]) == results["preset"]:
+    if m and m.get("wall_seconds") is not None and m.get("preset", results.preset) == results.preset:
         stages = m.get("stages") or []
         ran = sum(1 for s in stages if s.get("ran"))
         parts.append(f"main job {_duration(m['wall_seconds'])}"
@@ -99,16 +97,16 @@ def caption(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = 
     return f"{line} {note}" if note else line
 
 
-def render(results: dict[str, Any], pipeline_manifest: dict[str, Any] | None = None) -> str:
+def render(results: Results, pipeline_manifest: dict[str, Any] | None = None) -> str:
     """The README's results table (markdown) and its caption line, from `results` (results.json)
     and the main job's manifest (None: no wall time in the caption)."""
-    arms = arm_items(results)
+    arms = results.arm_items()
     if not arms:
         raise ReadmeTableError("results.json has no arms; rerun the benchmark "
                                "(python -m jobs.pipeline --force benchmark)")
-    ar = results["arms"].get(AR)
-    ar_tps = ar["tokens_per_s"]["mean"] if ar else None
-    rows = [[arm["label"], fmt(arm["mean_accepted"]["mean"], 2), _tokens_per_s(arm),
+    ar = results.arms.get(AR)
+    ar_tps = ar.tokens_per_s.mean if ar else None
+    rows = [[arm.label, fmt(arm.mean_accepted.mean, 2), _tokens_per_s(arm),
              _speedup(arm, ar_tps), _audit(arm)] for _, arm in arms]
     return markdown_table(HEADER, rows) + "\n\n" + caption(results, pipeline_manifest)
 
@@ -136,11 +134,22 @@ def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
         raise ReadmeTableError(f"cannot read {what} {path} ({exc}); {fix}") from None
 
 
+def _read_results(path: Path) -> Results:
+    """The run's results.json, checked (`Results.read`: a file that does not fit names its key
+    and the fix)."""
+    fix = ("run the main job first (python -m jobs.pipeline) or pass its output root: "
+           "python -m peftbd.analysis.readme_table OUT_ROOT")
+    try:
+        return Results.read(path)
+    except FileNotFoundError:
+        raise ReadmeTableError(f"no benchmark results at {path}; {fix}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReadmeTableError(f"cannot read benchmark results {path} ({exc}); {fix}") from None
+
+
 def update_readme(out_root: Path, readme: Path) -> bool:
     """Write the table of the run under `out_root` into `readme`; True when the file changed."""
-    results = _read_json(out_root / BENCHMARK.subdir / RESULTS, "benchmark results",
-                         "run the main job first (python -m jobs.pipeline) or pass its output "
-                         "root: python -m peftbd.analysis.readme_table OUT_ROOT")
+    results = _read_results(out_root / BENCHMARK.subdir / RESULTS)
     manifest_path = out_root / PIPELINE_MANIFEST
     manifest = (_read_json(manifest_path, "main job manifest", "rerun the main job")
                 if manifest_path.is_file() else None)
@@ -149,12 +158,7 @@ def update_readme(out_root: Path, readme: Path) -> bool:
     except OSError as exc:
         raise ReadmeTableError(f"cannot read {readme} ({exc.strerror}); pass the README with "
                                "--readme PATH") from None
-    try:
-        new = replace_between_markers(text, render(results, manifest), str(readme))
-    except (KeyError, TypeError) as exc:
-        raise ReadmeTableError(f"{out_root / BENCHMARK.subdir / RESULTS} lacks {exc} (written by "
-                               "an older peftbd?); rerun the benchmark: python -m jobs.pipeline "
-                               "--force benchmark") from None
+    new = replace_between_markers(text, render(results, manifest), str(readme))
     if new == text:
         return False
     readme.write_text(new)

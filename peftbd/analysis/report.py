@@ -25,12 +25,7 @@ from peftbd.analysis.figures import (
 from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals, sampling
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.analysis.recipe_ablation import ablation_section
-from peftbd.benchmarking.schema import (
-    arm_items,
-    draft_verify_per_call,
-    draft_verify_per_round,
-    is_speculative,
-)
+from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import BENCHMARK, PLACEMENT, RECIPE_ABLATION, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
@@ -55,10 +50,10 @@ MIN_TIMED_S = 3.0
 """Timed decoding per arm-repeat below which a run's tok/s is noise-dominated on a shared CPU."""
 
 
-def _short_runs_note(results: dict[str, Any]) -> str:
+def _short_runs_note(results: Results) -> str:
     """A warning naming the arms whose shortest run timed under MIN_TIMED_S, or the shortest run."""
-    shortest = {arm["label"]: min(r["decode_s"] for r in arm["repeats"])
-                for _, arm in arm_items(results) if arm["repeats"]}
+    shortest = {arm.label: min(r.decode_s for r in arm.repeats)
+                for _, arm in results.arm_items() if arm.repeats}
     short = [f"{label} ({s:.2f} s)" for label, s in shortest.items() if s < MIN_TIMED_S]
     if short:
         return (f"**Too short to time reliably:** runs under {MIN_TIMED_S:g} s of timed decoding: "
@@ -67,32 +62,31 @@ def _short_runs_note(results: dict[str, Any]) -> str:
             f"(>= {MIN_TIMED_S:g} s per arm and run).")
 
 
-def untrained_note(results: dict[str, Any]) -> str | None:
+def untrained_note(results: Results) -> str | None:
     """A warning naming the drafters published untrained on purpose (`training.allow_untrained`)
     and why, or None when every drafter trained."""
-    untrained = [f"`{name}` ({'; '.join(info.get('untrained_reasons') or ['untrained'])})"
-                 for name, info in results.get("drafters", {}).items() if info.get("untrained")]
+    untrained = [f"`{name}` ({'; '.join(info.untrained_reasons or ['untrained'])})"
+                 for name, info in results.drafters.items() if info.untrained]
     if not untrained:
         return None
     return ("**Untrained drafters** (published on purpose, training.allow_untrained): "
             f"{', '.join(untrained)}; their acceptance is not a trained drafter's.")
 
 
-def concurrency_section(results: dict[str, Any]) -> list[str]:
+def concurrency_section(results: Results) -> list[str]:
     """The report's concurrency section: how it was timed, Table 8, Figure 3, each speculative
     arm's crossing of 1.0 and the engine goal (just a note when the run has no sweep)."""
     title = "## Table 8 and Figure 3: aggregate throughput and speedup vs AR per batch size"
     if not concurrency.batch_sizes(results):
         return [title, concurrency.NO_SWEEP]
-    timing = results["timing"]
-    swept = timing.get("sweep_repeats", timing["repeats"])  # absent: every repeat (older runs)
+    timing = results.timing
     return [
         title,
         "Every arm decodes the same prompts with continuous batching: at most B requests at once, "
         "a finished one's place taken by the next prompt before the next round. Each pass over "
         "the prompts is timed whole (batch 1: the batch-1 pass above), aggregate tok/s = "
-        f"generated tokens / its wall time, median over the {timing['repeats']} repeats (at B > 1 "
-        f"the first {swept}); vs AR = over AR's tok/s at the "
+        f"generated tokens / its wall time, median over the {timing.repeats} repeats (at B > 1 "
+        f"the first {timing.sweep_repeats}); vs AR = over AR's tok/s at the "
         "same B; exact = every output equals AR's batch-1 output for its prompt (on a GPU in "
         "bf16, batch-shape-dependent kernels can flip a near-tie, so a \"no\" there need not be a bug).",
         concurrency.concurrency_table(results),
@@ -103,12 +97,12 @@ def concurrency_section(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def _sweep_words(results: dict[str, Any]) -> str:
+def _sweep_words(results: Results) -> str:
     sizes = concurrency.batch_sizes(results)
     return f" (and batch sizes {', '.join(map(str, sizes))}: Table 8)" if sizes else ""
 
 
-def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
+def build_report(results: Results, manifests: dict[str, dict[str, Any]],
                  out_dir: str | Path) -> Path:
     """Write `report.md` and Figures 1, 2 (3 with a concurrency sweep, 4 with a reference
     acceptance, 5 with a sampled temperature) into `out_dir` from `results` (the benchmark's
@@ -123,16 +117,16 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
         save_png(speedup_vs_accepted(results), out_dir / FIGURE_4)
     if sampling.sampled(results):
         save_png(acceptance_vs_temperature(results), out_dir / FIGURE_5)
-    mo, pr, tm = results["measured_on"], results["prompts"], results["timing"]
+    mo, pr, tm = results.measured_on, results.prompts, results.timing
     parts = [
-        f"# PEFT-BD benchmark report ({results['preset']})",
-        f"Measured on: **{mo['model']}** ({mo['dtype']}), engine: {mo['engine']}, "
-        f"hardware: {mo['hardware']}.",
-        f"Prompts: {pr['count']} from {pr['source']} (`{pr['path']}`), greedy, batch 1"
+        f"# PEFT-BD benchmark report ({results.preset})",
+        f"Measured on: **{mo.model}** ({mo.dtype}), engine: {mo.engine}, "
+        f"hardware: {mo.hardware}.",
+        f"Prompts: {pr.count} from {pr.source} (`{pr.path}`), greedy, batch 1"
         f"{_sweep_words(results)}{sampling.intro_words(results)}, "
-        f"at most {pr['max_new_tokens']} new tokens; "
-        f"{tm['repeats']} repeated runs per arm. "
-        f"Timing: {tm['workers']} worker(s), {tm['torch_threads']} torch thread(s) each; {tm['how']}",
+        f"at most {pr.max_new_tokens} new tokens; "
+        f"{tm.repeats} repeated runs per arm. "
+        f"Timing: {tm.workers} worker(s), {tm.torch_threads} torch thread(s) each; {tm.how}",
         *filter(None, [untrained_note(results)]),
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
         "## Findings: the paper's (a)-(f) on this run",
@@ -211,15 +205,15 @@ def build_report(results: dict[str, Any], manifests: dict[str, dict[str, Any]],
     return path
 
 
-def _floor_words(results: dict[str, Any]) -> str:
-    floor = results["measured_on"].get("floor")
-    if not floor:
+def _floor_words(results: Results) -> str:
+    floor = results.measured_on.floor
+    if floor is None:
         return "not measured in this run"
-    return (f"{floor['bytes_per_s'] / 1e9:.1f} GB/s and {floor['flops_per_s'] / 1e9:.0f} GFLOP/s "
-            f"at {floor['dtype']}, {floor['source']}")
+    return (f"{floor.bytes_per_s / 1e9:.1f} GB/s and {floor.flops_per_s / 1e9:.0f} GFLOP/s "
+            f"at {floor.dtype}, {floor.source}")
 
 
-def decode_section(results: dict[str, Any]) -> list[str]:
+def decode_section(results: Results) -> list[str]:
     """Table 9: whole decodes at the paper's architecture under synthetic acceptance."""
     table = cost_at_scale.decode_table(results)
     if table is None:
@@ -243,7 +237,7 @@ def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
             or "_The experiment computed no verdict (no split placement beside colocated)._"]
 
 
-def paper_question_section(results: dict[str, Any]) -> list[str]:
+def paper_question_section(results: Results) -> list[str]:
     """Table 10 and Figure 4: each arm's speedup over AR vs acceptance under every round cost,
     and the computed verdict at the paper's own acceptance."""
     table = break_even.table(results)
@@ -257,20 +251,20 @@ def paper_question_section(results: dict[str, Any]) -> list[str]:
             table, f"![Figure 4]({FIGURE_4})"]
 
 
-def summary_lines(results: dict[str, Any]) -> list[str]:
+def summary_lines(results: Results) -> list[str]:
     """A few lines for the end of the main job: throughput, accepted length, audit and what a
     round's drafting costs against its verify (per round; per forward call beside it) per arm."""
     lines = []
-    for _, arm in arm_items(results):
-        tps, acc, audit = arm["tokens_per_s"], arm["mean_accepted"], arm["audit"]
-        ci, speedup = tps.get("ci95"), arm.get("speedup_vs_ar")
-        spread = f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else f" ± {tps['std']:.1f} tok/s"
-        line = f"{arm['label']}: {tps['mean']:.1f}{spread}"
-        if speedup and is_speculative(arm):
-            line += f", {speedup['mean']:.2f}x AR"
-        line += f", {acc['mean']:.2f} accepted/round"
-        if audit:
-            line += f", audit {audit['exact']}/{audit['prompts']} exact"
+    for _, arm in results.arm_items():
+        tps, acc, audit = arm.tokens_per_s, arm.mean_accepted, arm.audit
+        ci, speedup = tps.ci95, arm.speedup_vs_ar
+        spread = f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else f" ± {tps.std:.1f} tok/s"
+        line = f"{arm.label}: {tps.mean:.1f}{spread}"
+        if speedup is not None and arm.speculative:
+            line += f", {speedup.mean:.2f}x AR"
+        line += f", {acc.mean:.2f} accepted/round"
+        if audit is not None:
+            line += f", audit {audit.exact}/{audit.prompts} exact"
         per_round, per_call = draft_verify_per_round(arm), draft_verify_per_call(arm)
         if per_round is not None:
             line += f", draft/verify {per_round:.2f} per round"

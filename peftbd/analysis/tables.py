@@ -1,21 +1,21 @@
 """The report's Markdown tables, each a pure function of `results.json` (and stage manifests).
 
-Every number comes from the dicts passed in (schema: `peftbd.benchmarking.schema`); the only
-constants are the paper's quoted values (`peftbd.analysis.paper`).
+Every number comes from the `Results` passed in (`peftbd.benchmarking.schema`) or the manifests;
+the only constants are the paper's quoted values (`peftbd.analysis.paper`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from peftbd.analysis.paper import METRICS, PAPER_VALUES, SETUPS, PaperValue
 from peftbd.benchmarking.schema import (
     ORACLE_TARGETS,
-    arm_items,
+    Results,
+    Stat,
     draft_verify_per_call,
     draft_verify_per_round,
-    is_speculative,
 )
 from peftbd.methods import methods
 from peftbd.methods.arm import AR
@@ -39,9 +39,9 @@ def fmt(value: float | None, digits: int = 2) -> str | None:
     return None if value is None else f"{value:.{digits}f}"
 
 
-def fmt_stat(s: dict[str, float] | None, digits: int = 2) -> str | None:
-    """`mean ± std` of a STAT dict."""
-    return None if s is None else f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+def fmt_stat(s: Stat | None, digits: int = 2) -> str | None:
+    """`mean ± std` of a Stat."""
+    return None if s is None else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
 
 
 def fmt_pct(value: float | None) -> str | None:
@@ -49,39 +49,36 @@ def fmt_pct(value: float | None) -> str | None:
     return None if value is None else f"{100 * value:.1f}%"
 
 
-def _mean(s: dict[str, float] | None) -> float | None:
-    return None if s is None else s["mean"]
-
-
-def forward_table(results: dict[str, Any]) -> str:
+def forward_table(results: Results) -> str:
     """Table 1: what a round costs (draft ms per round, every draft call summed, over verify ms
     per round) first, then the forward calls (one run, all prompts) and their mean latency."""
     rows = []
-    for _, arm in arm_items(results):
-        d, v, rnd = arm["forward"]["draft"], arm["forward"]["verify"], arm["round"]
-        spec = is_speculative(arm)
-        rows.append([arm["label"], fmt(draft_verify_per_round(arm), 3),
-                     fmt(rnd["draft_ms"], 3) if spec else None, fmt(rnd["verify_ms"], 3),
-                     d["calls"], fmt(d["mean_ms"], 3), v["calls"], fmt(v["mean_ms"], 3),
+    for _, arm in results.arm_items():
+        d, v, rnd, floor = arm.forward.draft, arm.forward.verify, arm.round, arm.floor
+        rows.append([arm.label, fmt(draft_verify_per_round(arm), 3),
+                     fmt(rnd.draft_ms, 3) if arm.speculative else None, fmt(rnd.verify_ms, 3),
+                     d.calls, fmt(d.mean_ms, 3), v.calls, fmt(v.mean_ms, 3),
                      fmt(draft_verify_per_call(arm), 3),
-                     fmt((arm.get("floor") or {}).get("draft_x"), 1),
-                     fmt((arm.get("floor") or {}).get("verify_x"), 1)])
+                     fmt(None if floor is None else floor.draft_x, 1),
+                     fmt(None if floor is None else floor.verify_x, 1)])
     return markdown_table(
         ["arm", "draft / verify per round", "draft ms / round", "verify ms / round",
          "draft calls", "draft ms / call", "verify calls", "verify ms / call",
          "draft / verify per call", "draft x over floor", "verify x over floor"], rows)
 
 
-def acceptance_table(results: dict[str, Any]) -> str:
+def acceptance_table(results: Results) -> str:
     """Table 2: token and block acceptance, greedy audit and throughput per arm."""
     rows = []
-    for _, arm in arm_items(results):
-        audit = arm["audit"]
-        exact = (f"{audit['exact_pct']:.1f}% ({audit['exact']}/{audit['prompts']})" if audit
-                 else "reference")
+    for _, arm in results.arm_items():
+        audit = arm.audit
+        exact = "reference"  # AR: the audit's reference
+        if audit is not None:
+            pct = NA if audit.exact_pct is None else f"{audit.exact_pct:.1f}%"
+            exact = f"{pct} ({audit.exact}/{audit.prompts})"
         rows.append([
-            arm["label"], fmt(_mean(arm["mean_accepted"]), 3), fmt_pct(arm["token_acceptance"]),
-            fmt_pct(arm["block_acceptance"]), exact, fmt_stat(arm["tokens_per_s"]),
+            arm.label, fmt(arm.mean_accepted.mean, 3), fmt_pct(arm.token_acceptance),
+            fmt_pct(arm.block_acceptance), exact, fmt_stat(arm.tokens_per_s),
         ])
     return markdown_table(
         ["arm", "accepted tokens / round", "token acceptance", "block acceptance",
@@ -93,56 +90,57 @@ def fmt_interval(interval: Sequence[float] | None, digits: int = 2) -> str | Non
     return None if not interval else f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
 
 
-def timing_noise(results: dict[str, Any]) -> str:
+def timing_noise(results: Results) -> str:
     """One sentence: how the batch-1 throughputs' noise is stated, and how wide it is here."""
-    widths = [(ci[1] - ci[0]) / 2 / arm["tokens_per_s"]["mean"] for _, arm in arm_items(results)
-              if (ci := arm["tokens_per_s"].get("ci95")) and arm["tokens_per_s"]["mean"]]
+    widths = [(ci[1] - ci[0]) / 2 / arm.tokens_per_s.mean for _, arm in results.arm_items()
+              if (ci := arm.tokens_per_s.ci95) and arm.tokens_per_s.mean]
     span = (f": ±{min(widths):.0%} to ±{max(widths):.0%} of the tok/s across the arms"
             if widths else "")
-    repeats = results.get("timing", {}).get("repeats")
+    repeats = results.timing.repeats
     return (f"Timing noise: {repeats} timed repeat(s) of every prompt per arm; the intervals are "
             f"95% bootstrap intervals over the prompts (speedups paired prompt by prompt with "
             f"AR){span}.")
 
 
-def repeats_table(results: dict[str, Any]) -> str:
+def repeats_table(results: Results) -> str:
     """Table 3a: each repeated run's throughput, mean ± std per arm, the bootstrap interval over
     the prompts of its tok/s and of its speedup vs AR."""
-    arms = arm_items(results)
-    n = max((len(arm["repeats"]) for _, arm in arms), default=0)
+    arms = results.arm_items()
+    n = max((len(arm.repeats) for _, arm in arms), default=0)
     rows = []
     for _, arm in arms:
-        runs = [fmt(r["tokens_per_s"]) for r in arm["repeats"]]
-        shortest = min((r["decode_s"] for r in arm["repeats"]), default=None)
-        speedup = arm.get("speedup_vs_ar") or {}
-        rows.append([arm["label"], *runs, *[None] * (n - len(runs)),
-                     fmt_stat(arm["tokens_per_s"]), fmt_interval(arm["tokens_per_s"].get("ci95"), 1),
-                     fmt(speedup.get("mean")), fmt_interval(speedup.get("ci95")),
-                     fmt_stat(arm["mean_accepted"], 3), fmt(shortest, 2)])
+        runs = [fmt(r.tokens_per_s) for r in arm.repeats]
+        shortest = min((r.decode_s for r in arm.repeats), default=None)
+        speedup = arm.speedup_vs_ar
+        rows.append([arm.label, *runs, *[None] * (n - len(runs)),
+                     fmt_stat(arm.tokens_per_s), fmt_interval(arm.tokens_per_s.ci95, 1),
+                     fmt(None if speedup is None else speedup.mean),
+                     fmt_interval(None if speedup is None else speedup.ci95),
+                     fmt_stat(arm.mean_accepted, 3), fmt(shortest, 2)])
     return markdown_table(
         ["arm", *[f"run {i + 1} tok/s" for i in range(n)], "tokens/s (mean ± std)",
          "tok/s 95% interval", "speedup vs AR", "speedup 95% interval",
          "accepted / round (mean ± std)", "timed s per run (shortest)"], rows)
 
 
-def oracle_table(results: dict[str, Any]) -> str:
+def oracle_table(results: Results) -> str:
     """Table 3b: the draft-cost oracle per speculative arm: measured T0 and draft share, the
     throughput at each draft-cost reduction r, and the accepted length needed (at r = 1) to match
     each target arm's measured throughput."""
-    arms = [(a, arm) for a, arm in arm_items(results) if is_speculative(arm) and arm.get("oracle")]
+    arms = [(arm, oracle) for _, arm in results.arm_items()
+            if arm.speculative and (oracle := arm.oracle)]
     if not arms:
         return "_No speculative arm has oracle numbers._"
-    rs = [red["r"] for red in arms[0][1]["oracle"]["reductions"]]
-    labels = {a: arm["label"] for a, arm in arm_items(results)}
+    rs = [red.r for red in arms[0][1].reductions]
+    labels = {a: arm.label for a, arm in results.arm_items()}
     targets = [t for t in ORACLE_TARGETS if t in labels]
     rows = []
-    for _, arm in arms:
-        oracle = arm["oracle"]
-        by_r = {red["r"]: red["tokens_per_s"] for red in oracle["reductions"]}
+    for arm, oracle in arms:
+        by_r = {red.r: red.tokens_per_s for red in oracle.reductions}
         rows.append([
-            arm["label"], fmt(arm["round"]["t0_s"], 4), fmt(arm["round"]["draft_share"], 3),
-            fmt(_mean(arm["mean_accepted"]), 3), *[fmt(by_r.get(r)) for r in rs],
-            *[fmt(oracle["needed_accepted"].get(t), 2) for t in targets],
+            arm.label, fmt(arm.round.t0_s, 4), fmt(arm.round.draft_share, 3),
+            fmt(arm.mean_accepted.mean, 3), *[fmt(by_r.get(r)) for r in rs],
+            *[fmt(oracle.needed_accepted.get(t), 2) for t in targets],
         ])
     return markdown_table(
         ["arm", "T0 s/round", "draft share", "accepted / round",
@@ -154,7 +152,7 @@ OFFLINE_AGREES = 0.2
 """The engine's accepted prefix should be within this of the offline estimate on its prompts."""
 
 
-def training_estimates(results: dict[str, Any]) -> dict[str, float]:
+def training_estimates(results: Results) -> dict[str, float]:
     """{arm id: its drafter's training estimate (`eval_accepted_prefix_mean`)} for each arm that
     decodes as its training evaluation drafts: the first arm, in report order, drafting from each
     training stage's output (its method lists that arm first, e.g. PEFT-BD's one step unanchored,
@@ -163,15 +161,17 @@ def training_estimates(results: dict[str, Any]) -> dict[str, float]:
     subdir. Arms of AR or of a method not registered here have none."""
     registered = {m.id: m for m in methods()}
     subdirs = {s.name: s.subdir for m in registered.values() for s in m.stages}
-    drafters, seen, out = results.get("drafters", {}), set(), {}
-    for arm_id, arm in arm_items(results):
-        m = registered.get(arm["method"])
-        stage = arm.get("stage") or (m.stage.name if m else None)
+    seen: set[str] = set()
+    out: dict[str, float] = {}
+    for arm_id, arm in results.arm_items():
+        m = registered.get(arm.method)
+        stage = arm.stage or (m.stage.name if m else None)
         if stage is None or stage in seen:
             continue
         seen.add(stage)
-        estimate = drafters.get(subdirs.get(stage), {}).get("metrics", {}).get(
-            "eval_accepted_prefix_mean")
+        subdir = subdirs.get(stage)
+        drafter = None if subdir is None else results.drafters.get(subdir)
+        estimate = None if drafter is None else drafter.metrics.get("eval_accepted_prefix_mean")
         if estimate is not None:
             out[arm_id] = estimate
     return out
@@ -181,21 +181,21 @@ def _relative(value: float | None, reference: float | None) -> str | None:
     return None if value is None or not reference else f"{value / reference - 1:+.0%}"
 
 
-def offline_table(results: dict[str, Any]) -> str:
+def offline_table(results: Results) -> str:
     """Table 6: per arm with an offline replay, the engine's accepted prefix per round (bonus
     excluded) beside the engine's rounds replayed offline on the same prompts and budget
     (`replay`), whether they agree within OFFLINE_AGREES, and the training run's estimate on its
     eval rows (`eval_accepted_prefix_mean`) with its difference from the replay."""
     estimates, rows = training_estimates(results), []
-    for arm_id, arm in arm_items(results):
-        replay = (arm.get("replay") or {}).get("mean_accepted_prefix")
-        engine = arm.get("mean_accepted_prefix")
+    for arm_id, arm in results.arm_items():
+        replay = None if arm.replay is None else arm.replay.mean_accepted_prefix
+        engine = arm.mean_accepted_prefix
         training = estimates.get(arm_id)
         if engine is None or (replay is None and training is None):
             continue
         verdict = None if not replay else (
             "yes" if abs(engine / replay - 1) <= OFFLINE_AGREES else "no")
-        rows.append([arm["label"], fmt(engine, 3), fmt(replay, 3), _relative(engine, replay),
+        rows.append([arm.label, fmt(engine, 3), fmt(replay, 3), _relative(engine, replay),
                      verdict, fmt(training, 3), _relative(training, replay)])
     if not rows:
         return "_No arm has an offline estimate._"
@@ -204,18 +204,20 @@ def offline_table(results: dict[str, Any]) -> str:
                            "training estimate (its val rows)", "training vs replay"], rows)
 
 
-def category_table(results: dict[str, Any]) -> str | None:
+def category_table(results: Results) -> str | None:
     """Per-category throughput and accepted length (Spec-Bench prompts), or None without categories."""
-    arms = [(a, arm) for a, arm in arm_items(results) if arm.get("by_category")]
+    arms = [(a, arm) for a, arm in results.arm_items() if arm.by_category]
     if not arms:
         return None
-    cats = sorted({c for _, arm in arms for c in arm["by_category"]})
+    cats = sorted({c for _, arm in arms for c in arm.by_category})
     rows = []
     for cat in cats:
-        row: list[Any] = [cat, arms[0][1]["by_category"].get(cat, {}).get("prompts")]
+        first = arms[0][1].by_category.get(cat)
+        row: list[Any] = [cat, None if first is None else first.prompts]
         for _, arm in arms:
-            c = arm["by_category"].get(cat)
-            row += [fmt_stat(c and c["tokens_per_s"]), fmt(c and _mean(c["mean_accepted"]), 3)]
+            c = arm.by_category.get(cat)
+            row += [fmt_stat(None if c is None else c.tokens_per_s),
+                    fmt(None if c is None else c.mean_accepted.mean, 3)]
         rows.append(row)
     header = ["category", "prompts"]
     for arm_id, _ in arms:
@@ -223,40 +225,41 @@ def category_table(results: dict[str, Any]) -> str | None:
     return markdown_table(header, rows)
 
 
-def _ours(results: dict[str, Any], pv: PaperValue) -> float | None:
+def _ours(results: Results, pv: PaperValue) -> float | None:
     """Our value for the paper's metric `pv.metric` of arm `pv.arm`, looked up in `results`."""
-    arm = results.get("arms", {}).get(pv.arm)
+    arm = results.arms.get(pv.arm)
     if arm is None:
         return None
-    oracle = arm.get("oracle") or {}
-    lookups = {
-        "tokens_per_s": lambda: _mean(arm["tokens_per_s"]),
-        "mean_accepted": lambda: _mean(arm["mean_accepted"]),
-        "draft_calls": lambda: arm["forward"]["draft"]["calls"],
-        "verify_calls": lambda: arm["forward"]["verify"]["calls"],
-        "draft_mean_ms": lambda: arm["forward"]["draft"]["mean_ms"],
-        "verify_mean_ms": lambda: arm["forward"]["verify"]["mean_ms"],
-        "t0_s": lambda: arm["round"]["t0_s"],
-        "draft_share": lambda: arm["round"]["draft_share"],
-        "free_draft_tokens_per_s": lambda: next(
-            (r["tokens_per_s"] for r in oracle.get("reductions", []) if r["r"] == 1.0), None),
-        "needed_accepted_vs_fastmtp": lambda: oracle.get("needed_accepted", {}).get(FASTMTP),
-        "needed_accepted_vs_ar": lambda: oracle.get("needed_accepted", {}).get(AR),
+    oracle = arm.oracle
+    lookups: dict[str, Callable[[], float | None]] = {
+        "tokens_per_s": lambda: arm.tokens_per_s.mean,
+        "mean_accepted": lambda: arm.mean_accepted.mean,
+        "draft_calls": lambda: arm.forward.draft.calls,
+        "verify_calls": lambda: arm.forward.verify.calls,
+        "draft_mean_ms": lambda: arm.forward.draft.mean_ms,
+        "verify_mean_ms": lambda: arm.forward.verify.mean_ms,
+        "t0_s": lambda: arm.round.t0_s,
+        "draft_share": lambda: arm.round.draft_share,
+        "free_draft_tokens_per_s": lambda: None if oracle is None else next(
+            (r.tokens_per_s for r in oracle.reductions if r.r == 1.0), None),
+        "needed_accepted_vs_fastmtp": lambda: (
+            None if oracle is None else oracle.needed_accepted.get(FASTMTP)),
+        "needed_accepted_vs_ar": lambda: None if oracle is None else oracle.needed_accepted.get(AR),
     }
     return lookups[pv.metric]()
 
 
-def paper_table(results: dict[str, Any]) -> str:
+def paper_table(results: Results) -> str:
     """The paper's numbers beside ours, with what each side was measured on."""
-    mo = results["measured_on"]
-    labels = {a: arm["label"] for a, arm in arm_items(results)}
+    mo = results.measured_on
+    labels = {a: arm.label for a, arm in results.arm_items()}
     rows = []
     for pv in PAPER_VALUES:
         ours = _ours(results, pv)
         rows.append([labels.get(pv.arm, pv.arm), METRICS[pv.metric], pv.quoted, pv.measured_on,
                      None if ours is None else f"{ours:.4g}"])
     legend = [f"- paper, {key}: {text}" for key, text in SETUPS.items()]
-    legend.append(f"- ours: {mo['model']} ({mo['dtype']}), {mo['engine']}, {mo['hardware']}")
+    legend.append(f"- ours: {mo.model} ({mo.dtype}), {mo.engine}, {mo.hardware}")
     table = markdown_table(["arm", "metric", "paper", "paper setup", "ours"], rows)
     return "\n".join(legend) + "\n\n" + table
 

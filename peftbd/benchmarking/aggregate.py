@@ -9,15 +9,34 @@ interval over the prompts (`noise`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
 from peftbd.benchmarking.noise import speedup_interval, throughput_interval
 from peftbd.benchmarking.replay import ReplaySums
 from peftbd.benchmarking.runner import RoundFloor, ShardResult
-from peftbd.benchmarking.schema import ORACLE_TARGETS, stat
+from peftbd.benchmarking.schema import (
+    ORACLE_TARGETS,
+    Arm,
+    Audit,
+    Calls,
+    CategoryStats,
+    Forward,
+    Oracle,
+    OverFloor,
+    PerPosition,
+    Repeat,
+    Round,
+    Speedup,
+    Stat,
+    Throughput,
+    stat,
+)
 from peftbd.cost_model import draft_cost_oracle
 from peftbd.decoding import DecodeResult, audit_summary, summarize
+from peftbd.decoding.audit import Mismatch
+from peftbd.methods.arm import AR
 
 
 def merge_runs(shards: Sequence[ShardResult], arm_id: str) -> list[list[DecodeResult]]:
@@ -33,81 +52,84 @@ def decodes_of(shards: Sequence[ShardResult], arm_id: str,
             for pid, res in zip(shard.prompt_ids, run) if pid in prompt_ids]
 
 
-def _repeat_stats(runs: Sequence[Sequence[DecodeResult]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _RepeatStats:
+    summaries: list[dict[str, Any]]  # the engine's `summarize` of each repeated run
+    tokens_per_s: Stat
+    mean_accepted: Stat
+
+
+def _repeat_stats(runs: Sequence[Sequence[DecodeResult]]) -> _RepeatStats:
     summaries = [summarize(run) for run in runs]
-    return {
-        "summaries": summaries,
-        "tokens_per_s": stat([m["tokens_per_s"] for m in summaries]),
-        "mean_accepted": stat([m["mean_accepted"] for m in summaries]),
-    }
+    return _RepeatStats(summaries, stat([m["tokens_per_s"] for m in summaries]),
+                        stat([m["mean_accepted"] for m in summaries]))
 
 
-def _forward(overall: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
+def _forward(overall: dict[str, Any], repeats: int) -> Forward:
     """Draft and verify calls per run (all prompts once) and mean latency over every run."""
-    out = {}
+    calls = {}
     for mode in ("draft", "verify"):
         f = overall["forward"].get(mode)
-        out[mode] = {"calls": round(f["calls"] / repeats), "mean_ms": f["mean_ms"]} if f else \
-            {"calls": 0, "mean_ms": None}
-    return out
+        calls[mode] = Calls(calls=round(f["calls"] / repeats), mean_ms=f["mean_ms"]) if f else \
+            Calls(calls=0, mean_ms=None)
+    return Forward(**calls)
 
 
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
-              mismatches: Sequence[Any], replay: ReplaySums | None = None,
+              mismatches: Sequence[Mismatch], replay: ReplaySums | None = None,
               ar_runs: Sequence[Sequence[DecodeResult]] | None = None,
-              floor: RoundFloor | None = None) -> dict[str, Any]:
+              floor: RoundFloor | None = None) -> Arm:
     """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
     its rounds replayed offline on the same prompts (None: the arm has no replay); `ar_runs`:
     AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm);
     `floor`: one round's floor on the device (None: not counted)."""
     stats = _repeat_stats(runs)
-    stats["tokens_per_s"]["ci95"] = throughput_interval(runs)
     overall = summarize([res for run in runs for res in run])
-    by_category: dict[str, Any] = {}
+    by_category: dict[str, CategoryStats] = {}
     for cat in sorted({c for c in categories if c is not None}):
         idx = [i for i, c in enumerate(categories) if c == cat]
         cat_stats = _repeat_stats([[run[i] for i in idx] for run in runs])
-        by_category[cat] = {"prompts": len(idx), "tokens_per_s": cat_stats["tokens_per_s"],
-                            "mean_accepted": cat_stats["mean_accepted"]}
+        by_category[cat] = CategoryStats(prompts=len(idx), tokens_per_s=cat_stats.tokens_per_s,
+                                         mean_accepted=cat_stats.mean_accepted)
     rnd = overall["round"]
-    return {
-        "label": spec.label, "method": spec.method, "stage": spec.stage, "settings": spec.settings(),
-        "repeats": [{k: m[k] for k in ("tokens_per_s", "new_tokens", "decode_s", "rounds",
-                                        "mean_accepted")} for m in stats["summaries"]],
-        "tokens_per_s": stats["tokens_per_s"], "mean_accepted": stats["mean_accepted"],
-        "speedup_vs_ar": None if ar_runs is None else {
-            "mean": stats["tokens_per_s"]["mean"] / _repeat_stats(ar_runs)["tokens_per_s"]["mean"],
-            "ci95": speedup_interval(runs, ar_runs)},
-        "mean_accepted_prefix": overall["mean_accepted_prefix"],
-        "token_acceptance": overall["token_acceptance"],
-        "block_acceptance": overall["block_acceptance"],
-        "replay": None if replay is None else replay.to_dict(),
-        "per_position": overall["per_position"],
-        "forward": _forward(overall, len(runs)),
-        "round": {k: rnd[k] for k in ("t0_s", "draft_ms", "verify_ms", "draft_share",
-                                      "verify_share", "other_share")},
-        "audit": audit_summary(len(categories), mismatches) if spec.method != "ar" else None,
-        "oracle": None,
-        "by_category": by_category,
-        "floor": None if floor is None else _over_floor(floor, rnd["draft_ms"],
-                                                         overall["forward"].get("verify")),
-    }
+    return Arm(
+        label=spec.label, method=spec.method, stage=spec.stage, settings=spec.settings(),
+        repeats=[Repeat(**{k: m[k] for k in Repeat.model_fields}) for m in stats.summaries],
+        tokens_per_s=Throughput(**stats.tokens_per_s.model_dump(), ci95=throughput_interval(runs)),
+        mean_accepted=stats.mean_accepted,
+        speedup_vs_ar=None if ar_runs is None else Speedup(
+            mean=stats.tokens_per_s.mean / _repeat_stats(ar_runs).tokens_per_s.mean,
+            ci95=speedup_interval(runs, ar_runs)),
+        mean_accepted_prefix=overall["mean_accepted_prefix"],
+        token_acceptance=overall["token_acceptance"],
+        block_acceptance=overall["block_acceptance"],
+        replay=None if replay is None else replay.entry(),
+        per_position=PerPosition(**overall["per_position"]),
+        forward=_forward(overall, len(runs)),
+        round=Round(**{k: rnd[k] for k in Round.model_fields}),
+        audit=Audit(**audit_summary(len(categories), mismatches)) if spec.method != AR else None,
+        oracle=None,
+        by_category=by_category,
+        floor=None if floor is None else _over_floor(floor, rnd["draft_ms"],
+                                                     overall["forward"].get("verify")),
+    )
 
 
 def _over_floor(floor: RoundFloor, draft_ms_round: float,
-                verify: dict[str, Any] | None) -> dict[str, float | None]:
+                verify: dict[str, Any] | None) -> OverFloor:
     """The arm's round against its floor on the device: measured / floor ("x over floor")."""
     verify_ms = verify["mean_ms"] if verify else None
-    return {"draft_ms_round": floor.draft_ms_round, "verify_ms_forward": floor.verify_ms_forward,
-            "draft_x": round(draft_ms_round / floor.draft_ms_round, 2) if floor.draft_ms_round else None,
-            "verify_x": round(verify_ms / floor.verify_ms_forward, 2) if verify_ms else None}
+    return OverFloor(
+        draft_ms_round=floor.draft_ms_round, verify_ms_forward=floor.verify_ms_forward,
+        draft_x=round(draft_ms_round / floor.draft_ms_round, 2) if floor.draft_ms_round else None,
+        verify_x=round(verify_ms / floor.verify_ms_forward, 2) if verify_ms else None)
 
 
 def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
-                category_of: dict[str, str | None]) -> dict[str, dict[str, Any]]:
+                category_of: dict[str, str | None]) -> dict[str, Arm]:
     """Every arm's entry from the workers' shards; `category_of` maps prompt id -> category."""
     categories = [category_of[i] for shard in shards for i in shard.prompt_ids]
-    ar_id = next((s.id for s in specs if s.method == "ar"), None)
+    ar_id = next((s.id for s in specs if s.method == AR), None)
     ar = merge_runs(shards, ar_id) if ar_id else None
     return {
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
@@ -123,14 +145,12 @@ def _replay(shards: Sequence[ShardResult], arm_id: str) -> ReplaySums | None:
     return sum(parts, ReplaySums()) if parts else None
 
 
-def add_oracles(results: dict[str, Any]) -> None:
+def add_oracles(arms: dict[str, Arm]) -> None:
     """Fill each speculative arm's `oracle` with the engine's draft-cost oracle from its measured
     T0, draft share and accepted tokens per round, targeting the measured throughput of the
     ORACLE_TARGETS arms (FastMTP, AR)."""
-    arms = results["arms"]
-    targets = {t: arms[t]["tokens_per_s"]["mean"] for t in ORACLE_TARGETS if t in arms}
+    targets = {t: arms[t].tokens_per_s.mean for t in ORACLE_TARGETS if t in arms}
     for arm in arms.values():
-        if arm["method"] != "ar":
-            rnd = arm["round"]
-            arm["oracle"] = draft_cost_oracle(rnd["t0_s"], rnd["draft_share"],
-                                              arm["mean_accepted"]["mean"], targets)
+        if arm.speculative:
+            arm.oracle = Oracle.model_validate(draft_cost_oracle(
+                arm.round.t0_s, arm.round.draft_share, arm.mean_accepted.mean, targets))

@@ -41,12 +41,21 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from peft import PeftModel
 
 from peftbd.benchmarking.arms import ArmModels
+from peftbd.benchmarking.cost_profile_schema import (
+    ArmCost,
+    ArmWork,
+    CostProfile,
+    DtypeProfile,
+    MaskRowCost,
+    ProfiledArchitecture,
+    Roofline,
+)
 from peftbd.benchmarking.cost_profile_models import (
     activate,
     backbone_parameters,
@@ -60,7 +69,7 @@ from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
-from peftbd.benchmarking.shape_decode import ShapeDecode, decode_at_shape
+from peftbd.benchmarking.shape_decode import decode_at_shape
 from peftbd.config import Config
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
@@ -81,80 +90,7 @@ from peftbd.models.peft_bd import (
 
 log = logging.getLogger(__name__)
 
-PROFILE_FILE = "cost_profile.json"
 _BUDGET = 1 << 20  # new tokens a profiled request may take: never the reason a round stops
-
-
-@dataclass
-class ArmCost:
-    """One arm's timed round at one dtype (ms; medians over the repeats, minima beside)."""
-
-    label: str
-    method: str
-    proposed: int
-    kv_len: int
-    draft_calls: int
-    draft_ms_round: float
-    verify_ms_round: float
-    draft_over_verify_round: float
-    draft_ms_round_min: float
-    verify_ms_round_min: float
-    same_as: str | None = None  # timed as this arm: the same drafting settings (`cost_key`)
-
-
-@dataclass
-class ArmWork:
-    """One arm's round as the hardware sees it (dtype-free: weights and KV counted at bf16)."""
-
-    draft_forwards: int
-    draft_gflops: float
-    draft_mb: float
-    verify_gflops: float
-    verify_mb: float
-    roofline_draft_ms: float
-    roofline_verify_ms: float
-    roofline_draft_over_verify: float
-    largest_draft_tensor: int
-
-
-@dataclass
-class MaskRowCost:
-    """The adapter-on embedding lookup + LM head over one draft chunk (ms, median): peft's
-    trainable-token wrappers vs the engine's copy-free `draft_embeddings` / `draft_logits`."""
-
-    peft_wrappers_ms: float
-    engine_ms: float
-
-
-@dataclass
-class DtypeProfile:
-    dtype: str
-    arms: dict[str, ArmCost]
-    mask_row: MaskRowCost
-
-
-@dataclass
-class CostProfile:
-    """`cost_profile.json`: per dtype, per arm id, a round's draft and verify cost."""
-
-    architecture: dict[str, Any]
-    device: str
-    hardware: str
-    threads: int
-    kv_len: int
-    repeats: int
-    block_size: int
-    early_exit_layers: int
-    mtp_steps: int
-    roofline: dict[str, Any]
-    profiles: dict[str, DtypeProfile] = field(default_factory=dict)
-    decode: ShapeDecode | None = None  # measured decoding at the first dtype (`shape_decode`)
-    seconds: float = 0.0
-    peak_rss_mib: float = 0.0
-    peak_gpu_mib: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
@@ -180,6 +116,9 @@ def _median_ms(fn: Callable[[], Any], clock: Clock, repeats: int) -> float:
 def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
     """Time the mask row's two paths over one draft chunk, adapter on."""
     peft = models.modules[TRAIN_PEFTBD.name]
+    if not isinstance(peft, PeftModel):
+        raise TypeError(f"the cost profile's {TRAIN_PEFTBD.name} module is a {type(peft).__name__}, "
+                        "not the peft model with the named adapters")
     base, d = unwrap(peft), models.block_size
     ids = draft_input_ids(0, models.mask_id, d, models.device)
     hidden = torch.randn(1, d, base.config.hidden_size, dtype=base.dtype, device=models.device)
@@ -299,15 +238,14 @@ def run_profile(cfg: Config) -> CostProfile:
 
     c = models.verifier.config
     profile = CostProfile(
-        architecture={"name": arch.name, "origin": arch.origin, "weights": arch.weights,
-                      "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-                      "vocab_size": c.vocab_size, "parameters": backbone_parameters(models.verifier),
-                      "draft_parameters": draft_parameters(models)},
+        architecture=ProfiledArchitecture(
+            name=arch.name, origin=arch.origin, weights=arch.weights, layers=c.num_hidden_layers,
+            hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+            parameters=backbone_parameters(models.verifier), draft_parameters=draft_parameters(models)),
         device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
         kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
         early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,
-        roofline={"gpu": dataclasses.asdict(GPUS[cp.roofline_gpu]),
-                  "arms": per_spec(work, lambda w, spec, first: w)},
+        roofline=Roofline(GPUS[cp.roofline_gpu], per_spec(work, lambda w, spec, first: w)),
     )
     for i, name in enumerate(dtypes):
         if i:
@@ -331,28 +269,27 @@ def run_profile(cfg: Config) -> CostProfile:
     return profile
 
 
-def summary_lines(profile: dict[str, Any]) -> list[str]:
+def summary_lines(profile: CostProfile) -> list[str]:
     """One line per dtype: each arm's draft/verify per round, plus the roofline's."""
-    arch = profile["architecture"]
-    lines = [f"cost profile at {arch['name']} ({arch['layers']} layers, weights "
-             f"{arch['weights']}), KV {profile['kv_len']}, {profile['hardware']}:"]
-    for dtype, run in profile["profiles"].items():
-        ratios = ", ".join(f"{arm} {cost['draft_over_verify_round']:.2f}"
-                           for arm, cost in run["arms"].items() if cost["method"] != "ar")
-        ar = run["arms"]["ar"]["verify_ms_round"]
-        lines.append(f"  {dtype}: AR step {ar:.1f} ms; draft/verify per round {ratios}")
-    roof = profile["roofline"]
-    ratios = ", ".join(f"{arm} {w['roofline_draft_over_verify']:.2f}"
-                       for arm, w in roof["arms"].items() if w["draft_forwards"])
-    lines.append(f"  roofline {roof['gpu']['name']}: draft/verify per round {ratios}")
-    if profile.get("decode"):
-        dec = profile["decode"]
+    arch = profile.architecture
+    lines = [f"cost profile at {arch.name} ({arch.layers} layers, weights "
+             f"{arch.weights}), KV {profile.kv_len}, {profile.hardware}:"]
+    for dtype, run in profile.profiles.items():
+        ratios = ", ".join(f"{arm} {cost.draft_over_verify_round:.2f}"
+                           for arm, cost in run.arms.items() if cost.method != "ar")
+        lines.append(f"  {dtype}: AR step {run.arms['ar'].verify_ms_round:.1f} ms; "
+                     f"draft/verify per round {ratios}")
+    roof = profile.roofline
+    ratios = ", ".join(f"{arm} {w.roofline_draft_over_verify:.2f}"
+                       for arm, w in roof.arms.items() if w.draft_forwards)
+    lines.append(f"  roofline {roof.gpu.name}: draft/verify per round {ratios}")
+    if profile.decode:
+        dec = profile.decode
         arms = "; ".join(
-            f"{arm} {a['tokens_per_s']:.2f} tok/s"
-            + (f" ({a['speedup_vs_ar']:.2f}x AR at {a['mean_accepted']:.2f}/round)"
-               if a["synthetic"] else "")
-            + f", verify {a['verify_x_over_floor']:.1f}x floor"
-            for arm, a in dec["arms"].items())
-        lines.append(f"  measured decode, SYNTHETIC acceptance ({dec['dtype']}, {dec['prompts']} "
-                     f"prompts x {dec['max_new_tokens']} tokens): {arms}")
+            f"{arm} {a.tokens_per_s:.2f} tok/s"
+            + (f" ({a.speedup_vs_ar:.2f}x AR at {a.mean_accepted:.2f}/round)" if a.synthetic else "")
+            + f", verify {a.verify_x_over_floor:.1f}x floor"
+            for arm, a in dec.arms.items())
+        lines.append(f"  measured decode, SYNTHETIC acceptance ({dec.dtype}, {dec.prompts} "
+                     f"prompts x {dec.max_new_tokens} tokens): {arms}")
     return lines

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,14 @@ PEFTBD = "peftbd"
 """speed.json's key of its PEFT-BD run (this check's own format, not an arm id)."""
 
 
-def interleaved_timing(arms: dict[str, Callable[[list[int]], list[int]]],
+def interleaved_timing(arms: Mapping[str, Callable[[list[int]], list[int]]],
                        prompts: Sequence[list[int]], repeats: int, clock: Clock,
                        ) -> tuple[dict[str, list[list[int]]], dict[str, list[list[float]]]]:
     """Per repeat, each prompt is decoded by every arm back to back (the arm order rotating per
     prompt), so load drift on a shared machine hits all arms alike. Returns per arm the outputs
     (last repeat) and seconds[repeat][prompt]."""
     names = list(arms)
-    outputs = {name: [[] for _ in prompts] for name in names}
+    outputs: dict[str, list[list[int]]] = {name: [[] for _ in prompts] for name in names}
     seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
     for rep in range(repeats):
         for i, ids in enumerate(prompts):

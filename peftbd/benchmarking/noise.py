@@ -27,10 +27,10 @@ def _totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndar
     return tokens, seconds
 
 
-def _interval(samples: np.ndarray) -> list[float]:
+def _interval(samples: np.ndarray) -> tuple[float, float]:
     tail = (1 - LEVEL) / 2
     low, high = np.quantile(samples, [tail, 1 - tail])
-    return [float(low), float(high)]
+    return float(low), float(high)
 
 
 def _draws(n: int) -> np.ndarray:
@@ -38,7 +38,7 @@ def _draws(n: int) -> np.ndarray:
     return np.random.default_rng(SEED).integers(0, n, size=(RESAMPLES, n))
 
 
-def throughput_interval(runs: Sequence[Sequence[DecodeResult]]) -> list[float] | None:
+def throughput_interval(runs: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
     """LEVEL bootstrap interval of tokens / seconds over the prompts (None: under 2 prompts)."""
     tokens, seconds = _totals(runs)
     if len(tokens) < 2:
@@ -48,7 +48,7 @@ def throughput_interval(runs: Sequence[Sequence[DecodeResult]]) -> list[float] |
 
 
 def speedup_interval(runs: Sequence[Sequence[DecodeResult]],
-                     baseline: Sequence[Sequence[DecodeResult]]) -> list[float] | None:
+                     baseline: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
     """LEVEL bootstrap interval of (tok/s of `runs`) / (tok/s of `baseline`), the same prompts
     drawn for both (None: under 2 prompts, or the two did not decode the same prompts)."""
     tokens, seconds = _totals(runs)

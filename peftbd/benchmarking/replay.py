@@ -18,6 +18,8 @@ import torch
 
 from peftbd.benchmarking.arms import ArmModels
 from peftbd.benchmarking.prompts import Prompt
+from peftbd.benchmarking.schema import Replay
+from peftbd.decoding.state import present
 from peftbd.methods import AR, ArmSpec, method
 from peftbd.training.examples import collate_sequences
 from peftbd.training.rounds import replay_rounds, round_sums
@@ -38,11 +40,11 @@ class ReplaySums:
         return ReplaySums(self.rounds + other.rounds, self.proposed + other.proposed,
                           self.accepted + other.accepted)
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def entry(self) -> Replay:
         """results.json's `replay` entry of an arm."""
-        return {"rounds": self.rounds, "proposed": self.proposed, "accepted": self.accepted,
-                "mean_accepted_prefix": self.accepted / self.rounds if self.rounds else None,
-                "token_acceptance": self.accepted / self.proposed if self.proposed else None}
+        return Replay(rounds=self.rounds, proposed=self.proposed, accepted=self.accepted,
+                      mean_accepted_prefix=self.accepted / self.rounds if self.rounds else None,
+                      token_acceptance=self.accepted / self.proposed if self.proposed else None)
 
 
 @torch.no_grad()
@@ -58,7 +60,7 @@ def replay_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[P
         replay = None if spec.method == AR or spec.synthetic else method(spec.method).replay
         if replay is None:
             continue
-        drafter, total = models.drafter_for(spec), ReplaySums()
+        drafter, total = present(models.drafter_for(spec), f"{spec.id}'s drafter"), ReplaySums()
         for i in range(0, len(prompts), REPLAY_ROWS):
             part = range(i, min(i + REPLAY_ROWS, len(prompts)))
             rows = {"id": [prompts[j].id for j in part],

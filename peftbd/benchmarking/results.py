@@ -3,7 +3,6 @@ the timing workers' shards."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from collections.abc import Sequence
 from typing import Any
@@ -14,46 +13,44 @@ from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import PromptSet
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.sampled import sampled_prompts, sampling_block
-from peftbd.benchmarking.schema import SCHEMA
+from peftbd.benchmarking.schema import DrafterInfo, MeasuredOn, PromptsInfo, Results, Timing
 from peftbd.config import Config
 from peftbd.manifest import WorkerPeaks
 
 
 def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResult], repeats: int,
-                  drafters: dict[str, Any], how: str) -> dict[str, Any]:
+                  drafters: dict[str, DrafterInfo], how: str) -> Results:
     """results.json from the workers' measurements; `drafters` describes the drafter artifacts,
     `how` the timing placement."""
     d, first, specs = cfg.decoding, shards[0], arm_specs(cfg)
     rows = concurrency_rows([run for s in shards for run in s.batch_runs], [s.id for s in specs],
                             d.batch_sizes)
     sampled = {p.id for p in sampled_prompts(cfg, prompt_set.prompts)}
-    results = {
-        "schema": SCHEMA, "preset": cfg.preset,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "measured_on": {"model": cfg.model.name_or_path, "engine": first.engine,
-                        "hardware": first.hardware, "device": first.device, "dtype": first.dtype,
-                        "floor": None if first.floor is None else dataclasses.asdict(first.floor)},
-        "prompts": {"source": prompt_set.source, "path": prompt_set.path,
-                    "count": len(prompt_set.prompts), "max_new_tokens": d.max_new_tokens,
-                    "categories": prompt_set.categories(), "dropped": prompt_set.dropped},
-        "timing": {
-            "workers": len(shards), "torch_threads": d.torch_threads, "repeats": repeats,
-            "worker_num_cpus": d.worker_num_cpus, "worker_num_gpus": d.worker_num_gpus,
-            "batch_sizes": list(d.batch_sizes), "sweep_repeats": min(d.sweep_repeats, repeats),
-            "how": how,
-            "per_worker_hardware": [s.hardware for s in shards],
-            "per_worker_peak_rss_mib": [s.peak_rss_mib for s in shards],
-        },
-        "drafters": drafters,
-        "arms": arm_entries(specs, shards, {p.id: p.category for p in prompt_set.prompts}),
-        "concurrency": [dataclasses.asdict(row) for row in rows],
-        "sampling": sampling_block(specs, d.temperatures, d.sampling_seed, len(sampled),
-                                   {s.id: decodes_of(shards, s.id, sampled) for s in specs},
-                                   [p for shard in shards for p in shard.sampled]),
-        "config": cfg.to_dict(),
-    }
-    add_oracles(results)
-    return results
+    arms = arm_entries(specs, shards, {p.id: p.category for p in prompt_set.prompts})
+    add_oracles(arms)
+    return Results(
+        preset=cfg.preset,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        measured_on=MeasuredOn(model=cfg.model.name_or_path, engine=first.engine,
+                               hardware=first.hardware, device=first.device, dtype=first.dtype,
+                               floor=first.floor),
+        prompts=PromptsInfo(source=prompt_set.source, path=prompt_set.path,
+                            count=len(prompt_set.prompts), max_new_tokens=d.max_new_tokens,
+                            categories=prompt_set.categories(), dropped=prompt_set.dropped),
+        timing=Timing(
+            workers=len(shards), torch_threads=d.torch_threads, repeats=repeats,
+            worker_num_cpus=d.worker_num_cpus, worker_num_gpus=d.worker_num_gpus,
+            batch_sizes=list(d.batch_sizes), sweep_repeats=min(d.sweep_repeats, repeats), how=how,
+            per_worker_hardware=[s.hardware for s in shards],
+            per_worker_peak_rss_mib=[s.peak_rss_mib for s in shards]),
+        drafters=drafters,
+        arms=arms,
+        concurrency=rows,
+        sampling=sampling_block(specs, d.temperatures, d.sampling_seed, len(sampled),
+                                {s.id: decodes_of(shards, s.id, sampled) for s in specs},
+                                [p for shard in shards for p in shard.sampled]),
+        config=cfg.to_dict(),
+    )
 
 
 def stage_stats(driver: dict[str, Any], shards: Sequence[ShardResult]) -> dict[str, Any]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
 from peftbd.benchmarking.concurrency import WARMUP_TOKENS
 from peftbd.benchmarking.prompts import Prompt
+from peftbd.benchmarking.schema import Check, Sampled, SampledArm, Sampling
 from peftbd.config import Config, ConfigError
 from peftbd.decoding import DecodeResult, SamplingParams, SpeculativeDecoder, summarize
 
@@ -110,26 +110,26 @@ def sample_arms(decoders: Mapping[str, SpeculativeDecoder], specs: Sequence[ArmS
 
 
 def sampling_entry(temperature: float, results: Sequence[DecodeResult],
-                   invalid: Sequence[str] | None) -> dict[str, Any]:
+                   invalid: Sequence[str] | None) -> Sampled:
     """One arm at one temperature (results.json `sampling.arms.*.by_temperature[]`): the engine's
     run metrics over `results`; `invalid`: the prompts whose output is no valid sample (None at
     T = 0, which the greedy audit covers)."""
     m = summarize(results)
     keys = ("tokens_per_s", "mean_accepted", "mean_accepted_prefix", "token_acceptance",
             "new_tokens", "decode_s", "rounds", "per_position")
-    check = None if invalid is None else {"prompts": len(results),
-                                          "valid": len(results) - len(invalid),
-                                          "invalid": list(invalid)}
-    return {"temperature": temperature, **{k: m[k] for k in keys}, "check": check}
+    check = None if invalid is None else Check(prompts=len(results),
+                                               valid=len(results) - len(invalid),
+                                               invalid=list(invalid))
+    return Sampled(temperature=temperature, **{k: m[k] for k in keys}, check=check)
 
 
 def sampling_block(specs: Sequence[ArmSpec], temperatures: Sequence[float], seed: int,
                    prompts: int, greedy: Mapping[str, Sequence[DecodeResult]],
-                   passes: Sequence[SampledPass]) -> dict[str, Any]:
+                   passes: Sequence[SampledPass]) -> Sampling:
     """results.json's `sampling` over `prompts` sampled prompts: per arm and temperature its
     entry; T = 0 from `greedy` ({arm: its greedy batch-1 decodes of those prompts}), T > 0 from
     the workers' `passes`; a synthetic arm has T = 0 only and says why (`skipped`)."""
-    arms = {}
+    arms: dict[str, SampledArm] = {}
     for spec in specs:
         entries = []
         for t in temperatures:
@@ -139,7 +139,6 @@ def sampling_block(specs: Sequence[ArmSpec], temperatures: Sequence[float], seed
                 mine = [p for p in passes if p.arm == spec.id and p.temperature == t]
                 entries.append(sampling_entry(t, [r for p in mine for r in p.results],
                                               [i for p in mine for i in p.invalid]))
-        arms[spec.id] = {"label": spec.label, "skipped": None if samples(spec) else SKIPPED,
-                         "by_temperature": entries}
-    return {"temperatures": list(temperatures), "seed": seed, "prompts": prompts, "how": HOW,
-            "arms": arms}
+        arms[spec.id] = SampledArm(label=spec.label, skipped=None if samples(spec) else SKIPPED,
+                                   by_temperature=entries)
+    return Sampling(temperatures=list(temperatures), seed=seed, prompts=prompts, how=HOW, arms=arms)

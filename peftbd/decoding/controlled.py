@@ -19,7 +19,7 @@ import random
 import time
 from collections import OrderedDict
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -178,7 +178,7 @@ def _ended(output: Sequence[int], state: DecodeState) -> bool:
     return bool(output) and output[-1] in state.eos_ids
 
 
-def reference_oracle(references: dict[tuple[int, ...], Sequence[int]]) -> Oracle:
+def reference_oracle(references: Mapping[tuple[int, ...], Sequence[int]]) -> Oracle:
     """The oracle of requests whose greedy outputs are known: {prompt ids: greedy AR output}."""
 
     def oracle(state: DecodeState) -> Sequence[int]:

@@ -17,7 +17,7 @@ from peftbd.decoding.drafter import Drafter
 from peftbd.layout import TRAIN_HEAD
 from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
-from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape
+from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape, saved_shape
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.head_objective import head_drafts
 from peftbd.training.head_task import HeadTask
@@ -45,6 +45,14 @@ def load(ctx: DraftContext, path: Path | None) -> nn.Module:
     return BDHead(ctx.verifier, shape).eval().requires_grad_(False)
 
 
+def feature_layers(ctx: DraftContext, path: Path | None) -> tuple[int, ...]:
+    """The verifier hidden states the head `load(ctx, path)` reads: its saved json's, else
+    `head`'s on this verifier; builds no module, loads no weights."""
+    if path is not None:
+        return saved_shape(path, ctx.verifier.config)[1].feature_layers
+    return HeadShape.of(ctx.cfg.head, ctx.verifier.config, ctx.mask_id).feature_layers
+
+
 def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> BDHeadDrafter:
     """The head's drafter; a vocabulary arm drafts over the first `spec.draft_vocab` tokens of
     the artifact's draft vocabulary."""
@@ -54,6 +62,8 @@ def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> BDHeadDrafte
             raise ValueError(f"arm {spec.id!r} drafts over {spec.draft_vocab} tokens but the "
                              f"loaded draft vocabulary has {len(ctx.draft_vocab or [])}")
         vocab = torch.tensor(list(ctx.draft_vocab[: spec.draft_vocab]))
+    if not isinstance(module, BDHead):
+        raise TypeError(f"the head drafts with a BDHead, not a {type(module).__name__}")
     return BDHeadDrafter(module, ctx.verifier, ctx.cfg.drafter.block_size, vocab_ids=vocab)
 
 
@@ -74,5 +84,5 @@ METHOD = register(Method(
     id=ID, serving="peft-bd-head", kind="head", label="BD head", what="block-diffusion head",
     section="head", stages=(TRAIN_HEAD,), task=HeadTask, export_subdir=HEAD_SUBDIR, arms=arms,
     positions=lambda cfg: cfg.drafter.block_size, load=load, drafter=drafter, profile=profile,
-    dir_arg="head_dir", ships="features", replay=replay,
+    dir_arg="head_dir", ships="features", feature_layers=feature_layers, replay=replay,
 ))

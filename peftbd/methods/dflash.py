@@ -15,7 +15,7 @@ from torch import nn
 
 from peftbd.config_sections import Config, HeadConfig
 from peftbd.layout import TRAIN_DFLASH
-from peftbd.methods.bd_head import drafter, load as load_head, replay
+from peftbd.methods.bd_head import drafter, feature_layers as head_features, load as load_head, replay
 from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
 from peftbd.models.bd_head import HEAD_SUBDIR, drafted
@@ -57,6 +57,11 @@ def load(ctx: DraftContext, path: Path | None) -> nn.Module:
     return load_head(_as_head(ctx, ctx.cfg.dflash), path)
 
 
+def feature_layers(ctx: DraftContext, path: Path | None) -> tuple[int, ...]:
+    """The verifier hidden states the head `load(ctx, path)` reads (`dflash`'s when untrained)."""
+    return head_features(_as_head(ctx, ctx.cfg.dflash), path)
+
+
 def profile(ctx: DraftContext) -> dict[str, nn.Module]:
     """An untrained DFlash head per `cost_profile.dflash_layers` depth, each reading its own
     DFlash feature layers of the profiled architecture (`feature_rule` over its depth)."""
@@ -73,5 +78,5 @@ METHOD = register(Method(
     export_subdir=HEAD_SUBDIR, arms=arms, profile_arms=profile_arms,
     positions=lambda cfg: drafted(cfg.dflash.block_masks, cfg.drafter.block_size), load=load,
     drafter=drafter, profile=profile, dir_arg="dflash_dir", ships="features",
-    replay=replay,
+    feature_layers=feature_layers, replay=replay,
 ))

@@ -37,6 +37,8 @@ def load(ctx: DraftContext, path: Path | None) -> nn.Module:
 
 
 def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> MTPDrafter:
+    if not isinstance(module, MTPHead):
+        raise TypeError(f"FastMTP drafts with an MTPHead, not a {type(module).__name__}")
     return MTPDrafter(module, ctx.verifier, num_steps=spec.mtp_steps or ctx.cfg.mtp.num_steps)
 
 

@@ -74,7 +74,9 @@ class Method:
     arms timed there; None: `arms`), `replay` (the drafter's drafts of a batch's replayed rounds
     with the most tokens a round proposes, `peftbd.training.rounds`; None: no offline estimate).
     Serving: `dir_arg` (the Serve
-    app argument naming its trained output dir) and `ships` (what a split verifier ships it).
+    app argument naming its trained output dir), `ships` (what a split verifier ships it) and
+    `feature_layers` (required when `ships` is "features": the verifier hidden states the drafter
+    `load(ctx, path)` builds would read, from its saved config or the section, building nothing).
     """
 
     id: str
@@ -99,6 +101,7 @@ class Method:
     stage_configs: Callable[[Config], list[tuple[StageSpec, Config]]] | None = None
     profile_arms: Callable[[Config], list[ArmSpec]] | None = None
     replay: Callable[[Drafter, DraftContext, SequenceBatch], tuple[Drafts, int] | None] | None = None
+    feature_layers: Callable[[DraftContext, Path | None], tuple[int, ...]] | None = None
 
     @property
     def recipe(self) -> TrainingRecipe:
@@ -124,8 +127,13 @@ _REGISTRY: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
-    """Add `method` (its id, serving name, kind, stages and Serve argument must be new;
-    registering the same declaration twice is a no-op). Returns it."""
+    """Add `method` (its id, serving name, kind, stages and Serve argument must be new; one that
+    ships features must declare `feature_layers`; registering the same declaration twice is a
+    no-op). Returns it."""
+    if method.ships == "features" and method.feature_layers is None:
+        raise ValueError(f"method {method.id!r} ships features but sets no Method.feature_layers: "
+                         "give it (DraftContext, output dir or None) -> the verifier hidden-state "
+                         "indices its drafter reads, which a split verifier keeps")
     if _REGISTRY.get(method.id) is method:
         return method
     for other in _REGISTRY.values():

@@ -112,6 +112,19 @@ def saved_head(head_dir: str | Path) -> tuple[Path, dict]:
     return head_dir, json.loads((head_dir / CONFIG_FILE).read_text())
 
 
+def saved_shape(head_dir: str | Path, verifier_config) -> tuple[Path, HeadShape]:
+    """(the directory holding a saved head's files, `saved_head`, its shape): read from its json
+    alone (no module, no weights) and checked against the config of the verifier it will run on."""
+    head_dir, meta = saved_head(head_dir)
+    expected = _verifier_shape(verifier_config)
+    if meta.get("verifier") != expected:
+        raise ValueError(
+            f"the head in {str(head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
+            f"but the verifier has {expected}; load it with the verifier it was trained on"
+        )
+    return head_dir, HeadShape.saved(meta)
+
+
 @dataclass(frozen=True)
 class DraftVocabulary:
     """A draft LM head over N token ids (FR-Spec): the ids, their (N, d) LM-head rows, and
@@ -274,14 +287,8 @@ class BDHead(nn.Module):
     def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> BDHead:
         """Load a head saved by `save_pretrained` (or the output dir of a head training run, which
         holds it in `bd_head/`) onto `verifier` (its shape must match)."""
-        head_dir, meta = saved_head(head_dir)
-        expected = _verifier_shape(verifier.config)
-        if meta.get("verifier") != expected:
-            raise ValueError(
-                f"the head in {str(head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
-                f"but the verifier has {expected}; load it with the verifier it was trained on"
-            )
-        head = cls(verifier, HeadShape.saved(meta))
+        head_dir, shape = saved_shape(head_dir, verifier.config)
+        head = cls(verifier, shape)
         state = load_file(str(head_dir / WEIGHTS_FILE), device=str(head.mask_embedding.device))
         head.load_state_dict(state)
         return head

@@ -22,9 +22,11 @@ import torch
 
 from peftbd.decoding import DecodeState, RoundMetrics
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.decoding.state import present
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
+from peftbd.serving.schemas import FinishReason
 from peftbd.serving.sessions import resume_many
 
 Deliver = Callable[[RoundEvent | BaseException], None]
@@ -177,17 +179,18 @@ class StepLoop:
         """One round of `method`'s running batch; finished rows leave it."""
         batch = self._running[method]
         try:
+            states = [present(t.state, "a running ticket's state") for t in batch]
             with self.lock:
-                records = self.models.decoder(method).step_many([t.state for t in batch])
+                records = self.models.decoder(method).step_many(states)
         except Exception as exc:
             self._running[method] = []
             self._fail(batch, exc)
             return
         self.counters["rounds"] += len(batch)
         self.batch_sizes[len(batch)] += 1
-        for t, rec in zip(batch, records):
-            self._send(t, round_event(t.state, rec, len(batch)))
-        self._running[method] = [t for t in batch if not t.state.done and not t.closed]
+        for t, state, rec in zip(batch, states, records):
+            self._send(t, round_event(state, rec, len(batch)))
+        self._running[method] = [t for t, s in zip(batch, states) if not s.done and not t.closed]
 
     def _send(self, ticket: Ticket, item: RoundEvent | BaseException) -> None:
         if ticket.closed:
@@ -213,7 +216,7 @@ def round_event(state: DecodeState, rec: RoundMetrics, batch_size: int) -> Round
     )
 
 
-def finish_reason(state: DecodeState) -> str | None:
+def finish_reason(state: DecodeState) -> FinishReason | None:
     """`stop` when a finished request ended on EOS, `length` when on its budget, else None."""
     if not state.done:
         return None

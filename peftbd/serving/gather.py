@@ -62,7 +62,8 @@ class Gather(Generic[T, R]):
         self._pending.append((item, future))
         self._arrived.set()
         if self._task is None or self._task.done():
-            self._task = loop.create_task(self._flush(), context=contextvars.Context())
+            # created inside an empty context, the task copies it (3.10 has no `context=`)
+            self._task = contextvars.Context().run(loop.create_task, self._flush())
         return await future
 
     async def _flush(self) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.features import Shipped
+from peftbd.serving.schemas import FinishReason
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class PrefillReply:
 
     tokens: list[int]
     done: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     prefill_ms: float
     shipped: Shipped = None
     handler_ms: float = 0.0
@@ -84,7 +85,7 @@ class VerifyReply:
     proposed: int
     accepted: int
     done: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     verify_ms: float
     sync_ms: float
     resumed: bool

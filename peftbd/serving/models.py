@@ -76,6 +76,18 @@ def _build_drafter(m: Method, ctx: DraftContext, path: str | Path | None
     return module, m.drafter(module, ctx, m.arms(ctx.cfg)[0])
 
 
+def _read_features(m: Method, ctx: DraftContext, built: Mapping[str, tuple[torch.nn.Module, Drafter]],
+                   dirs: DrafterDirs) -> tuple[int, ...]:
+    """The verifier features `m`'s drafter reads: its built drafter's when this process built it,
+    else `Method.feature_layers` of its `dirs` entry (its saved config; no module, no weights)."""
+    if m.serving in built:
+        return built[m.serving][1].feature_layers
+    if m.feature_layers is None:  # `register` refuses such a method
+        raise ValueError(f"method {m.id!r} ships features but sets no Method.feature_layers")
+    path = dirs.get(m.serving)
+    return m.feature_layers(ctx, Path(path) if path else None)
+
+
 def load_serving_models(
     cfg: Config,
     methods: Sequence[str] | None = None,
@@ -85,7 +97,8 @@ def load_serving_models(
 ) -> ServingModels:
     """Load the verifier once and build the decoders of `methods` (None: every serving name)
     over it, each method's module from its `drafter_dirs` entry; and the feature taps a split
-    verifier needs for every method its verifier ships features, whichever methods it loads. The
+    verifier needs for every method its verifier ships features, whichever methods it loads (of
+    one it does not load, from `Method.feature_layers`: no drafter is built for a tap). The
     methods of `serving.synthetic` draft under controlled acceptance; their oracle knows
     `references` ({prompt ids: greedy AR output}) and decodes any other prompt with greedy AR
     when first seen."""
@@ -118,10 +131,9 @@ def load_serving_models(
         if drafter is not None and name in profiles:
             drafter = ControlledDrafter(drafter, profiles[name], oracle, cfg.decoding.synthetic_seed)
         decoders[name] = SpeculativeDecoder(model, drafter, eos, budget)
-    readers = {m.serving: (built.get(m.serving) or _build_drafter(m, ctx, dirs.get(m.serving)))[1]
-               for m in registered() if m.ships == "features"}
-    taps = {name: SpeculativeDecoder(model, FeatureTap(d.feature_layers), eos, budget)
-            for name, d in readers.items()}
+    taps = {m.serving: SpeculativeDecoder(model, FeatureTap(_read_features(m, ctx, built, dirs)),
+                                          eos, budget)
+            for m in registered() if m.ships == "features"}
     shipped: dict[str, str] = {m.serving: m.ships for m in registered() if m.ships == "features"
                                or (m.ships and cfg.serving.drafter_sync == "ship")}
     return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device), taps=taps,

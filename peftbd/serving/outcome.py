@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from peftbd.serving.rounds import RequestStats, RoundEvent
+from peftbd.serving.schemas import FinishReason
 from peftbd.serving.text_stream import TextStream
 
 
@@ -21,7 +22,7 @@ class RequestOutcome:
                  synthetic: float | None = None, temperature: float = 0.0) -> None:
         self.stream = TextStream(tokenizer, stop)
         self.stats = RequestStats(method, synthetic, temperature)
-        self.finish_reason = "length"
+        self.finish_reason: FinishReason = "length"
 
     @property
     def completion_tokens(self) -> int:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.decoding.state import present
 from peftbd.methods import by_serving
 from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.busy_lock import BusyLock
@@ -88,7 +89,8 @@ class ReplicaDecoder:
                       committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
                       ) -> AsyncIterator[RoundEvent]:
         """`rounds` for an asyncio caller (a Serve replica): waiting never blocks its loop."""
-        loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[RoundEvent | BaseException] = asyncio.Queue()
         ticket = self._ticket(prompt_ids, max_new_tokens, method, committed,
                               lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
                               sampling)
@@ -115,7 +117,7 @@ class ReplicaDecoder:
         method."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[ProposeReply | None] = [None] * len(items)
+        replies: dict[int, ProposeReply] = {}
         with self.lock:
             for method, idx in _by([it.method for it in items]).items():
                 dec, group = self.models.decoder(method), [items[i] for i in idx]
@@ -131,7 +133,7 @@ class ReplicaDecoder:
                     replies[i] = ProposeReply(draft[0].tolist(), (end - draft_start) * 1e3,
                                               (draft_start - sync_start) * 1e3, r)
             self.batch_sizes[len(items)] += 1
-        return _stamp(replies, (clock.now() - start) * 1e3)
+        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 
     def _catch_up(self, dec: SpeculativeDecoder,
                   items: Sequence[ProposeItem]) -> tuple[list[Session], list[bool]]:
@@ -140,12 +142,14 @@ class ReplicaDecoder:
         forward, else (a new, lost or stale session, or one whose verifier cache fell behind)
         rebuilt: from the prefill's features without a forward, or by one batched
         `resume_many`. Also whether each was a rebuild past the first round."""
-        sessions: list[Session | None] = [self.sessions.get(it.session_id) for it in items]
+        sessions: dict[int, Session] = {}
         behind, rebuild = [], []
-        for i, (it, sess) in enumerate(zip(items, sessions)):
+        for i, it in enumerate(items):
+            sess = self.sessions.get(it.session_id)
             if sess is None or not _extends(sess, it.committed):
                 rebuild.append(i)
                 continue
+            sessions[i] = sess
             state, new = sess.state, it.committed[len(sess.state.tokens):]
             block = it.shipped
             if not new:
@@ -162,13 +166,16 @@ class ReplicaDecoder:
             advance_rows(dec.model, [sessions[i].state for i in behind],
                          [items[i].committed[len(sessions[i].state.tokens):] for i in behind],
                          drafter=dec.drafter)
-        featured = [i for i in rebuild if isinstance(items[i].shipped, FeatureBlock)
-                    and items[i].shipped.layers != FINAL_HIDDEN
-                    and items[i].shipped.covers(0, len(items[i].committed) - 1)]
-        for i in featured:  # the prefill's features of every cached position: no forward
+        featured: dict[int, FeatureBlock] = {}
+        for i in rebuild:
+            block = items[i].shipped
+            if isinstance(block, FeatureBlock) and block.layers != FINAL_HIDDEN \
+                    and block.covers(0, len(items[i].committed) - 1):
+                featured[i] = block
+        for i, block in featured.items():  # the prefill's features of every cached position
             it = items[i]
             sessions[i] = Session(from_features(dec, it.committed, it.prompt_len,
-                                                it.max_new_tokens, it.shipped), cache_behind=True)
+                                                it.max_new_tokens, block), cache_behind=True)
         resumed = [i for i in rebuild if i not in featured]
         for i, state in zip(resumed, self._resume(dec, [items[i] for i in resumed])):
             sessions[i] = Session(state)
@@ -178,7 +185,7 @@ class ReplicaDecoder:
             again[i] = len(it.committed) > it.prompt_len + 1
             self._count_rebuild(fresh=not again[i])
             self.sessions.put(it.session_id, sessions[i])
-        return sessions, again
+        return [sessions[i] for i in range(len(items))], again
 
     def _resume(self, dec: SpeculativeDecoder, items: Sequence[ProposeItem | VerifyItem]
                 ) -> list[DecodeState]:
@@ -194,7 +201,7 @@ class ReplicaDecoder:
         reads verifier features gets those of every prompt position."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[PrefillReply | None] = [None] * len(items)
+        replies: dict[int, PrefillReply] = {}
         decs = [self.models.verifier_decoder(it.method) for it in items]
         with self.lock:
             for dec, idx in _by(decs).items():
@@ -208,7 +215,7 @@ class ReplicaDecoder:
                     replies[i] = PrefillReply(state.new_tokens, state.done, finish_reason(state),
                                               state.prefill_s * 1e3, _features(state))
             self.batch_sizes[len(items)] += 1
-        return _stamp(replies, (clock.now() - start) * 1e3)
+        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 
     def verify_batch(self, items: Sequence[VerifyItem]) -> list[VerifyReply]:
         """Verify each item's draft after its `committed` (one batched forward per verifier
@@ -216,18 +223,22 @@ class ReplicaDecoder:
         request's drafter reads of the positions this verify cached (`ServingModels.shipped`)."""
         clock = self.models.clock
         start = clock.now()
-        replies: list[VerifyReply | None] = [None] * len(items)
+        replies: dict[int, VerifyReply] = {}
         decs = [self.models.verifier_decoder(it.method) for it in items]
         with self.lock:
             for dec, idx in _by(decs).items():
                 sync_start = clock.now()
-                sessions = [self.sessions.get(items[i].session_id) for i in idx]
-                lost = [j for j, (i, s) in enumerate(zip(idx, sessions))
+                found = [self.sessions.get(items[i].session_id) for i in idx]
+                lost = [j for j, (i, s) in enumerate(zip(idx, found))
                         if s is None or s.state.tokens != list(items[i].committed)]
-                for j, state in zip(lost, self._resume(dec, [items[idx[j]] for j in lost])):
-                    sessions[j] = Session(state)
-                    self._count_rebuild(fresh=False)
-                    self.sessions.put(items[idx[j]].session_id, sessions[j])
+                rebuilt = iter(self._resume(dec, [items[idx[j]] for j in lost]))
+                sessions: list[Session] = []
+                for j, (i, sess) in enumerate(zip(idx, found)):
+                    if sess is None or j in lost:
+                        sess = Session(next(rebuilt))
+                        self._count_rebuild(fresh=False)
+                        self.sessions.put(items[i].session_id, sess)
+                    sessions.append(sess)
                 verify_start = clock.now()
                 results = dec.verify_many([s.state for s in sessions],
                                           [items[i].draft for i in idx])
@@ -242,7 +253,7 @@ class ReplicaDecoder:
                         finish_reason(sess.state), (end - verify_start) * 1e3,
                         (verify_start - sync_start) * 1e3, j in lost, _shipped(sess.state, kind))
             self.batch_sizes[len(items)] += 1
-        return _stamp(replies, (clock.now() - start) * 1e3)
+        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned session."""
@@ -262,9 +273,9 @@ def _event(item: RoundEvent | BaseException) -> RoundEvent:
 Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
 
 
-def _stamp(replies: list[Reply], handler_ms: float) -> list[Reply]:
-    """Every reply of a batched call carries the whole call's handler time."""
-    return [dataclasses.replace(reply, handler_ms=handler_ms) for reply in replies]
+def _stamp(replies: dict[int, Reply], n: int, handler_ms: float) -> list[Reply]:
+    """The replies to items 0 .. n-1 in order, each with the whole batched call's handler time."""
+    return [dataclasses.replace(replies[i], handler_ms=handler_ms) for i in range(n)]
 
 
 def _features(state: DecodeState) -> FeatureBlock | None:
@@ -284,10 +295,11 @@ def _shipped(state: DecodeState, kind: str | None) -> Shipped:
         return None
     if kind == "features":
         return _features(state)
-    n = state.hidden.shape[1]
+    hidden = present(state.hidden, "state.hidden")
+    n = hidden.shape[1]
     start = state.cache.get_seq_length() - n
     if kind == "hidden":
-        return FeatureBlock.encode(state.hidden, FINAL_HIDDEN, start)
+        return FeatureBlock.encode(hidden, FINAL_HIDDEN, start)
     return KVBlock.encode([(k[:, :, start:], v[:, :, start:]) for k, v in state.cache.committed()],
                           start)
 

@@ -17,6 +17,7 @@ from peftbd.serving.schemas import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    FinishReason,
     ModelCard,
     ModelList,
     SpecStats,
@@ -50,38 +51,42 @@ def usage(spec: GenerationSpec, completion_tokens: int, stats: SpecStats) -> Usa
 
 
 def full_response(
-    spec: GenerationSpec, text: str, finish_reason: str, use: Usage, created: int | None = None
+    spec: GenerationSpec, text: str, finish_reason: FinishReason, use: Usage,
+    created: int | None = None,
 ) -> Completion | ChatCompletion:
     """The non-streamed response of a completion or chat completion."""
-    common = {"id": spec.request_id, "created": created or int(time.time()), "model": spec.model}
+    rid, model, stamp = spec.request_id, spec.model, created or int(time.time())
     if spec.kind == "chat":
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
-        return ChatCompletion(choices=[choice], usage=use, **common)
+        return ChatCompletion(id=rid, created=stamp, model=model, choices=[choice], usage=use)
     return Completion(
-        choices=[CompletionChoice(text=text, finish_reason=finish_reason)], usage=use, **common
+        id=rid, created=stamp, model=model, usage=use,
+        choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
     )
 
 
 def chunk(
-    spec: GenerationSpec, text: str | None, finish_reason: str | None = None,
+    spec: GenerationSpec, text: str | None, finish_reason: FinishReason | None = None,
     role: bool = False, created: int | None = None,
 ) -> Completion | ChatCompletionChunk:
     """One streamed chunk: a text delta (the first chat chunk also carries the role), or the
     finishing chunk with `finish_reason`."""
-    common = {"id": spec.request_id, "created": created or int(time.time()), "model": spec.model}
+    rid, model, stamp = spec.request_id, spec.model, created or int(time.time())
     if spec.kind == "chat":
         delta = ChatDelta(role="assistant" if role else None, content=text)
         return ChatCompletionChunk(
-            choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)], **common
+            id=rid, created=stamp, model=model,
+            choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)],
         )
     return Completion(
-        choices=[CompletionChoice(text=text or "", finish_reason=finish_reason)], **common
+        id=rid, created=stamp, model=model,
+        choices=[CompletionChoice(text=text or "", finish_reason=finish_reason)],
     )
 
 
 def usage_chunk(spec: GenerationSpec, use: Usage, created: int | None = None) -> Completion | ChatCompletionChunk:
     """The last chunk when `stream_options.include_usage` is set: no choices, only usage."""
-    common = {"id": spec.request_id, "created": created or int(time.time()), "model": spec.model}
+    rid, model, stamp = spec.request_id, spec.model, created or int(time.time())
     if spec.kind == "chat":
-        return ChatCompletionChunk(choices=[], usage=use, **common)
-    return Completion(choices=[], usage=use, **common)
+        return ChatCompletionChunk(id=rid, created=stamp, model=model, choices=[], usage=use)
+    return Completion(id=rid, created=stamp, model=model, choices=[], usage=use)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 from peftbd.serving.features import feature_bytes
 from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
-from peftbd.serving.schemas import SpecStats
+from peftbd.serving.schemas import FinishReason, SpecStats
 
 
 @dataclass
@@ -41,7 +40,7 @@ class RoundEvent:
     batch_size: int = 1
     done: bool = False
     prefill: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
     @property
     def compute_ms(self) -> float:

@@ -32,7 +32,11 @@ from peftbd.serving.schemas import (
 )
 
 Kind = Literal["completions", "chat"]
-_SCHEMAS: dict[str, type[BaseModel]] = {"completions": CompletionRequest, "chat": ChatCompletionRequest}
+GenerationRequest = CompletionRequest | ChatCompletionRequest
+"""A parsed request body of either endpoint."""
+_SCHEMAS: dict[str, type[CompletionRequest] | type[ChatCompletionRequest]] = {
+    "completions": CompletionRequest, "chat": ChatCompletionRequest,
+}
 
 
 class RequestError(Exception):
@@ -108,7 +112,7 @@ async def read_body(chunks: AsyncIterable[bytes], serving: ServingConfig) -> byt
     return bytes(body)
 
 
-def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> BaseModel:
+def parse_body(body: bytes, kind: Kind, serving: ServingConfig) -> GenerationRequest:
     """Size check, JSON decode and schema validation of a request body."""
     check_body_size(len(body), serving)
     try:
@@ -231,7 +235,7 @@ def _check_neutral(req: BaseModel) -> None:
         )
 
 
-def sampling_params(req: BaseModel) -> SamplingParams:
+def sampling_params(req: GenerationRequest) -> SamplingParams:
     """The request's sampling (omitted / null fields: OpenAI's defaults, which for this server
     mean greedy at temperature 0 or absent; `top_k` -1 or 0: no top-k filter); a sampled request
     without a seed gets a random one."""
@@ -247,7 +251,7 @@ def sampling_params(req: BaseModel) -> SamplingParams:
     return params.resolved()
 
 
-def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> int:
+def _max_new_tokens(req: GenerationRequest, serving: ServingConfig) -> int:
     param, value = "max_tokens", req.max_tokens
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         if value is not None and value != req.max_completion_tokens:
@@ -266,7 +270,7 @@ def _max_new_tokens(req: BaseModel, serving: ServingConfig) -> int:
     return value
 
 
-def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], str]:
+def prompt_ids(req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], str]:
     """(token ids, field name) of the prompt: chat turns rendered with the template (thinking
     off), a text prompt tokenized as plain text (special-token text included), or token ids
     checked against the vocabulary."""
@@ -290,7 +294,7 @@ def prompt_ids(req: BaseModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list
 
 
 def build_spec(
-    req: BaseModel,
+    req: GenerationRequest,
     kind: Kind,
     tokenizer: PreTrainedTokenizerBase,
     serving: ServingConfig,

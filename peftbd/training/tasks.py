@@ -140,7 +140,7 @@ class MTPTask:
     """FastMTP head on the frozen verifier's hidden states (`peftbd.training.mtp_objective`)."""
 
     export_subdir = HEAD_SUBDIR
-    block_size = None
+    block_size: int | None = None
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg

@@ -20,7 +20,7 @@ from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.sampled import SamplingPlan, sample_arms, samples
-from peftbd.benchmarking.schema import concurrency_rows as typed_rows
+from peftbd.benchmarking.schema import Results
 from peftbd.config import Config, apply_override, load_config
 from peftbd.data.artifact import write_split
 from peftbd.data.chat import encode_prompt, prompt_messages
@@ -83,62 +83,63 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     specs = arm_specs(small_cfg)
     shard = run_shard(small_cfg, _dirs(small_cfg, artifacts), specs, prompts, repeats=2)
     arms = arm_entries(specs, [shard], {p.id: "ab"[i % 2] for i, p in enumerate(prompts)})
-    results = {"arms": arms}
-    add_oracles(results)
+    add_oracles(arms)
 
     assert list(arms) == list(ARMS)
     ar_tokens = [r.tokens for r in shard.results["ar"][0]]
     for arm_id, arm in arms.items():
         for repeat in shard.results[arm_id]:
             assert [r.tokens for r in repeat] == ar_tokens  # greedy: identical to AR, every run
-        assert [r["new_tokens"] for r in arm["repeats"]] == [sum(map(len, ar_tokens))] * 2
-        assert arm["forward"]["verify"]["calls"] == arm["repeats"][0]["rounds"]  # 1 verify/round
+        assert [r.new_tokens for r in arm.repeats] == [sum(map(len, ar_tokens))] * 2
+        assert arm.forward.verify.calls == arm.repeats[0].rounds  # 1 verify/round
         if arm_id == "ar":
-            assert arm["audit"] is None and arm["forward"]["draft"]["calls"] == 0
-            assert arm["mean_accepted"]["mean"] == 1.0 and arm["oracle"] is None
+            assert arm.audit is None and arm.forward.draft.calls == 0
+            assert arm.mean_accepted.mean == 1.0 and arm.oracle is None
         else:
-            assert arm["audit"]["exact"] == N_PROMPTS and arm["audit"]["exact_pct"] == 100.0
-            assert arm["forward"]["draft"]["calls"] > 0
-            assert set(arm["oracle"]["needed_accepted"]) == {"fastmtp", "ar"}
+            assert arm.audit is not None and arm.oracle is not None
+            assert arm.audit.exact == N_PROMPTS and arm.audit.exact_pct == 100.0
+            assert arm.forward.draft.calls > 0
+            assert set(arm.oracle.needed_accepted) == {"fastmtp", "ar"}
             rounds = [r for repeat in shard.results[arm_id] for res in repeat for r in res.rounds]
-            pos = arm["per_position"]  # over both repeats
-            assert sum(pos["accepted"]) == sum(r.accepted for r in rounds)
-            assert sum(pos["proposed"]) == sum(r.proposed for r in rounds)
-            assert all(0 <= x <= 1 for x in pos["rate"])
+            pos = arm.per_position  # over both repeats
+            assert sum(pos.accepted) == sum(r.accepted for r in rounds)
+            assert sum(pos.proposed) == sum(r.proposed for r in rounds)
+            assert all(x is not None and 0 <= x <= 1 for x in pos.rate)
             # a round's draft time holds every draft call of the round (FastMTP: mtp_steps)
-            f, rnd = arm["forward"]["draft"], arm["round"]
-            assert rnd["draft_ms"] * len(rounds) >= 2 * f["calls"] * f["mean_ms"]
-    assert len(arms["fastmtp"]["per_position"]["proposed"]) == small_cfg.mtp.num_steps
+            f, rnd = arm.forward.draft, arm.round
+            assert f.mean_ms is not None
+            assert rnd.draft_ms * len(rounds) >= 2 * f.calls * f.mean_ms
+    assert len(arms["fastmtp"].per_position.proposed) == small_cfg.mtp.num_steps
     first_cap = small_cfg.decoding.max_new_tokens - 2  # prefill commits 1, rounds propose <= remaining - 1
-    assert len(arms["peftbd"]["per_position"]["proposed"]) == min(small_cfg.drafter.block_size, first_cap)
-    assert arms["peftbd_2step"]["settings"] == {"denoise_steps": 2, "anchored": False,
+    assert len(arms["peftbd"].per_position.proposed) == min(small_cfg.drafter.block_size, first_cap)
+    assert arms["peftbd_2step"].settings == {"denoise_steps": 2, "anchored": False,
                                                 "block_offsets": "random"}
-    assert arms["peftbd_early_exit"]["settings"] == {
+    assert arms["peftbd_early_exit"].settings == {
         "denoise_steps": 1, "anchored": False, "block_offsets": "random",
         "draft_layers": small_cfg.drafter.early_exit_layers}
-    assert arms["peftbd_offsets"]["settings"] == {"denoise_steps": 1, "anchored": False,
+    assert arms["peftbd_offsets"].settings == {"denoise_steps": 1, "anchored": False,
                                                   "block_offsets": "aligned"}
-    assert arms["peftbd_head"]["settings"] == {}
-    assert arms["peftbd_head_vocab"]["settings"] == {"draft_vocab": small_cfg.head.draft_vocab}
+    assert arms["peftbd_head"].settings == {}
+    assert arms["peftbd_head_vocab"].settings == {"draft_vocab": small_cfg.head.draft_vocab}
     drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
-    assert arms["peftbd_head"]["forward"]["draft"]["calls"] == len(drafting)  # one forward a round
+    assert arms["peftbd_head"].forward.draft.calls == len(drafting)  # one forward a round
     # the offline replay on the same prompts: every one-step drafter, the engine's rounds exactly
-    assert {a for a, arm in arms.items() if arm["replay"]} == set(REAL_ARMS) - {"ar", "peftbd_2step"}
+    assert {a for a, arm in arms.items() if arm.replay} == set(REAL_ARMS) - {"ar", "peftbd_2step"}
     for arm_id in set(REAL_ARMS) - {"ar", "peftbd_2step"}:
         rounds = [r for res in shard.results[arm_id][0] for r in res.rounds]
-        replay = arms[arm_id]["replay"]
-        assert (replay["rounds"], replay["proposed"], replay["accepted"]) == (
+        replay = arms[arm_id].replay
+        assert (replay.rounds, replay.proposed, replay.accepted) == (
             len(rounds), sum(r.proposed for r in rounds), sum(r.accepted for r in rounds)), arm_id
-        assert replay["mean_accepted_prefix"] == pytest.approx(arms[arm_id]["mean_accepted_prefix"])
+        assert replay.mean_accepted_prefix == pytest.approx(arms[arm_id].mean_accepted_prefix)
     # every arm's round against its floor on this CPU (one counted round, priced at the floor)
     assert shard.floor is not None and shard.floor.bytes_per_s > 0 and shard.floor.flops_per_s > 0
     for arm_id, arm in arms.items():
-        assert arm["floor"]["verify_ms_forward"] > 0 and arm["floor"]["verify_x"] > 0, arm_id
-        assert (arm["floor"]["draft_x"] is None) == (arm_id == "ar"), arm_id
+        assert arm.floor.verify_ms_forward > 0 and arm.floor.verify_x > 0, arm_id
+        assert (arm.floor.draft_x is None) == (arm_id == "ar"), arm_id
     for arm_id in SYNTHETIC:
-        assert "[synthetic: " in arms[arm_id]["label"] and arms[arm_id]["settings"]["synthetic"] > 1
-    by_cat = arms["ar"]["by_category"]
-    assert {c: v["prompts"] for c, v in by_cat.items()} == {"a": 2, "b": 1}
+        assert "[synthetic: " in arms[arm_id].label and arms[arm_id].settings["synthetic"] > 1
+    by_cat = arms["ar"].by_category
+    assert {c: v.prompts for c, v in by_cat.items()} == {"a": 2, "b": 1}
 
     # the concurrency sweep: every arm at every batch size, each pass the same tokens as AR's;
     # batch 1 in both repeats, the batched passes in the first decoding.sweep_repeats (1) only
@@ -190,28 +191,32 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     out = run_benchmark(small_cfg, artifacts, tmp_path / "benchmark", repeats=1)
-    results = json.loads((out / RESULTS).read_text())
+    written = json.loads((out / RESULTS).read_text())
+    results = Results.from_dict(written)  # the file reads back as what was written
+    assert json.loads(results.to_json()) == written
     # the tiny preset's two timing workers: each times its share, results.json merges them
-    assert results["prompts"]["count"] == N_PROMPTS and results["timing"]["workers"] == 2
-    assert all(len(arm["repeats"]) == 1 for arm in results["arms"].values())
-    assert all(arm["audit"]["exact_pct"] == 100.0
-               for arm in results["arms"].values() if arm["method"] != "ar")
-    assert results["drafters"]["peftbd_adapter"]["untrained"] is True
-    vocab = results["drafters"]["bd_head"]["draft_vocab"]
+    assert results.prompts.count == N_PROMPTS and results.timing.workers == 2
+    assert all(len(arm.repeats) == 1 for arm in results.arms.values())
+    assert all(arm.audit is not None and arm.audit.exact_pct == 100.0
+               for arm in results.arms.values() if arm.speculative)
+    assert results.drafters["peftbd_adapter"].untrained is True
+    vocab = results.drafters["bd_head"].draft_vocab
+    assert vocab is not None
     assert vocab["size"] == small_cfg.head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
     report = (out / REPORT).read_text()
     assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
     sizes = list(small_cfg.decoding.batch_sizes)
-    rows = typed_rows(results)
+    rows = results.concurrency
     assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in ARMS for b in sizes]
-    assert all(r.exact for r in rows) and results["timing"]["batch_sizes"] == sizes
+    assert all(r.exact for r in rows) and results.timing.batch_sizes == sizes
     assert "Table 8" in report and "Engine goal: AR at batch 16" in report
     assert mpimg.imread(out / FIGURE_3).shape[0] > 200
-    sampling = results["sampling"]  # both workers' sampled passes, merged
-    assert sampling["temperatures"] == [0.0, 1.0] and sampling["prompts"] == N_PROMPTS
-    assert all(e["check"]["valid"] == N_PROMPTS for arm in sampling["arms"].values()
-               for e in arm["by_temperature"] if e["temperature"] > 0)
+    sampling = results.sampling  # both workers' sampled passes, merged
+    assert sampling is not None
+    assert sampling.temperatures == [0.0, 1.0] and sampling.prompts == N_PROMPTS
+    assert all(e.check is not None and e.check.valid == N_PROMPTS
+               for arm in sampling.arms.values() for e in arm.by_temperature if e.temperature > 0)
     assert "Table 11" in report and mpimg.imread(out / FIGURE_5).shape[0] > 200
     manifest = read_manifest(out)
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0

@@ -9,20 +9,28 @@ import pytest
 
 from peftbd.analysis import break_even
 from peftbd.analysis.report import FIGURE_4, build_report
+from peftbd.benchmarking.cost_profile_schema import CostProfile
+from peftbd.benchmarking.schema import Arm, Results
+
+
+def _profile(results: Results) -> CostProfile:
+    assert results.cost_at_scale is not None
+    return results.cost_at_scale
 
 
 @pytest.fixture
-def profiled(sample_results, cost_profile_of, arm):
+def profiled(sample_results, cost_profile_of, arm) -> Results:
     """The sample run with a cost profile: at the roofline an AR step is 1 ms and a PEFT-BD round
     2 ms (draft = verify = an AR step), FastMTP's 1.3 ms; plus a synthetic head arm at 5.3."""
     results = copy.deepcopy(sample_results)
-    results["arms"]["peftbd_head"] = arm("BD head", "peftbd_head", [100.0], 1.5, draft_call_ms=0.5)
+    results.arms["peftbd_head"] = Arm.model_validate(
+        arm("BD head", "peftbd_head", [100.0], 1.5, draft_call_ms=0.5))
     synthetic = arm("BD head [synthetic: 5.3/round]", "peftbd_head", [200.0], 5.2, draft_call_ms=0.5)
     synthetic["settings"] = {"synthetic": 5.3}
-    results["arms"]["peftbd_head_synthetic"] = synthetic
-    results["cost_at_scale"] = cost_profile_of({"ar": (0.0, 100.0), "peftbd": (100.0, 100.0),
-                                                "fastmtp": (30.0, 100.0),
-                                                "peftbd_head": (20.0, 100.0)})
+    results.arms["peftbd_head_synthetic"] = Arm.model_validate(synthetic)
+    results.cost_at_scale = cost_profile_of({"ar": (0.0, 100.0), "peftbd": (100.0, 100.0),
+                                             "fastmtp": (30.0, 100.0),
+                                             "peftbd_head": (20.0, 100.0)})
     return results
 
 
@@ -45,9 +53,9 @@ def test_the_verdict_is_computed_from_the_roofline(profiled):
     assert "**1.44x** greedy AR (break-even 2.00" in lines[0] and "**does not survive**" in lines[0]
     assert "under **0.881 ms**" in lines[1]  # 2.881 AR steps of 1 ms minus a 2 ms round
     slow = copy.deepcopy(profiled)
-    slow["cost_at_scale"]["roofline"]["arms"]["peftbd"]["roofline_draft_ms"] = 3.0
+    _profile(slow).roofline.arms["peftbd"].roofline_draft_ms = 3.0
     assert "**survives**" in break_even.verdict(slow)[0]  # 2.881 / 4 < 1
-    assert break_even.verdict({**profiled, "cost_at_scale": None}) == []
+    assert break_even.verdict(profiled.model_copy(update={"cost_at_scale": None})) == []
 
 
 def test_the_report_has_table_10_and_figure_4(tmp_path, profiled, sample_results):
@@ -70,12 +78,12 @@ def test_table_9_sets_the_measured_decode_against_the_floor(tmp_path, profiled):
                 "floor_draft_ms_round": 100.0, "floor_verify_ms_forward": 160.0,
                 "draft_x_over_floor": draft / 100.0 if draft else None, "verify_x_over_floor": 2.5}
 
-    profiled["cost_at_scale"]["decode"] = {
+    profiled.cost_at_scale = CostProfile.from_dict({**_profile(profiled).to_dict(), "decode": {
         "prompts": 2, "prompt_len": 512, "max_new_tokens": 32, "dtype": "float32", "seed": 0,
         "floor": {"device": "cpu", "dtype": "float32", "bytes_per_s": 2e10, "flops_per_s": 1e11,
                   "source": "measured"},
         "arms": {"ar": arm("AR", None, 2.0, 0.0),
-                 "peftbd_synthetic": arm("PEFT-BD [synthetic: 2.881/round]", 2.881, 3.1, 420.0)}}
+                 "peftbd_synthetic": arm("PEFT-BD [synthetic: 2.881/round]", 2.881, 3.1, 420.0)}}})
     text = build_report(profiled, {}, tmp_path).read_text()
     table = text.split("## Table 9", 1)[1].split("\n## ", 1)[0]
     assert "SYNTHETIC" in table and "20.0 GB/s" in table

@@ -7,6 +7,7 @@ import dataclasses
 
 import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from peftbd.analysis.concurrency import (
@@ -20,21 +21,22 @@ from peftbd.analysis.concurrency import (
 )
 from peftbd.analysis.figures import throughput_vs_batch
 from peftbd.analysis.report import FIGURE_3, build_report
-from peftbd.benchmarking.schema import ConcurrencyRow
+from peftbd.benchmarking.schema import ConcurrencyRow, Results
 
 AR = {1: 100.0, 4: 380.0, 16: 900.0}
 
 
-def _with_sweep(results: dict, tps: dict[str, dict[int, float]], inexact: tuple = ()) -> dict:
+def _with_sweep(results: Results, tps: dict[str, dict[int, float]],
+                inexact: tuple = ()) -> Results:
     """`results` with concurrency rows of tok/s `tps[arm][B]` (speedup over `tps['ar']`);
     (arm, B) in `inexact` are not exact."""
     rows = [ConcurrencyRow(arm, b, t, 2.0, (arm, b) not in inexact, t / tps["ar"][b], 4.0)
             for arm, by_b in tps.items() for b, t in by_b.items()]
-    return {**results, "concurrency": [dataclasses.asdict(r) for r in rows]}
+    return results.model_copy(update={"concurrency": rows})
 
 
 @pytest.fixture
-def swept(sample_results) -> dict:
+def swept(sample_results) -> Results:
     """AR scaling 9x to batch 16; PEFT-BD falling below AR between 4 and 16; FastMTP above."""
     return _with_sweep(sample_results, {
         "ar": AR, "peftbd": {1: 150.0, 4: 400.0, 16: 720.0},
@@ -52,7 +54,7 @@ def test_table_has_tok_s_and_speedup_per_batch_size(swept) -> None:
     assert "| AR | 100.0 | 1.00 | 380.0 | 1.00 | 900.0 | 1.00 | yes |" in table
     assert "| PEFT-BD 1 step | 150.0 | 1.50 | 400.0 | 1.05 | 720.0 | 0.80 | no (B = 16) |" in table
     assert "| FastMTP | 130.0 | 1.30 | 420.0 | 1.11 | 990.0 | 1.10 | yes |" in table
-    assert concurrency_table({k: v for k, v in swept.items() if k != "concurrency"}) == NO_SWEEP
+    assert concurrency_table(swept.model_copy(update={"concurrency": []})) == NO_SWEEP
 
 
 def test_crossovers_are_computed_from_the_speedups(swept) -> None:
@@ -84,11 +86,11 @@ def test_figure_3_draws_every_arm_and_speculative_speedups(swept) -> None:
     left, right = fig.axes
     lines = {line.get_label(): line for line in left.get_lines()}
     assert list(lines) == ["AR", "PEFT-BD 1 step", "FastMTP"]
-    assert list(lines["FastMTP"].get_xdata()) == [1, 4, 16]
-    assert list(lines["FastMTP"].get_ydata()) == [130.0, 420.0, 990.0]
+    assert np.asarray(lines["FastMTP"].get_xdata()).tolist() == [1, 4, 16]
+    assert np.asarray(lines["FastMTP"].get_ydata()).tolist() == [130.0, 420.0, 990.0]
     speedups = {line.get_label(): line for line in right.get_lines()}
     assert list(speedups) == ["PEFT-BD 1 step", "FastMTP", "AR (1.0)"]  # AR only as the 1.0 line
-    assert list(speedups["PEFT-BD 1 step"].get_ydata()) == pytest.approx([1.5, 400 / 380, 0.8])
+    assert np.asarray(speedups["PEFT-BD 1 step"].get_ydata()).tolist() == pytest.approx([1.5, 400 / 380, 0.8])
     assert left.get_xscale() == "log" and right.get_xscale() == "log"
     plt.close(fig)
 
@@ -100,18 +102,17 @@ def test_report_has_the_concurrency_section_and_figure(tmp_path, sample_results,
     assert "- PEFT-BD 1 step: speedup over AR crosses below 1.0 between B=4" in text
     assert "- Engine goal: AR at batch 16 >= 8x its batch-1 aggregate tok/s: **met**" in text
     assert mpimg.imread(tmp_path / "swept" / FIGURE_3).shape[0] > 200
-    # results.json without timing.sweep_repeats (older runs): the batched passes ran every repeat
-    assert "median over the 3 repeats (at B > 1 the first 3)" in text
-    once = {**swept, "timing": {**swept["timing"], "sweep_repeats": 1}}
-    assert "median over the 3 repeats (at B > 1 the first 1)" in build_report(
-        once, {}, tmp_path / "once").read_text()
+    assert "median over the 3 repeats (at B > 1 the first 1)" in text  # timing.sweep_repeats
+    every = swept.model_copy(update={"timing": swept.timing.model_copy(update={"sweep_repeats": 3})})
+    assert "median over the 3 repeats (at B > 1 the first 3)" in build_report(
+        every, {}, tmp_path / "every").read_text()
     plain = build_report(sample_results, {}, tmp_path / "plain").read_text()
     assert NO_SWEEP in plain and not (tmp_path / "plain" / FIGURE_3).exists()
 
 
 def test_short_passes_are_named(sample_results) -> None:
     results = _with_sweep(sample_results, {"ar": {1: 100.0, 16: 900.0}})
-    results["concurrency"][1]["wall_s"] = 0.4
+    results.concurrency[1] = dataclasses.replace(results.concurrency[1], wall_s=0.4)
     assert short_passes_note(results, 3.0) == (
         "**Too short to time reliably:** passes under 3 s: AR at B=16 (0.40 s); raise "
         "decoding.num_prompts or decoding.max_new_tokens.")

@@ -7,12 +7,13 @@ import pytest
 from matplotlib.lines import Line2D
 
 from peftbd.analysis.figures import acceptance_by_position, throughput_vs_accepted
+from peftbd.benchmarking.schema import Results
 
 SAME = {"draft_call_ms": 11.7, "accepted_per_position": [70, 45, 25, 12]}
 
 
 @pytest.fixture
-def coinciding(arm, results_of) -> dict:
+def coinciding(arm, results_of) -> Results:
     """1-step and anchored PEFT-BD at identical coordinates (and identical per-position rates)."""
     return results_of({
         "ar": arm("AR (greedy)", "ar", [144.0, 145.0], 1.0),
@@ -45,15 +46,15 @@ def _check_visible(lines: list[Line2D]) -> None:
 def test_figure_1_draws_every_arm_even_on_the_same_point(coinciding) -> None:
     fig = throughput_vs_accepted(coinciding)
     lines = _markers(fig)
-    arms = coinciding["arms"].values()
-    assert list(lines) == [a["label"] for a in arms]
+    arms = coinciding.arms.values()
+    assert list(lines) == [a.label for a in arms]
     for a in arms:  # each arm's point is drawn where its numbers say
-        line = lines[a["label"]]
-        assert list(line.get_xdata()) == [a["mean_accepted"]["mean"]]
-        assert list(line.get_ydata()) == [a["tokens_per_s"]["mean"]]
+        line = lines[a.label]
+        assert list(line.get_xdata()) == [a.mean_accepted.mean]
+        assert list(line.get_ydata()) == [a.tokens_per_s.mean]
     _check_visible(list(lines.values()))
     texts = fig.axes[0].texts
-    assert sorted(t.get_text() for t in texts) == sorted(a["label"] for a in arms)
+    assert sorted(t.get_text() for t in texts) == sorted(a.label for a in arms)
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in texts]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])

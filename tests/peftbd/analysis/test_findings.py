@@ -10,12 +10,13 @@ from peftbd.analysis.findings import (
     REPRODUCED,
     findings,
 )
+from peftbd.benchmarking.schema import Results
 
 KEYS = list("abcdef")
 
 
 @pytest.fixture
-def paper_like(arm, results_of) -> dict:
+def paper_like(arm, results_of) -> Results:
     """The paper's shapes: PEFT-BD accepts more but is slow, draft ~ verify, AR fastest."""
     return results_of({
         "ar": arm("AR", "ar", [431.0, 432.0], 1.0),
@@ -28,7 +29,7 @@ def paper_like(arm, results_of) -> dict:
 
 
 @pytest.fixture
-def contrary(arm, results_of) -> dict:
+def contrary(arm, results_of) -> Results:
     """Every claim turned around."""
     return results_of({
         "ar": arm("AR", "ar", [100.0, 100.0], 1.0),
@@ -65,7 +66,7 @@ def test_contrary_run_names_the_quantity_that_differs(contrary) -> None:
 
 
 def test_half_a_claim_is_not_enough(paper_like) -> None:
-    paper_like["arms"]["peftbd_anchored"]["tokens_per_s"]["mean"] = 50.0  # acceptance up, +47%
+    paper_like.arms["peftbd_anchored"].tokens_per_s.mean = 50.0  # acceptance up, +47%
     e = findings(paper_like)[4]
     assert e.verdict == NOT_REPRODUCED and e.why == "throughput moves +46.8%, beyond ±10%"
 
@@ -87,8 +88,8 @@ def test_markdown_line_states_claim_verdict_and_measurements(paper_like) -> None
 def test_cost_facts_are_judged_at_the_paper_s_architecture_when_profiled(contrary, cost_profile_of) -> None:
     """The tiny run says the draft costs 1.52x a verify and PEFT-BD outruns FastMTP; at scale
     the draft costs 1.03x and, with the same acceptance, PEFT-BD is the slower one."""
-    contrary["cost_at_scale"] = cost_profile_of({"ar": (0.0, 119.0), "peftbd": (413.0, 400.0),
-                                               "fastmtp": (40.0, 150.0)})
+    contrary.cost_at_scale = cost_profile_of({"ar": (0.0, 119.0), "peftbd": (413.0, 400.0),
+                                             "fastmtp": (40.0, 150.0)})
     result = {f.key: f for f in findings(contrary)}
     b = result["b"]
     assert b.verdict == REPRODUCED

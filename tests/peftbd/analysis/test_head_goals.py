@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from peftbd.analysis.head_goals import goals, goals_table, round_terms
+from peftbd.benchmarking.schema import Arm
 
 
 def test_goals_are_judged_and_misses_say_by_how_much(arm, results_of, cost_profile_of) -> None:
@@ -10,7 +11,7 @@ def test_goals_are_judged_and_misses_say_by_how_much(arm, results_of, cost_profi
         "ar": arm("AR", "ar", [100.0], 1.0, round_ms=(0.0, 1.0)),
         "peftbd_head": arm("BD head", "peftbd_head", [140.0], 2.2, round_ms=(0.4, 1.6)),
     })
-    results["cost_at_scale"] = cost_profile_of({"ar": (0.0, 300.0), "peftbd_head": (40.0, 400.0)})
+    results.cost_at_scale = cost_profile_of({"ar": (0.0, 300.0), "peftbd_head": (40.0, 400.0)})
     found = {g.name: g for g in goals(results, "peftbd_head")}
     assert found["speedup vs AR"].measured == 1.4 and found["speedup vs AR"].met
     assert found["draft / verify per round"].measured == 0.25 and found["draft / verify per round"].met
@@ -28,6 +29,6 @@ def test_without_a_head_arm_or_profile_nothing_is_invented(arm, results_of) -> N
     results = results_of({"ar": arm("AR", "ar", [100.0], 1.0)})
     assert goals(results, "peftbd_head") is None
     assert goals_table(results) == "_No block-diffusion head arm in this run._"
-    results["arms"]["peftbd_head"] = arm("BD head", "peftbd_head", [90.0], 2.6)
+    results.arms["peftbd_head"] = Arm.model_validate(arm("BD head", "peftbd_head", [90.0], 2.6))
     at_scale = goals(results, "peftbd_head")[-1]
     assert at_scale.measured is None and at_scale.verdict() == "not measured"

@@ -3,7 +3,6 @@ between the README's markers only, idempotently, with one-line errors; README.md
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from peftbd.analysis.readme_table import (
     replace_between_markers,
     update_readme,
 )
+from peftbd.benchmarking.schema import DrafterInfo, Results, Speedup
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFEST = {"preset": "tiny", "wall_seconds": 1541.4,
@@ -26,10 +26,10 @@ MANIFEST = {"preset": "tiny", "wall_seconds": 1541.4,
 README = f"# title\n\nbefore the table\n\n{BEGIN}\nplaceholder\n{END}\n\nafter the table\n"
 
 
-def _run_root(tmp_path: Path, results: dict, manifest: dict | None = MANIFEST) -> Path:
+def _run_root(tmp_path: Path, results: Results, manifest: dict | None = MANIFEST) -> Path:
     root = tmp_path / "out"
     (root / "benchmark").mkdir(parents=True)
-    (root / "benchmark" / "results.json").write_text(json.dumps(results))
+    results.write(root / "benchmark" / "results.json")
     if manifest is not None:
         (root / "manifest.json").write_text(json.dumps(manifest))
     return root
@@ -59,15 +59,15 @@ def test_caption_without_manifest_or_with_another_presets(sample_results):
 def test_single_repeat_shows_the_mean_and_a_missing_ar_leaves_no_speedup(arm, results_of):
     results = results_of({"peftbd": arm("PEFT-BD 1 step", "peftbd", [123.25], 1.37,
                                         draft_call_ms=2.6)})
-    results["timing"]["repeats"] = 1
+    results.timing.repeats = 1
     row = render(results).split("\n\n")[0].splitlines()[2]
     assert row == "| PEFT-BD 1 step | 1.37 | 123.2 | n/a | 16/16 |"
     assert "1 timed repeat per arm" in render(results)
 
 
 def test_untrained_drafters_are_named_in_the_caption(sample_results):
-    sample_results["drafters"] = {"mtp_head": {"untrained": True,
-                                               "untrained_reasons": ["mtp.optim.max_steps=0"]}}
+    sample_results.drafters = {"mtp_head": DrafterInfo(
+        path="/a/mtp_head", untrained=True, untrained_reasons=["mtp.optim.max_steps=0"])}
     assert "Untrained drafters" in render(sample_results).split("\n\n")[1]
 
 
@@ -123,13 +123,19 @@ def test_cli_errors_are_one_line_and_leave_the_readme_alone(tmp_path, sample_res
         main([str(root), "--readme", str(no_markers)])
     assert str(exc.value).startswith("error: ") and "\n" not in str(exc.value)
     assert no_markers.read_text() == "# no markers\n"
-    broken = copy.deepcopy(sample_results)
+    broken = json.loads(sample_results.to_json())
     del broken["arms"]["ar"]["mean_accepted"]
     (root / "benchmark" / "results.json").write_text(json.dumps(broken))
     with pytest.raises(SystemExit) as exc:
         main([str(root), "--readme", str(readme)])
+    assert "`arms.ar.mean_accepted`" in str(exc.value) and "\n" not in str(exc.value)
     assert "rerun the benchmark" in str(exc.value) and readme.read_text() == README
-    (root / "benchmark" / "results.json").write_text(json.dumps(sample_results))
+    (root / "benchmark" / "results.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exc:
+        main([str(root), "--readme", str(readme)])
+    assert str(exc.value).startswith("error: cannot read benchmark results ")
+    assert "\n" not in str(exc.value) and readme.read_text() == README
+    sample_results.write(root / "benchmark" / "results.json")
     main([str(root), "--readme", str(readme)])
     assert "results table updated" in capsys.readouterr().out
 
@@ -141,10 +147,10 @@ def test_the_readme_has_exactly_one_pair_of_markers():
 
 
 def test_bootstrap_intervals_and_the_paired_speedup_are_shown_when_recorded(sample_results):
-    sample_results["arms"]["ar"]["tokens_per_s"]["ci95"] = [390.04, 410.6]
-    peftbd = sample_results["arms"]["peftbd"]
-    peftbd["tokens_per_s"]["ci95"] = [118.0, 127.25]
-    peftbd["speedup_vs_ar"] = {"mean": 0.3049, "ci95": [0.291, 0.318]}
+    sample_results.arms["ar"].tokens_per_s.ci95 = (390.04, 410.6)
+    peftbd = sample_results.arms["peftbd"]
+    peftbd.tokens_per_s.ci95 = (118.0, 127.25)
+    peftbd.speedup_vs_ar = Speedup(mean=0.3049, ci95=(0.291, 0.318))
     table, caption = render(sample_results).split("\n\n")
     lines = table.splitlines()
     assert lines[2] == "| AR | 1.00 | 400.3 (390.0-410.6) | 1.00 | reference |"

@@ -16,7 +16,7 @@ from peftbd.analysis.acceptance import position_table
 from peftbd.analysis.figures import throughput_vs_accepted
 from peftbd.analysis.head_goals import head_arms
 from peftbd.analysis.readme_table import render
-from peftbd.benchmarking.schema import arm_items
+from peftbd.benchmarking.schema import Arm, DrafterInfo
 from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_MTP, TRAIN_PEFTBD
 from peftbd.methods import Method, method, register, unregister
 from peftbd.methods.fastmtp import ID as FASTMTP
@@ -39,12 +39,14 @@ def toy() -> Iterator[Method]:
 def test_a_registered_methods_arms_appear_in_every_per_arm_table_and_figure(
         toy, arm, sample_results) -> None:
     results = copy.deepcopy(sample_results)
-    results["arms"]["toy"] = arm("Toy narrow", "toy", [150.0, 151.0], 1.6, draft_call_ms=0.3,
-                                 accepted_per_position=[50, 10])
-    results["arms"]["toy_wide"] = arm("Toy wide", "toy", [90.0, 91.0], 1.9, draft_call_ms=0.9,
-                                      accepted_per_position=[60, 30])
-    results["drafters"] = {"toy_head": {"metrics": {"eval_accepted_prefix_mean": 0.45}}}
-    assert [a for a, _ in arm_items(results)] == ["ar", "peftbd", "fastmtp", "toy", "toy_wide"]
+    results.arms["toy"] = Arm.model_validate(arm("Toy narrow", "toy", [150.0, 151.0], 1.6,
+                                                 draft_call_ms=0.3, accepted_per_position=[50, 10]))
+    results.arms["toy_wide"] = Arm.model_validate(arm("Toy wide", "toy", [90.0, 91.0], 1.9,
+                                                      draft_call_ms=0.9,
+                                                      accepted_per_position=[60, 30]))
+    results.drafters = {"toy_head": DrafterInfo(path="/a/toy_head",
+                                                metrics={"eval_accepted_prefix_mean": 0.45})}
+    assert [a for a, _ in results.arm_items()] == ["ar", "peftbd", "fastmtp", "toy", "toy_wide"]
     for text in (tables.forward_table(results), tables.acceptance_table(results),
                  tables.repeats_table(results), tables.oracle_table(results),
                  position_table(results), render(results)):
@@ -66,12 +68,13 @@ def test_an_arms_training_estimate_is_its_own_stages(arm, results_of) -> None:
     results = results_of({"ar": arm("AR", "ar", [400.0], 1.0), **{
         arm_id: {**arm(arm_id, m, [100.0], 1.5), "stage": stage.name}
         for arm_id, (m, stage) in drafting.items()}})
-    results["drafters"] = {s.subdir: {"metrics": {"eval_accepted_prefix_mean": v}}
-                           for s, v in ((TRAIN_PEFTBD, 0.5), (TRAIN_EARLY_EXIT, 0.3), (TRAIN_MTP, 0.7))}
+    results.drafters = {s.subdir: DrafterInfo(path=f"/a/{s.subdir}",
+                                              metrics={"eval_accepted_prefix_mean": v})
+                        for s, v in ((TRAIN_PEFTBD, 0.5), (TRAIN_EARLY_EXIT, 0.3), (TRAIN_MTP, 0.7))}
     assert tables.training_estimates(results) == {"peftbd": 0.5, "peftbd_early_exit": 0.3,
                                                   "fastmtp": 0.7}
-    for entry in results["arms"].values():
-        entry.pop("stage", None)
+    for entry in results.arms.values():
+        entry.stage = None
     assert tables.training_estimates(results) == {"peftbd": 0.5, "fastmtp": 0.7}
 
 

@@ -17,7 +17,7 @@ from peftbd.analysis.report import (
     summary_lines,
 )
 from peftbd.analysis.tables import markdown_table
-from peftbd.benchmarking.schema import stat
+from peftbd.benchmarking.schema import DrafterInfo, Replay, Speedup, Throughput, stat
 from peftbd.manifest import write_manifest
 
 
@@ -69,8 +69,10 @@ def test_changing_an_artifact_changes_the_report(tmp_path: Path, sample_results)
                           tmp_path / "a").read_text()
 
     changed = copy.deepcopy(results)
-    changed["arms"]["fastmtp"]["tokens_per_s"] = stat([777.0, 779.0])
-    changed["arms"]["peftbd"]["audit"].update(exact=15, exact_pct=93.75)
+    changed.arms["fastmtp"].tokens_per_s = Throughput(**stat([777.0, 779.0]).model_dump())
+    audit = changed.arms["peftbd"].audit
+    assert audit is not None
+    audit.exact, audit.exact_pct = 15, 93.75
     after = build_report(changed, read_stage_manifests(inputs),
                          tmp_path / "b").read_text()
     assert "778.00 ± 1.41" in after and "778.00" not in before
@@ -111,21 +113,29 @@ def test_markdown_table_cells(value, cell) -> None:
 
 def test_offline_estimates_sit_beside_the_engine_and_short_runs_are_flagged(tmp_path, sample_results) -> None:
     results = copy.deepcopy(sample_results)
-    engine = results["arms"]["peftbd"]["mean_accepted_prefix"]
-    results["arms"]["peftbd"]["replay"] = {"mean_accepted_prefix": engine / 1.25}
-    results["arms"]["fastmtp"]["replay"] = {"mean_accepted_prefix": 0.0}
-    results["drafters"] = {"peftbd_adapter": {"metrics": {"eval_accepted_prefix_mean": engine / 1.5}},
-                           "mtp_head": {"metrics": {"eval_accepted_prefix_mean": 0.4}}}
+    engine = results.arms["peftbd"].mean_accepted_prefix
+    assert engine is not None
+
+    def replay(prefix: float) -> Replay:
+        return Replay(rounds=100, proposed=400, accepted=round(100 * prefix),
+                      mean_accepted_prefix=prefix, token_acceptance=None)
+
+    results.arms["peftbd"].replay = replay(engine / 1.25)
+    results.arms["fastmtp"].replay = replay(0.0)
+    results.drafters = {
+        "peftbd_adapter": DrafterInfo(path="/a/peftbd_adapter",
+                                      metrics={"eval_accepted_prefix_mean": engine / 1.5}),
+        "mtp_head": DrafterInfo(path="/a/mtp_head", metrics={"eval_accepted_prefix_mean": 0.4})}
     text = build_report(results, {}, tmp_path).read_text()
     assert (f"| PEFT-BD 1 step | {engine:.3f} | {engine / 1.25:.3f} | +25% | no | "
             f"{engine / 1.5:.3f} | -17% |") in text
-    fastmtp = results["arms"]["fastmtp"]["mean_accepted_prefix"]
+    fastmtp = results.arms["fastmtp"].mean_accepted_prefix
     # no ratio to a zero replay
     assert f"| FastMTP | {fastmtp:.3f} | 0.000 | n/a | n/a | 0.400 | n/a |" in text
-    shortest = min(r["decode_s"] for arm in results["arms"].values() for r in arm["repeats"])
+    shortest = min(r.decode_s for arm in results.arms.values() for r in arm.repeats)
     if shortest >= 3:
         assert "Every run timed at least" in text
-    results["arms"]["ar"]["repeats"][0]["decode_s"] = 0.5
+    results.arms["ar"].repeats[0].decode_s = 0.5
     text = build_report(results, {}, tmp_path / "short").read_text()
     assert "**Too short to time reliably:**" in text and "AR (0.50 s)" in text
 
@@ -133,9 +143,10 @@ def test_offline_estimates_sit_beside_the_engine_and_short_runs_are_flagged(tmp_
 def test_drafters_published_untrained_on_purpose_are_named(tmp_path, sample_results) -> None:
     results = copy.deepcopy(sample_results)
     assert "Untrained drafters" not in build_report(results, {}, tmp_path).read_text()
-    results["drafters"] = {
-        "peftbd_adapter": {"untrained": False, "untrained_reasons": []},
-        "mtp_head": {"untrained": True, "untrained_reasons": ["mtp.optim.max_steps=0 (no optimizer step)"]}}
+    results.drafters = {
+        "peftbd_adapter": DrafterInfo(path="/a/peftbd_adapter"),
+        "mtp_head": DrafterInfo(path="/a/mtp_head", untrained=True,
+                                untrained_reasons=["mtp.optim.max_steps=0 (no optimizer step)"])}
     text = build_report(results, {}, tmp_path / "untrained").read_text()
     assert ("**Untrained drafters** (published on purpose, training.allow_untrained): `mtp_head` "
             "(mtp.optim.max_steps=0 (no optimizer step)); their acceptance is not a trained "
@@ -149,14 +160,15 @@ def test_cost_at_scale_table_projects_with_this_run_s_acceptance(tmp_path, sampl
     assert "## Table 7: cost at the paper's architecture" in text and "Not profiled" in text
 
     results = copy.deepcopy(sample_results)
-    arms = {a: (0.0, 100.0) if a == "ar" else (100.0, 100.0) for a in results["arms"]}
-    results["cost_at_scale"] = cost_profile_of(arms)
+    arms = {a: (0.0, 100.0) if a == "ar" else (100.0, 100.0) for a in results.arms}
+    results.cost_at_scale = cost_profile_of(arms)
     text = build_report(results, {}, tmp_path / "profiled").read_text()
     table = text.split("## Table 7", 1)[1].split("\n## ", 1)[0]
     assert "cost at scale x acceptance from tiny" in table and "Qwen/Qwen3-0.6B" in table
-    accepted = results["arms"]["peftbd"]["mean_accepted"]["mean"]
+    accepted = results.arms["peftbd"].mean_accepted.mean
     # draft = verify = AR step: PEFT-BD's projected speedup is its accepted tokens over 2 steps
-    row = next(line for line in table.splitlines() if line.startswith(f"| {results['arms']['peftbd']['label']} |"))
+    row = next(line for line in table.splitlines()
+               if line.startswith(f"| {results.arms['peftbd'].label} |"))
     assert f"| {accepted / 2:.2f} |" in row and "100.0 / 100.0 (1.00)" in row
 
 
@@ -179,11 +191,11 @@ def test_stage_table_shows_the_workers_peaks_and_dtype_beside_the_drivers():
 
 
 def test_summary_lines_give_the_interval_and_speedup_when_measured(sample_results) -> None:
-    results = json.loads(json.dumps(sample_results))
-    arms = results["arms"]
-    arms["ar"]["tokens_per_s"]["ci95"] = [390.0, 410.5]
-    arms["peftbd"]["tokens_per_s"]["ci95"] = [118.0, 127.25]
-    arms["peftbd"]["speedup_vs_ar"] = {"mean": 0.306, "ci95": [0.29, 0.32]}
+    results = copy.deepcopy(sample_results)
+    arms = results.arms
+    arms["ar"].tokens_per_s.ci95 = (390.0, 410.5)
+    arms["peftbd"].tokens_per_s.ci95 = (118.0, 127.25)
+    arms["peftbd"].speedup_vs_ar = Speedup(mean=0.306, ci95=(0.29, 0.32))
     lines = summary_lines(results)
     assert lines[0] == "AR: 400.3 tok/s (95% interval 390.0-410.5), 1.00 accepted/round"
     assert lines[1].startswith("PEFT-BD 1 step: 122.5 tok/s (95% interval 118.0-127.2), 0.31x AR, "

@@ -5,23 +5,36 @@ from __future__ import annotations
 
 import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from peftbd.analysis.figures import acceptance_vs_temperature
 from peftbd.analysis.report import FIGURE_5, build_report
 from peftbd.analysis.sampling import TITLE, intro_words, section, survives
 from peftbd.benchmarking.sampled import SKIPPED
+from peftbd.benchmarking.schema import Results, Sampling
 
 
 def _entry(t: float, accepted: float, rates: list[float], tps: float,
            invalid: list[str] | None = None) -> dict:
+    """One `sampling.arms.*.by_temperature` entry over 100 rounds (`rates`: per position)."""
     check = None if t == 0 else {"prompts": 16, "valid": 16 - len(invalid or []),
                                  "invalid": invalid or []}
+    hits = [round(100 * r) for r in rates]
+    reached = [100, *hits[:-1]] if hits else []
     return {"temperature": t, "mean_accepted": accepted, "tokens_per_s": tps,
-            "per_position": {"rate": rates}, "check": check}
+            "mean_accepted_prefix": accepted - 1, "token_acceptance": None, "new_tokens": 480,
+            "decode_s": 480 / tps, "rounds": 100, "check": check,
+            "per_position": {"proposed": [100] * len(rates), "reached": reached, "accepted": hits,
+                             "rate": rates, "conditional": [a / n for a, n in zip(hits, reached)]}}
 
 
-def _with_sampling(results: dict, invalid: list[str] | None = None) -> dict:
+def _sampling(results: Results) -> Sampling:
+    assert results.sampling is not None
+    return results.sampling
+
+
+def _with_sampling(results: Results, invalid: list[str] | None = None) -> Results:
     """AR; PEFT-BD keeping 0.75 of its acceptance at T = 1; FastMTP as a synthetic arm."""
     arms = {
         "ar": {"label": "AR", "skipped": None,
@@ -32,14 +45,14 @@ def _with_sampling(results: dict, invalid: list[str] | None = None) -> dict:
         "fastmtp": {"label": "FastMTP", "skipped": SKIPPED,
                     "by_temperature": [_entry(0.0, 1.81, [0.7], 310.0)]},
     }
-    return {**results, "sampling": {"temperatures": [0.0, 1.0], "seed": 0, "prompts": 16,
-                                    "how": "", "arms": arms}}
+    return results.model_copy(update={"sampling": Sampling.model_validate(
+        {"temperatures": [0.0, 1.0], "seed": 0, "prompts": 16, "how": "", "arms": arms})})
 
 
 def test_table_11_gives_each_arm_per_temperature_and_what_survives(sample_results) -> None:
     results = _with_sampling(sample_results)
     text = "\n\n".join(section(results, FIGURE_5))
-    assert survives(results["sampling"]["arms"]["peftbd"], 1.0) == 0.75
+    assert survives(_sampling(results).arms["peftbd"], 1.0) == 0.75
     assert ("| arm | T=0 tokens / round | T=0 position-1 acceptance | T=0 tok/s | T=1 tokens / round "
             "| T=1 position-1 acceptance | T=1 tok/s | T=1 survives | T=1 valid samples | note |") in text
     assert "| AR | 1.00 | n/a | 400.0 | 1.00 | n/a | 390.0 | 1.00 | 16/16 |  |" in text
@@ -58,7 +71,7 @@ def test_invalid_samples_are_named_and_old_or_greedy_results_say_so(sample_resul
     assert "| 15/16 |" in text
     assert section(sample_results, FIGURE_5) == [] and intro_words(sample_results) == ""
     greedy_only = _with_sampling(sample_results)
-    greedy_only["sampling"]["temperatures"] = [0.0]
+    _sampling(greedy_only).temperatures = [0.0]
     assert section(greedy_only, FIGURE_5) == [
         TITLE, "_No temperature > 0 in this run (decoding.temperatures)._"]
 
@@ -67,8 +80,8 @@ def test_figure_5_draws_each_arm_that_samples_against_the_temperature(sample_res
     fig = acceptance_vs_temperature(_with_sampling(sample_results))
     lines = {l.get_label(): l for l in fig.axes[0].get_lines()}
     assert list(lines) == ["AR", "PEFT-BD 1 step"]  # not the synthetic arm
-    assert list(lines["PEFT-BD 1 step"].get_xdata()) == [0.0, 1.0]
-    assert list(lines["PEFT-BD 1 step"].get_ydata()) == [2.0, 1.5]
+    assert np.asarray(lines["PEFT-BD 1 step"].get_xdata()).tolist() == [0.0, 1.0]
+    assert np.asarray(lines["PEFT-BD 1 step"].get_ydata()).tolist() == [2.0, 1.5]
     plt.close(fig)
 
 

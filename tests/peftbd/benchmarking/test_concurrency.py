@@ -4,11 +4,13 @@ the median over repeats, speedup over AR at the same batch size, exactness over 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
+from pydantic import TypeAdapter
 
 from peftbd.benchmarking.concurrency import BatchRun, batch_run, concurrency_rows
-from peftbd.benchmarking.schema import ConcurrencyRow, concurrency_rows as rows_of
+from peftbd.benchmarking.schema import ConcurrencyRow, Results
 from peftbd.decoding import DecodeResult
 from peftbd.decoding.state import RoundMetrics
 
@@ -53,5 +55,7 @@ def test_batch_run_counts_tokens_rounds_and_exact_prompts() -> None:
 
 def test_rows_round_trip_through_results_json() -> None:
     row = ConcurrencyRow("peftbd", 16, 812.5, 2.4, True, 0.91, 3.2)
-    assert rows_of({"concurrency": [dataclasses.asdict(row)]}) == [row]
-    assert rows_of({}) == []
+    rows = TypeAdapter(list[ConcurrencyRow])
+    assert rows.validate_json(json.dumps([dataclasses.asdict(row)])) == [row]
+    field = Results.model_fields["concurrency"]  # results written before the sweep have none
+    assert field.get_default(call_default_factory=True) == []

@@ -11,6 +11,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from peftbd.benchmarking import cost_profile as cp
 from peftbd.benchmarking import cost_profile_models as cpm
+from peftbd.benchmarking.cost_profile_schema import CostProfile
 from peftbd.benchmarking.forward_counter import ForwardCounter
 from peftbd.config import load_config
 from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
@@ -38,6 +39,7 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
                    "dflash", "dflash_2layers", "dflash_5layers", "peftbd_synthetic",
                    "fastmtp_synthetic", "peftbd_head_synthetic"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
+    assert CostProfile.from_dict(prof).to_dict() == prof  # and read back as the same profile
     assert list(prof["profiles"]) == ["float32", "bfloat16"]
     assert prof["kv_len"] == 48 and prof["repeats"] == 2 and prof["threads"] == cfg.cost_profile.threads
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2

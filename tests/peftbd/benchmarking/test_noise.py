@@ -21,7 +21,7 @@ def test_the_interval_holds_the_measured_throughput_and_is_deterministic() -> No
     low, high = throughput_interval(runs)
     point = 100 * 32 / sum(seconds)
     assert low < point < high
-    assert throughput_interval(runs) == [low, high]
+    assert throughput_interval(runs) == (low, high)
 
 
 def test_the_interval_narrows_with_uniform_prompts() -> None:

@@ -16,6 +16,7 @@ from peftbd.benchmarking.sampled import (
     sampling_block,
     valid_sample,
 )
+from peftbd.benchmarking.schema import Check
 from peftbd.config import ConfigError, load_config
 from peftbd.decoding import DecodeResult, RoundMetrics
 
@@ -70,19 +71,18 @@ def test_the_block_holds_every_arm_per_temperature_and_skips_synthetic_arms_abov
               SampledPass("peftbd", 1.0, [_decode([(4, 0)], seconds=0.02)], [])]
     block = sampling_block(chosen, [0.0, 1.0], 3, 2, greedy, passes)
 
-    assert (block["temperatures"], block["seed"], block["prompts"]) == ([0.0, 1.0], 3, 2)
-    arms = block["arms"]
+    assert (block.temperatures, block.seed, block.prompts) == ([0.0, 1.0], 3, 2)
+    arms = block.arms
     assert list(arms) == ["ar", "peftbd", "peftbd_synthetic"]
-    greedy_0, sampled_1 = arms["peftbd"]["by_temperature"]
-    assert (greedy_0["temperature"], greedy_0["mean_accepted"], greedy_0["check"]) == \
-        (0.0, 3.0, None)
-    assert sampled_1["temperature"] == 1.0 and sampled_1["rounds"] == 3
-    assert sampled_1["mean_accepted"] == pytest.approx(4 / 3)  # (2 + 1 + 1) tokens / 3 rounds
-    position = sampled_1["per_position"]
-    assert (position["proposed"][0], position["accepted"][0]) == (3, 1)
-    assert sampled_1["check"] == {"prompts": 2, "valid": 1, "invalid": ["p2"]}
-    assert sampled_1["new_tokens"] == 4 and sampled_1["tokens_per_s"] == pytest.approx(4 / 0.04)
-    assert [e["mean_accepted"] for e in arms["ar"]["by_temperature"]] == [1.0, 1.0]
+    greedy_0, sampled_1 = arms["peftbd"].by_temperature
+    assert (greedy_0.temperature, greedy_0.mean_accepted, greedy_0.check) == (0.0, 3.0, None)
+    assert sampled_1.temperature == 1.0 and sampled_1.rounds == 3
+    assert sampled_1.mean_accepted == pytest.approx(4 / 3)  # (2 + 1 + 1) tokens / 3 rounds
+    position = sampled_1.per_position
+    assert (position.proposed[0], position.accepted[0]) == (3, 1)
+    assert sampled_1.check == Check(prompts=2, valid=1, invalid=["p2"])
+    assert sampled_1.new_tokens == 4 and sampled_1.tokens_per_s == pytest.approx(4 / 0.04)
+    assert [e.mean_accepted for e in arms["ar"].by_temperature] == [1.0, 1.0]
     synthetic = arms["peftbd_synthetic"]
-    assert synthetic["skipped"] == SKIPPED and arms["peftbd"]["skipped"] is None
-    assert [e["temperature"] for e in synthetic["by_temperature"]] == [0.0]  # T = 0 only
+    assert synthetic.skipped == SKIPPED and arms["peftbd"].skipped is None
+    assert [e.temperature for e in synthetic.by_temperature] == [0.0]  # T = 0 only
