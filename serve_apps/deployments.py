@@ -6,6 +6,11 @@ steps from its step loop (concurrent requests batched); Drafter and Verifier tak
 (see `serve_apps.args.SESSION_ROUTER` and `serve_apps.backends._Shards`), so a request's rounds
 reach the replica that holds its state; any other replica rebuilds it from the committed tokens
 the item carries.
+
+Each Ingress replica gathers only its own requests into a call, so Drafter and Verifier combine
+again (`peftbd.serving.combine`): calls that arrive while a batch is in flight, from any Ingress,
+run as the next batch, up to `serving.max_batch` items (the colocated Engine's step loop does the
+same for its requests).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ray import serve
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.methods import AR, methods, serving_names
+from peftbd.serving.combine import Combiner
 from peftbd.serving.messages import (
     PrefillItem,
     PrefillReply,
@@ -45,6 +51,7 @@ class _ModelReplica:
                                      references=app.reference_outputs())
         s = cfg.serving
         self.decoder = ReplicaDecoder(models, s.max_sessions, s.max_batch, s.batch_wait_ms)
+        self.combiner = Combiner(s.max_batch)
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned request's state."""
@@ -89,10 +96,11 @@ class Drafter(_ModelReplica):
     def serves() -> tuple[str, ...]:
         return tuple(m.serving for m in methods())
 
-    def propose_batch(self, items: list[ProposeItem]) -> list[ProposeReply]:
+    async def propose_batch(self, items: list[ProposeItem]) -> list[ProposeReply]:
         """Catch each request up with its `committed` (with what the Verifier shipped, no
-        forward; `serving.drafter_sync`) and draft its next block: one batched draft per method."""
-        return self.decoder.propose_batch(items)
+        forward; `serving.drafter_sync`) and draft its next block: one batched draft per method
+        (with the other calls waiting here)."""
+        return await self.combiner.call("propose", self.decoder.propose_batch, items)
 
 
 @serve.deployment(name="Verifier", max_ongoing_requests=MAX_ONGOING,
@@ -104,12 +112,13 @@ class Verifier(_ModelReplica):
     def serves() -> tuple[str, ...]:
         return (AR,)
 
-    def prefill_batch(self, items: list[PrefillItem]) -> list[PrefillReply]:
+    async def prefill_batch(self, items: list[PrefillItem]) -> list[PrefillReply]:
         """Start requests; commits each one's first token (with the features its drafter
-        reads): one batched prefill."""
-        return self.decoder.prefill_batch(items)
+        reads): one batched prefill (with the other calls waiting here)."""
+        return await self.combiner.call("prefill", self.decoder.prefill_batch, items)
 
-    def verify_batch(self, items: list[VerifyItem]) -> list[VerifyReply]:
+    async def verify_batch(self, items: list[VerifyItem]) -> list[VerifyReply]:
         """Verify each draft after its `committed`; commits its accepted prefix plus the bonus
-        token and ships what the request's drafter reads of it: one batched verify."""
-        return self.decoder.verify_batch(items)
+        token and ships what the request's drafter reads of it: one batched verify (with the
+        other calls waiting here)."""
+        return await self.combiner.call("verify", self.decoder.verify_batch, items)

@@ -127,6 +127,11 @@ def test_round_metrics_are_exported_under_the_dashboard_names(served):
             "ray_peftbd_tokens_per_round"} <= names
     # counted only when a state is rebuilt / a draft token is accepted (untrained drafters here)
     wanted = names - {"ray_peftbd_session_resumes", "ray_peftbd_accepted_per_position"}
+    for app in ("colocated", "split"):  # every method once on each app, whatever ran before
+        for name in serving_names():
+            served.client(app).chat.completions.create(
+                model=f"{served.model}:{name}", max_tokens=8,
+                messages=[{"role": "user", "content": "Name a list method."}])
     url = f"http://127.0.0.1:{served.metrics_port}/metrics"
     deadline, text = time.time() + 90, ""
     while time.time() < deadline:

@@ -1,0 +1,39 @@
+"""A split replica's second gathering: concurrent batched calls (from every Ingress replica)
+combined into one model call.
+
+Each Ingress replica gathers only its own requests (`peftbd.serving.gather`), so two Ingresses
+would each send a half batch and the replica would run two forwards where one would do.
+`Combiner.call(kind, run, items)` puts the call's items in the replica's gather of that kind
+(no wait: a lone call runs at once); calls that arrive while a batch of that kind is in flight,
+from any caller, run together as the next batch, at most `max_batch` items (Ray Serve's
+`@serve.batch` with `max_concurrent_batches=1` and no timeout, kept per replica instance).
+`run` is blocking model work, done in a worker thread so the replica's event loop keeps taking
+calls. An exception of `run` is every caller's of that batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from peftbd.serving.gather import Gather
+
+
+class Combiner:
+    """One `Gather` per kind of call (propose, prefill, verify), created in the running loop."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self._gathers: dict[str, Gather[Any, Any]] = {}
+
+    async def call(self, kind: str, run: Callable[[list[Any]], list[Any]],
+                   items: Sequence[Any]) -> list[Any]:
+        """`run`'s replies to `items`, in order, from the batch (or batches) they joined."""
+        gather = self._gathers.get(kind)
+        if gather is None:
+            async def send(batch: Sequence[Any]) -> list[Any]:
+                return await asyncio.to_thread(run, list(batch))
+
+            gather = self._gathers[kind] = Gather(send, self.max_batch, wait_ms=0.0)
+        return list(await asyncio.gather(*(gather.call(it) for it in items)))
