@@ -118,7 +118,7 @@ class _Shards:
         return self.handle.options(session_id=self.key(session_id))
 
 
-Reply = tuple[PrefillReply | ProposeReply | VerifyReply, float, int]
+Reply = tuple[PrefillReply | ProposeReply | VerifyReply, float]
 """A batched call's reply for one item: (the reply, the item's share of the call's transport
 ms, the items the call carried)."""
 
@@ -189,7 +189,7 @@ class SplitBackend:
             replies, wall = await self.retry.call(
                 target.name, lambda: getattr(handle, method).remote(batch))
             share = max(wall - replies[0].handler_ms, 0.0) / len(idx)
-            return [(reply, share, len(idx)) for reply in replies]
+            return [(reply, share) for reply in replies]
 
         out: list[Reply | BaseException] = [None] * len(items)  # type: ignore[list-item]
         done = await asyncio.gather(*(shard(k, idx) for k, idx in groups.items()),
@@ -216,23 +216,23 @@ class SplitBackend:
         course = _Course(self._where, self._changed, next(self._dealt) % self.groups)
         course.move(("to", "prefill"))
         try:
-            reply, share, n = await self._call(
+            reply, share = await self._call(
                 "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling), course)
-            event = prefill_event(reply, share, n)
+            event = prefill_event(reply, share, reply.batch_size)
             committed = prompt + event.tokens
             course.move(None if event.done else ("to", first))
             yield event
             while not event.done:
                 proposal, draft_share, shipped = None, 0.0, reply.shipped
                 if spec.method != "ar":
-                    proposal, draft_share, _ = await self._call("propose", ProposeItem(
+                    proposal, draft_share = await self._call("propose", ProposeItem(
                         sid, committed, len(prompt), budget, spec.method, shipped, spec.sampling),
                         course)
                     course.move(("to", "verify"))
                 draft = proposal.draft if proposal else []
-                reply, verify_share, n = await self._call("verify", VerifyItem(
+                reply, verify_share = await self._call("verify", VerifyItem(
                     sid, committed, len(prompt), budget, draft, spec.method, spec.sampling), course)
-                event = split_round(proposal, draft_share, reply, verify_share, n)
+                event = split_round(proposal, draft_share, reply, verify_share, reply.batch_size)
                 committed = committed + event.tokens
                 course.move(None if event.done else ("to", first))
                 yield event

@@ -8,16 +8,23 @@ would each send a half batch and the replica would run two forwards where one wo
 from any caller, run together as the next batch, at most `max_batch` items (Ray Serve's
 `@serve.batch` with `max_concurrent_batches=1` and no timeout, kept per replica instance).
 `run` is blocking model work, done in a worker thread so the replica's event loop keeps taking
-calls. An exception of `run` is every caller's of that batch.
+calls. Each reply's `handler_ms` becomes the call's whole time here (its wait behind other calls
+included), so the ingress counts only the hops as transport. An exception of `run` is every
+caller's of that batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from peftbd.serving.gather import Gather
+from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
+
+Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
 
 
 class Combiner:
@@ -27,13 +34,16 @@ class Combiner:
         self.max_batch = max_batch
         self._gathers: dict[str, Gather[Any, Any]] = {}
 
-    async def call(self, kind: str, run: Callable[[list[Any]], list[Any]],
-                   items: Sequence[Any]) -> list[Any]:
+    async def call(self, kind: str, run: Callable[[list[Any]], list[Reply]],
+                   items: Sequence[Any]) -> list[Reply]:
         """`run`'s replies to `items`, in order, from the batch (or batches) they joined."""
+        start = time.perf_counter()
         gather = self._gathers.get(kind)
         if gather is None:
-            async def send(batch: Sequence[Any]) -> list[Any]:
+            async def send(batch: Sequence[Any]) -> list[Reply]:
                 return await asyncio.to_thread(run, list(batch))
 
             gather = self._gathers[kind] = Gather(send, self.max_batch, wait_ms=0.0)
-        return list(await asyncio.gather(*(gather.call(it) for it in items)))
+        replies = await asyncio.gather(*(gather.call(it) for it in items))
+        here_ms = (time.perf_counter() - start) * 1e3
+        return [dataclasses.replace(r, handler_ms=max(r.handler_ms, here_ms)) for r in replies]

@@ -1,7 +1,9 @@
 """The typed items a batched split call carries, one per request, and the typed replies (plain
 data: they cross Ray hops pickled). Each item carries the committed tokens, the ingress's truth,
 so any replica can rebuild a request it does not hold. Times in a reply are the replica's (its
-engine clock); `handler_ms` is the whole batched call's, which every item waited for."""
+engine clock); `handler_ms` is the whole call's time on the replica, which every item waited for
+(waiting there behind other calls included), and `batch_size` the items of the model call that
+served it (the replica combines concurrent calls: `peftbd.serving.combine`)."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class PrefillReply:
     prefill_ms: float
     shipped: Shipped = None
     handler_ms: float = 0.0
+    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class ProposeReply:
     sync_ms: float
     resumed: bool
     handler_ms: float = 0.0
+    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,3 +95,4 @@ class VerifyReply:
     resumed: bool
     shipped: Shipped = None
     handler_ms: float = 0.0
+    batch_size: int = 1

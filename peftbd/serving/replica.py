@@ -274,8 +274,9 @@ Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
 
 
 def _stamp(replies: dict[int, Reply], n: int, handler_ms: float) -> list[Reply]:
-    """The replies to items 0 .. n-1 in order, each with the whole batched call's handler time."""
-    return [dataclasses.replace(replies[i], handler_ms=handler_ms) for i in range(n)]
+    """The replies to items 0 .. n-1 in order, each with the whole batched call's handler time
+    and size."""
+    return [dataclasses.replace(replies[i], handler_ms=handler_ms, batch_size=n) for i in range(n)]
 
 
 def _features(state: DecodeState) -> FeatureBlock | None:
