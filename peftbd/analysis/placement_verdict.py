@@ -7,7 +7,7 @@ verifier of t_v per round serve that many times more clients)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from peftbd.analysis.placement import Devices, busy_words
@@ -23,11 +23,14 @@ class Capacity:
     """The most clients measured that each still got >= the fraction of one client's tok/s;
     `censored`: every level measured passed, so the true capacity is at least `clients`;
     `baseline`: only the lowest level passed (which always does), so the true capacity lies
-    somewhere below the next level: no number to divide."""
+    somewhere below the next level: no number to divide. `floor_tps`: the per-client tok/s each
+    client had to keep (the fraction of this placement's own one-client tok/s), so capacities of
+    placements whose one client runs at different speeds are read with their floors."""
 
     clients: int
     censored: bool
     baseline: bool = False
+    floor_tps: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ def capacity(rows: Sequence[dict[str, Any]], fraction: float) -> Capacity | None
     floor = fraction * rows[0]["client_tokens_per_s"]
     passing = [r["concurrency"] for r in rows if (r.get("client_tokens_per_s") or 0) >= floor]
     return Capacity(max(passing), censored=passing[-1:] == [rows[-1]["concurrency"]],
-                    baseline=max(passing) == rows[0]["concurrency"] and len(rows) > 1)
+                    baseline=max(passing) == rows[0]["concurrency"] and len(rows) > 1,
+                    floor_tps=floor)
 
 
 def verdicts(summary: dict[str, Any], rows: Sequence[dict[str, Any]],
@@ -174,6 +178,10 @@ def _cap_words(c: Capacity | None) -> str:
     return f"{'>= ' if c.censored else ''}{c.clients}{' (only the lowest level)' if c.baseline else ''}"
 
 
+def _floor_words(c: Capacity | None) -> str:
+    return "-" if c is None else f"{c.floor_tps:.1f}"
+
+
 def sentence(v: Verdict) -> str:
     """The verdict in words: the change, the deciding term, the prediction, the goals."""
     change = _ratio(v.draft_ms_per_token)
@@ -196,7 +204,8 @@ def sentence(v: Verdict) -> str:
         + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
         + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
         f"per verifier device, split over colocated: {_gain_words(capacity_gain(v))} (clients "
-        f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated), against "
+        f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated; each client "
+        f"kept >= {_floor_words(v.capacity[1])} vs {_floor_words(v.capacity[0])} tok/s), against "
         f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. Goals: "
         + "; ".join(goals) + "."
     )

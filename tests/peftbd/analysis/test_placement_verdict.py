@@ -33,6 +33,7 @@ def _row(placement: str, clients: int, client_tps: float, tps: float, **extra) -
 def test_capacity_is_the_last_level_above_the_fraction_and_says_when_it_is_a_bound():
     rows = [_row("split", c, t, 0) for c, t in ((1, 100), (4, 80), (16, 49), (32, 20))]
     assert capacity(rows, 0.5) == Capacity(4, censored=False)
+    assert capacity(rows, 0.5).floor_tps == 50.0  # half this placement's one-client tok/s
     assert capacity(rows[:2], 0.5) == Capacity(4, censored=True)
     assert capacity([], 0.5) is None
 
@@ -62,6 +63,7 @@ def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
     # split passed every level (a lower bound), colocated's capacity is 4: >= 16 / 1 over 4 / 2
     assert capacity_gain(v) == (pytest.approx(8.0), ">=")
     assert "capacity per verifier device >= 1.5x colocated: met (>= 8.00x)" in words
+    assert "each client kept >= 45.0 vs 50.0 tok/s" in words  # half of each one-client rate
     assert "## Verdict" in verdict_markdown([v], 0.5)
 
 
