@@ -239,8 +239,8 @@ def test_a_chunked_body_over_the_cap_is_refused_before_it_is_all_sent(served):
     assert b"max_body_bytes" in reply
     # not read to the end: Ray Serve's proxy keeps reading the socket while it streams the body to
     # the replica that counts it, so how much went before the 413 came back is the proxy->replica
-    # latency's worth (about 40 MB on the idle 2-core box, 10-30 MB under load), not the cap
-    assert sent < 75_000_000, sent
+    # latency's worth (10-40 MB on the 2-core box, 78 MB once under CI load), not the cap
+    assert sent < 100_000_000, sent
 
 
 def _metric_totals(text: str, name: str) -> dict[tuple[str, str], float]:
