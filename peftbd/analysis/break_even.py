@@ -23,16 +23,8 @@ from peftbd.methods.peft_bd import ID as PEFTBD
 SYNTHETIC = "_synthetic"
 
 
-def _quoted(metric: str, arm: str, measured_on: str) -> float:
-    """A number the paper gives (not only as a range)."""
-    value = paper_value(metric, arm, measured_on).value
-    if value is None:
-        raise ValueError(f"the paper gives no number for {metric} of {arm}")
-    return value
-
-
-PAPER_ROUND_MS = 1e3 * _quoted("t0_s", PAPER_PEFTBD, ORACLE)
-PAPER_AR_MS = 1e3 / _quoted("tokens_per_s", PAPER_AR, SGLANG)
+PAPER_ROUND_MS = 1e3 * paper_value("t0_s", PAPER_PEFTBD, ORACLE).number
+PAPER_AR_MS = 1e3 / paper_value("tokens_per_s", PAPER_AR).number
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from peftbd.benchmarking.misfit import misfit
 from peftbd.benchmarking.roofline import GPU
 from peftbd.benchmarking.shape_decode import ShapeDecode
-from peftbd.errors import UserError
 
 PROFILE_FILE = "cost_profile.json"
 
@@ -124,10 +124,8 @@ class CostProfile:
         try:
             return _ADAPTER.validate_python(data)
         except ValidationError as e:
-            first = e.errors()[0]
-            key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            raise UserError(f"{where}: `{key}`: {first['msg']}: not a cost profile this code "
-                            "writes; rerun the cost profile (python -m jobs.cost_profile)") from None
+            raise misfit(where, e, "a cost profile",
+                         "rerun the cost profile (python -m jobs.cost_profile)") from None
 
     @classmethod
     def read(cls, path: Path) -> CostProfile:

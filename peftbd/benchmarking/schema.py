@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from peftbd.benchmarking.cost_profile_schema import CostProfile
 from peftbd.benchmarking.device_floor import DeviceFloor
+from peftbd.benchmarking.misfit import misfit
 from peftbd.decoding.audit import Mismatch
 from peftbd.errors import UserError
 from peftbd.methods.arm import AR
@@ -331,11 +332,8 @@ class Results(Record):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            first = e.errors()[0]
-            key = ".".join(str(p) for p in first["loc"])
-            raise UserError(f"{where}: `{key}`: {first['msg']} ({e.error_count()} problem(s)): "
-                            "not a results.json this code writes; rerun the benchmark "
-                            "(python -m jobs.benchmark)") from None
+            raise misfit(where, e, "a results.json",
+                         "rerun the benchmark (python -m jobs.benchmark)") from None
 
     @classmethod
     def read(cls, path: Path) -> Results:

@@ -19,12 +19,10 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from peftbd.serving.gather import Gather
-from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
-
-Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
+from peftbd.serving.messages import Reply
 
 
 class Combiner:

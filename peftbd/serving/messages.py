@@ -8,6 +8,7 @@ served it (the replica combines concurrent calls: `peftbd.serving.combine`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.features import Shipped
@@ -96,3 +97,7 @@ class VerifyReply:
     shipped: Shipped = None
     handler_ms: float = 0.0
     batch_size: int = 1
+
+
+Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
+"""Any one of the split calls' replies (each carries `handler_ms` and `batch_size`)."""

@@ -25,7 +25,7 @@ import collections
 import dataclasses
 import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
 from peftbd.decoding.sampling import GREEDY, SamplingParams
@@ -39,6 +39,7 @@ from peftbd.serving.messages import (
     PrefillReply,
     ProposeItem,
     ProposeReply,
+    Reply,
     VerifyItem,
     VerifyReply,
 )
@@ -268,9 +269,6 @@ def _event(item: RoundEvent | BaseException) -> RoundEvent:
     if isinstance(item, BaseException):
         raise item
     return item
-
-
-Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
 
 
 def _stamp(replies: dict[int, Reply], n: int, handler_ms: float) -> list[Reply]:

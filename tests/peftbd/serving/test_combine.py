@@ -17,12 +17,14 @@ IN_FLIGHT_S = 0.3
 
 
 class _Model:
-    """Records each call's items (and that no two overlap); a reply's token is its item's
-    number, `batch_size` the call's items, `handler_ms` 1."""
+    """Records each call's items (and that no two overlap); each call takes IN_FLIGHT_S, the
+    first one only once `release` is set; a reply's token is its item's number, `batch_size` the
+    call's items, `handler_ms` 1."""
 
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[list[str]] = []
         self.fail, self.busy, self.overlapped = fail, threading.Lock(), False
+        self.release = threading.Event()
 
     def run(self, items: Sequence[str]) -> list[str]:
         if not self.busy.acquire(blocking=False):
@@ -30,6 +32,8 @@ class _Model:
             self.busy.acquire()
         try:
             self.calls.append(list(items))
+            if len(self.calls) == 1:
+                assert self.release.wait(timeout=30), "the test never released the first call"
             time.sleep(IN_FLIGHT_S)
             if self.fail:
                 raise RuntimeError("forward failed")
@@ -40,11 +44,15 @@ class _Model:
 
 
 async def _first_then_two(combiner: Combiner, model: _Model) -> list[Any]:
-    """Call a runs alone; calls b and c arrive while it is in flight."""
+    """Call a runs alone; calls b and c arrive while it is in the model and wait IN_FLIGHT_S
+    before it is released."""
     first = asyncio.ensure_future(combiner.call("verify", model.run, ["a0", "a1"]))
-    await asyncio.sleep(IN_FLIGHT_S / 3)
-    rest = [combiner.call("verify", model.run, ["b2", "b3"]),
-            combiner.call("verify", model.run, ["c4"])]
+    while not model.calls:  # a is in the model
+        await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(combiner.call("verify", model.run, ["b2", "b3"])),
+            asyncio.ensure_future(combiner.call("verify", model.run, ["c4"]))]
+    await asyncio.sleep(IN_FLIGHT_S)
+    model.release.set()
     return list(await asyncio.gather(first, *rest, return_exceptions=True))
 
 
@@ -56,7 +64,8 @@ def test_calls_that_queue_behind_a_batch_run_together_as_the_next() -> None:
     assert [[r.batch_size for r in call] for call in replies] == [[2, 2], [3, 3], [3]]
     first, *rest = replies
     assert all(r.handler_ms >= 1e3 * IN_FLIGHT_S for r in first)  # its own call
-    assert all(r.handler_ms >= 1e3 * IN_FLIGHT_S * 5 / 3 for call in rest for r in call)  # + wait
+    # its own call after waiting IN_FLIGHT_S behind a's
+    assert all(r.handler_ms >= 1e3 * IN_FLIGHT_S * 2 for call in rest for r in call)
 
 
 def test_a_batch_takes_at_most_max_batch_items() -> None:
@@ -72,6 +81,7 @@ def test_kinds_batch_apart() -> None:
                              combiner.call("verify", model.run, ["v2"]))
 
     model = _Model()
+    model.release.set()
     asyncio.run(both(Combiner(16), model))
     assert sorted(model.calls) == [["p1"], ["v2"]]
 
