@@ -58,6 +58,7 @@ from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import PLACEMENT
 from peftbd.methods import methods, serving_names
 from peftbd.serving.models import DrafterDirs
+from peftbd.serving.schemas import SpecStats
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.serving.validation import check_serving_config
 from peftbd.stage import StageCall, StageInputs
@@ -145,7 +146,8 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
                 end = time.perf_counter()
                 return RequestRecord(
                     placement, label, i, resp.choices[0].text, resp.usage.completion_tokens,
-                    (end - start) * 1e3, resp.usage.model_extra["speculative"], concurrency,
+                    (end - start) * 1e3,
+                    SpecStats.model_validate(resp.usage.model_extra["speculative"]), concurrency,
                     start, end)
 
             before, start = _busy(replicas), time.perf_counter()
@@ -257,11 +259,14 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
           f"{cfg.serving.replica_num_cpus}, decoding.torch_threads {cfg.decoding.torch_threads}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
-    result = {"summary": summary, "concurrency": by_concurrency, "skipped": skipped,
-              "notes": notes, "devices": {p: dataclasses.asdict(d) for p, d in devices.items()},
+    result = {"summary": {p: {m: dataclasses.asdict(run) for m, run in runs.items()}
+                          for p, runs in summary.items()},
+              "concurrency": [dataclasses.asdict(row) for row in by_concurrency],
+              "skipped": skipped, "notes": notes,
+              "devices": {p: dataclasses.asdict(d) for p, d in devices.items()},
               "verdicts": [dataclasses.asdict(v) for v in found],
               "outputs_identical": outputs_identical(records),
-              "requests": [dataclasses.asdict(r) for r in records]}
+              "requests": [{**dataclasses.asdict(r), "spec": r.spec.model_dump()} for r in records]}
     (tmp / "placement.json").write_text(json.dumps(result, indent=2))
     (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency)
                                       + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction))

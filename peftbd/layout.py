@@ -99,10 +99,8 @@ PLACEMENT = StageSpec(
           "peftbd.analysis.placement",
           "peftbd.analysis.placement_verdict",
           "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
-          "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.device_floor",
-          "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
-          "peftbd.benchmarking.shape_decode", "peftbd.benchmarking.arms",
-          "peftbd.benchmarking.cost_profile_models", "peftbd.benchmarking.misfit", "serve_apps",
+          "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
+          "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",
           "jobs.placement", "jobs.local_cluster"),
     command="python -m jobs.placement",
 )

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from peftbd.analysis.tables import markdown_table
+from peftbd.serving.schemas import SpecStats
 
 
 @dataclass
@@ -24,7 +24,7 @@ class RequestRecord:
     text: str
     completion_tokens: int
     wall_ms: float
-    spec: dict[str, Any]
+    spec: SpecStats
     concurrency: int = 1
     start_s: float = 0.0
     end_s: float = 0.0
@@ -50,38 +50,64 @@ class Devices:
 
 
 TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transport_ms")
+"""The `SpecStats` time fields (ms totals) a summary adds up."""
 
 
-def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Per (placement, method): tokens/s from client wall time, tokens per round, per-round
+@dataclass(frozen=True)
+class PlacementRun:
+    """One (placement, method) one request at a time (`summarize`); None: nothing to divide by."""
+
+    requests: int
+    completion_tokens: int
+    rounds: int
+    tokens_per_s: float | None
+    tokens_per_round: float | None
+    acceptance_rate: float | None
+    prefill_ms_per_request: float | None
+    draft_ms_per_round: float | None
+    verify_ms_per_round: float | None
+    sync_ms_per_round: float | None
+    other_ms_per_round: float | None
+    transport_ms_per_round: float | None
+    draft_over_verify: float | None
+    transport_share: float | None
+    ingress_http_ms_per_request: float | None
+    resumes: int
+    feature_bytes_per_token: float | None
+
+
+def summarize(records: Sequence[RequestRecord]) -> dict[str, dict[str, PlacementRun]]:
+    """Per placement, per method: tokens/s from client wall time, tokens per round, per-round
     draft / verify / sync / other / transport ms, draft cost over verify cost, and the verifier
     feature bytes a split head drafter received per completion token (prefill included)."""
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, PlacementRun]] = {}
     key: Callable[[RequestRecord], tuple[str, str]] = (  # noqa: E731
         lambda r: (r.placement, r.method))
     for (placement, method), run in itertools.groupby(sorted(records, key=key), key=key):
         group = list(run)
-        rounds = sum(r.spec["rounds"] for r in group)
+        rounds = sum(r.spec.rounds for r in group)
         tokens = sum(r.completion_tokens for r in group)
         wall_s = sum(r.wall_ms for r in group) / 1e3
-        totals = {t: sum(r.spec[t] for r in group) for t in TIMES}
-        per_round = {t: _div(totals[t], rounds) for t in TIMES if t != "prefill_ms"}
+        totals: dict[str, float] = {t: sum(getattr(r.spec, t) for r in group) for t in TIMES}
         replica_ms = sum(totals.values())
-        out.setdefault(placement, {})[method] = {
-            "requests": len(group), "completion_tokens": tokens, "rounds": rounds,
-            "tokens_per_s": _div(tokens, wall_s),
-            "tokens_per_round": _div(tokens - len(group), rounds),  # the prefill token is no round's
-            "acceptance_rate": _div(sum(r.spec["accepted_tokens"] for r in group),
-                                    sum(r.spec["proposed_tokens"] for r in group)),
-            "prefill_ms_per_request": _div(totals["prefill_ms"], len(group)),
-            **{f"{t}_per_round": v for t, v in per_round.items()},
-            "draft_over_verify": _div(totals["draft_ms"] + totals["sync_ms"], totals["verify_ms"]),
-            "transport_share": _div(totals["transport_ms"], wall_s * 1e3),
-            "ingress_http_ms_per_request": _div(wall_s * 1e3 - replica_ms, len(group)),
-            "resumes": sum(r.spec["resumes"] for r in group),
-            "feature_bytes_per_token": _div(sum(r.spec.get("feature_bytes", 0) for r in group),
-                                            tokens),
-        }
+        out.setdefault(placement, {})[method] = PlacementRun(
+            requests=len(group), completion_tokens=tokens, rounds=rounds,
+            tokens_per_s=_div(tokens, wall_s),
+            tokens_per_round=_div(tokens - len(group), rounds),  # the prefill token is no round's
+            acceptance_rate=_div(sum(r.spec.accepted_tokens for r in group),
+                                 sum(r.spec.proposed_tokens for r in group)),
+            prefill_ms_per_request=_div(totals["prefill_ms"], len(group)),
+            draft_ms_per_round=_div(totals["draft_ms"], rounds),
+            verify_ms_per_round=_div(totals["verify_ms"], rounds),
+            sync_ms_per_round=_div(totals["sync_ms"], rounds),
+            other_ms_per_round=_div(totals["other_ms"], rounds),
+            transport_ms_per_round=_div(totals["transport_ms"], rounds),
+            draft_over_verify=_div(totals["draft_ms"] + totals["sync_ms"], totals["verify_ms"]),
+            transport_share=_div(totals["transport_ms"], wall_s * 1e3),
+            ingress_http_ms_per_request=_div(wall_s * 1e3 - replica_ms, len(group)),
+            resumes=sum(r.spec.resumes for r in group),
+            feature_bytes_per_token=_div(sum(r.spec.feature_bytes for r in group), tokens),
+        )
     return out
 
 
@@ -91,8 +117,29 @@ def one_at_a_time(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if r.concurrency == low]
 
 
+@dataclass(frozen=True)
+class LoadRow:
+    """One (placement, method, client concurrency) run (`concurrency_summary`); None: nothing to
+    divide by (`tokens_per_s_per_device`: the placement's devices not given)."""
+
+    placement: str
+    method: str
+    concurrency: int
+    requests: int
+    requests_per_s: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    client_tokens_per_s: float | None
+    p50_ms: float
+    p95_ms: float
+    transport_ms_per_token: float | None
+    mean_batch: float | None
+    busy: dict[str, float | None]  # role: its replicas' mean busy fraction
+    speedup: float | None = None
+
+
 def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Window] = (),
-                        devices: dict[str, Devices] | None = None) -> list[dict[str, Any]]:
+                        devices: dict[str, Devices] | None = None) -> list[LoadRow]:
     """One row per (placement, method, concurrency): requests/s and tokens/s over the run's
     aggregate wall time (first request sent to last answered), tokens/s per device (`devices`),
     each client's tokens/s (mean over requests), p50 / p95 client latency, the transport per
@@ -102,34 +149,33 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
     load = {(w.placement, w.method, w.concurrency): w.busy for w in windows}
     key: Callable[[RequestRecord], tuple[str, str, int]] = (  # noqa: E731
         lambda r: (r.placement, r.method, r.concurrency))
-    rows: list[dict[str, Any]] = []
+    rows: list[LoadRow] = []
     for (placement, method, conc), run in itertools.groupby(sorted(records, key=key), key=key):
         group = list(run)
         wall_s = max(r.end_s for r in group) - min(r.start_s for r in group)
         tokens = sum(r.completion_tokens for r in group)
         latencies = sorted(r.wall_ms for r in group)
-        rounds = sum(r.spec["rounds"] for r in group)
-        rows.append({
-            "placement": placement, "method": method, "concurrency": conc,
-            "requests": len(group), "requests_per_s": _div(len(group), wall_s),
-            "tokens_per_s": _div(tokens, wall_s),
-            "tokens_per_s_per_device": _div(tokens, wall_s * devices[placement].total)
+        rounds = sum(r.spec.rounds for r in group)
+        rows.append(LoadRow(
+            placement=placement, method=method, concurrency=conc,
+            requests=len(group), requests_per_s=_div(len(group), wall_s),
+            tokens_per_s=_div(tokens, wall_s),
+            tokens_per_s_per_device=_div(tokens, wall_s * devices[placement].total)
             if devices and placement in devices else None,
-            "client_tokens_per_s": _div(sum(r.completion_tokens / r.wall_ms * 1e3 for r in group),
-                                        len(group)),
-            "p50_ms": round(_quantile(latencies, 0.5), 1),
-            "p95_ms": round(_quantile(latencies, 0.95), 1),
-            "transport_ms_per_token": _div(sum(r.spec["transport_ms"] for r in group), tokens),
-            "mean_batch": _div(sum(r.spec.get("mean_batch_size", 0.0) * r.spec["rounds"]
-                                   for r in group), rounds),
-            "busy": {role: _div(sum(f), len(f))
-                     for role, f in load.get((placement, method, conc), {}).items()},
-        })
+            client_tokens_per_s=_div(sum(r.completion_tokens / r.wall_ms * 1e3 for r in group),
+                                     len(group)),
+            p50_ms=round(_quantile(latencies, 0.5), 1),
+            p95_ms=round(_quantile(latencies, 0.95), 1),
+            transport_ms_per_token=_div(sum(r.spec.transport_ms for r in group), tokens),
+            mean_batch=_div(sum(r.spec.mean_batch_size * r.spec.rounds for r in group), rounds),
+            busy={role: _div(sum(f), len(f))
+                  for role, f in load.get((placement, method, conc), {}).items()},
+        ))
     base: dict[tuple[str, str], float | None] = {}  # (placement, method): its lowest's tok/s
     for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
-        ref = base.setdefault((row["placement"], row["method"]), row["tokens_per_s"])
-        row["speedup"] = _div(row["tokens_per_s"] or 0.0, ref or 0.0)
-    return rows
+        base.setdefault((row.placement, row.method), row.tokens_per_s)
+    return [replace(row, speedup=_div(row.tokens_per_s or 0.0,
+                                      base[row.placement, row.method] or 0.0)) for row in rows]
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -169,11 +215,11 @@ CONCURRENCY_COLUMNS = [
 ]
 
 
-def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[str],
-             concurrency: Sequence[dict[str, Any]] = ()) -> str:
+def markdown(summary: dict[str, dict[str, PlacementRun]], skipped: dict[str, str],
+             notes: Sequence[str], concurrency: Sequence[LoadRow] = ()) -> str:
     """The placement table (one request at a time; ms are per round), the table per client
     concurrency when several were measured, skipped placements and notes."""
-    rows = [[placement, method, *(_fmt(row[k]) for _, k in COLUMNS)]
+    rows = [[placement, method, *(_fmt(getattr(row, k)) for _, k in COLUMNS)]
             for placement, methods in summary.items() for method, row in methods.items()]
     table = markdown_table(["placement", "method", *(c for c, _ in COLUMNS)], rows)
     lines = ["# Placement: colocated vs split draft/verify", "", table, "",
@@ -187,8 +233,8 @@ def markdown(summary: dict[str, Any], skipped: dict[str, str], notes: Sequence[s
              "FastMTP's final hidden states, PEFT-BD's KV: serving.drafter_sync ship) per "
              "completion token, the head's prefill features included; 0 colocated."]
     if concurrency:
-        rows = [[r["placement"], r["method"], *(_fmt(r.get(k)) for _, k in CONCURRENCY_COLUMNS),
-                 busy_words(r.get("busy", {}))] for r in concurrency]
+        rows = [[r.placement, r.method, *(_fmt(getattr(r, k)) for _, k in CONCURRENCY_COLUMNS),
+                 busy_words(r.busy)] for r in concurrency]
         lines += ["", "## Client concurrency", "",
                   markdown_table(["placement", "method", *(c for c, _ in CONCURRENCY_COLUMNS),
                                   "replica busy"], rows), "",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from peftbd.analysis.placement import Devices, busy_words
+from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, busy_words
 from peftbd.analysis.tables import fmt, markdown_table
 
 GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
@@ -50,20 +50,21 @@ class Verdict:
     batch: tuple[float | None, float | None]  # mean batch (colocated, split) at `clients`
 
 
-def capacity(rows: Sequence[dict[str, Any]], fraction: float) -> Capacity | None:
+def capacity(rows: Sequence[LoadRow], fraction: float) -> Capacity | None:
     """Capacity of one (placement, method)'s rows (any order) at `fraction` of the lowest
     concurrency's per-client tok/s."""
-    rows = sorted(rows, key=lambda r: r["concurrency"])
-    if not rows or not rows[0].get("client_tokens_per_s"):
+    rows = sorted(rows, key=lambda r: r.concurrency)
+    lowest = rows[0].client_tokens_per_s if rows else None
+    if not lowest:
         return None
-    floor = fraction * rows[0]["client_tokens_per_s"]
-    passing = [r["concurrency"] for r in rows if (r.get("client_tokens_per_s") or 0) >= floor]
-    return Capacity(max(passing), censored=passing[-1:] == [rows[-1]["concurrency"]],
-                    baseline=max(passing) == rows[0]["concurrency"] and len(rows) > 1,
+    floor = fraction * lowest
+    passing = [r.concurrency for r in rows if (r.client_tokens_per_s or 0) >= floor]
+    return Capacity(max(passing), censored=passing[-1:] == [rows[-1].concurrency],
+                    baseline=max(passing) == rows[0].concurrency and len(rows) > 1,
                     floor_tps=floor)
 
 
-def verdicts(summary: dict[str, Any], rows: Sequence[dict[str, Any]],
+def verdicts(summary: dict[str, dict[str, PlacementRun]], rows: Sequence[LoadRow],
              devices: dict[str, Devices], fraction: float) -> list[Verdict]:
     """A verdict per drafting method for every split placement measured beside colocated."""
     out = []
@@ -77,33 +78,40 @@ def verdicts(summary: dict[str, Any], rows: Sequence[dict[str, Any]],
     return out
 
 
-def _verdict(method: str, placement: str, summary: dict[str, Any], rows: Sequence[dict[str, Any]],
-             devices: dict[str, Devices], fraction: float) -> Verdict:
-    mine = {p: [r for r in rows if r["placement"] == p and r["method"] == method]
+def _verdict(method: str, placement: str, summary: dict[str, dict[str, PlacementRun]],
+             rows: Sequence[LoadRow], devices: dict[str, Devices], fraction: float) -> Verdict:
+    mine = {p: [r for r in rows if r.placement == p and r.method == method]
             for p in ("colocated", placement)}
-    levels = sorted({r["concurrency"] for r in mine[placement]} & {r["concurrency"] for r in mine["colocated"]})
+    levels = sorted({r.concurrency for r in mine[placement]} & {r.concurrency for r in mine["colocated"]})
     clients = GOAL_CLIENTS if GOAL_CLIENTS in levels else max(levels, default=1)
-    at = {p: next((r for r in mine[p] if r["concurrency"] == clients), {}) for p in mine}
+    at = {p: next((r for r in mine[p] if r.concurrency == clients), None) for p in mine}
     caps = _pair(placement, lambda p: capacity(mine[p], fraction))
     per_verifier = (_per_verifier(caps[0], devices, "colocated"),
                     _per_verifier(caps[1], devices, placement))
     one = {p: summary[p][method] for p in mine}
-    t_d = _add(one["colocated"]["draft_ms_per_round"], one["colocated"]["sync_ms_per_round"])
+    colocated = one["colocated"]
+    t_d = _add(colocated.draft_ms_per_round, colocated.sync_ms_per_round)
+    t_v = colocated.verify_ms_per_round
     split = at[placement]
     return Verdict(
         method=method, placement=placement,
         draft_ms_per_token=_pair(placement, lambda p: _per_token(one[p])),
         clients=clients,
-        per_device=_pair(placement, lambda p: at[p].get("tokens_per_s_per_device")),
+        per_device=_pair(placement, lambda p: _read(at[p], lambda r: r.tokens_per_s_per_device)),
         capacity=caps, capacity_per_verifier=per_verifier,
-        predicted_capacity=1 + t_d / one["colocated"]["verify_ms_per_round"]
-        if t_d is not None and one["colocated"]["verify_ms_per_round"] else None,
+        predicted_capacity=1 + t_d / t_v if t_d is not None and t_v else None,
         terms_ms_per_token=_terms(one[placement], split),
-        busy=split.get("busy", {}), batch=_pair(placement, lambda p: at[p].get("mean_batch")),
+        busy=split.busy if split is not None else {},
+        batch=_pair(placement, lambda p: _read(at[p], lambda r: r.mean_batch)),
     )
 
 
 _T = TypeVar("_T")
+
+
+def _read(row: LoadRow | None, value: Callable[[LoadRow], _T | None]) -> _T | None:
+    """`value` of `row`; None when `row` is None (the level was not measured)."""
+    return None if row is None else value(row)
 
 
 def _pair(placement: str, value: Callable[[str], _T]) -> tuple[_T, _T]:
@@ -120,19 +128,21 @@ def _add(a: float | None, b: float | None) -> float | None:
     return None if a is None else a + (b or 0.0)
 
 
-def _per_token(row: dict[str, Any]) -> float | None:
+def _per_token(row: PlacementRun) -> float | None:
     """Draft + catch-up ms per generated token, one request at a time."""
-    cost = _add(row["draft_ms_per_round"], row["sync_ms_per_round"])
-    return cost / row["tokens_per_round"] if cost is not None and row["tokens_per_round"] else None
+    cost = _add(row.draft_ms_per_round, row.sync_ms_per_round)
+    return cost / row.tokens_per_round if cost is not None and row.tokens_per_round else None
 
 
-def _terms(one: dict[str, Any], split: dict[str, Any]) -> dict[str, float]:
-    """Split-only costs per generated token at the verdict's concurrency: transport, the
-    drafter's catch-up forward (one request at a time), and the verifier's idle time."""
-    terms = {"transport": split.get("transport_ms_per_token") or 0.0}
-    if one.get("sync_ms_per_round") and one.get("tokens_per_round"):
-        terms["catch-up"] = one["sync_ms_per_round"] / one["tokens_per_round"]
-    busy, rate = split.get("busy", {}).get("verifier"), split.get("tokens_per_s")
+def _terms(one: PlacementRun, split: LoadRow | None) -> dict[str, float]:
+    """Split-only costs per generated token at the verdict's concurrency (`split`: None when not
+    measured there): transport, the drafter's catch-up forward (one request at a time), and the
+    verifier's idle time."""
+    terms = {"transport": _read(split, lambda r: r.transport_ms_per_token) or 0.0}
+    if one.sync_ms_per_round and one.tokens_per_round:
+        terms["catch-up"] = one.sync_ms_per_round / one.tokens_per_round
+    busy = _read(split, lambda r: r.busy.get("verifier"))
+    rate = _read(split, lambda r: r.tokens_per_s)
     if busy is not None and rate:
         terms["verifier idle"] = (1 - busy) * 1e3 / rate
     return terms

@@ -10,37 +10,16 @@ few large tensor copies (read + write counted)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from peftbd.benchmarking.forward_counter import ForwardCount
+from peftbd.benchmarking.cost_profile_schema import DeviceFloor
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS
 from peftbd.decoding.clock import Clock
 
 GEMM_N = {"cpu": 1024, "cuda": 8192}
 COPY_BYTES = 256 << 20
 TRIES = 5
-
-
-@dataclass(frozen=True)
-class DeviceFloor:
-    """A device's memory bandwidth and matmul throughput at one dtype, and where they came from."""
-
-    device: str
-    dtype: str
-    bytes_per_s: float
-    flops_per_s: float
-    source: str
-
-    @property
-    def element_bytes(self) -> int:
-        return torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
-
-    def forward_ms(self, count: ForwardCount) -> float:
-        """The floor of one counted forward with its weights and KV at this dtype."""
-        return 1e3 * max(count.bytes_at(self.element_bytes) / self.bytes_per_s,
-                         count.flops / self.flops_per_s)
 
 
 def _best_seconds(fn: Callable[[], object], clock: Clock) -> float:

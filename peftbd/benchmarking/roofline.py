@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
-from peftbd.benchmarking.forward_counter import ForwardCount
 from peftbd.config_sections import RooflineGPU
+
+if TYPE_CHECKING:
+    from peftbd.benchmarking.forward_counter import ForwardCount
 
 BF16_BYTES = 2
 

@@ -24,7 +24,8 @@ import torch
 from peftbd import progress
 from peftbd.benchmarking.arms import ArmModels, ArmSpec, DrafterDirs, load_arm_models
 from peftbd.benchmarking.concurrency import WARMUP_TOKENS, BatchRun, batch_run
-from peftbd.benchmarking.device_floor import DeviceFloor, measure_floor
+from peftbd.benchmarking.cost_profile_schema import DeviceFloor
+from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.prompts import Prompt

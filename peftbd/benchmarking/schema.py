@@ -33,8 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from peftbd.benchmarking.cost_profile_schema import CostProfile
-from peftbd.benchmarking.device_floor import DeviceFloor
+from peftbd.benchmarking.cost_profile_schema import CostProfile, DeviceFloor
 from peftbd.benchmarking.misfit import misfit
 from peftbd.decoding.audit import Mismatch
 from peftbd.errors import UserError

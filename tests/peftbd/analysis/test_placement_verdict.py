@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from peftbd.analysis.placement import Devices
+from peftbd.analysis.placement import Devices, LoadRow, PlacementRun
 from peftbd.analysis.placement_verdict import (
     Capacity,
     capacity,
@@ -18,16 +18,21 @@ from peftbd.analysis.placement_verdict import (
 DEVICES = {"colocated": Devices(2, 2), "split": Devices(2, 1)}
 
 
-def _one(draft: float, sync: float, verify: float, per_round: float = 3.0) -> dict:
-    return {"draft_ms_per_round": draft, "sync_ms_per_round": sync, "verify_ms_per_round": verify,
-            "tokens_per_round": per_round}
+def _one(draft: float, sync: float, verify: float, per_round: float = 3.0) -> PlacementRun:
+    return PlacementRun(
+        requests=1, completion_tokens=0, rounds=0, tokens_per_s=None, tokens_per_round=per_round,
+        acceptance_rate=None, prefill_ms_per_request=None, draft_ms_per_round=draft,
+        verify_ms_per_round=verify, sync_ms_per_round=sync, other_ms_per_round=None,
+        transport_ms_per_round=None, draft_over_verify=None, transport_share=None,
+        ingress_http_ms_per_request=None, resumes=0, feature_bytes_per_token=None)
 
 
-def _row(placement: str, clients: int, client_tps: float, tps: float, **extra) -> dict:
-    return {"placement": placement, "method": "peft-bd", "concurrency": clients,
-            "client_tokens_per_s": client_tps, "tokens_per_s": tps,
-            "tokens_per_s_per_device": tps / 2, "mean_batch": extra.pop("batch", 1.0),
-            "transport_ms_per_token": extra.pop("transport", 0.0), "busy": extra.pop("busy", {})}
+def _row(placement: str, clients: int, client_tps: float, tps: float, transport: float = 0.0,
+         batch: float = 1.0, busy: dict[str, float | None] | None = None) -> LoadRow:
+    return LoadRow(placement=placement, method="peft-bd", concurrency=clients, requests=1,
+                   requests_per_s=None, tokens_per_s=tps, tokens_per_s_per_device=tps / 2,
+                   client_tokens_per_s=client_tps, p50_ms=0.0, p95_ms=0.0,
+                   transport_ms_per_token=transport, mean_batch=batch, busy=busy or {})
 
 
 def test_capacity_is_the_last_level_above_the_fraction_and_says_when_it_is_a_bound():
