@@ -282,8 +282,9 @@ def advance_shipped(state: DecodeState, new_tokens: Sequence[int], *,
     - `features` (1, n, m*d), the verifier features (the block-diffusion head's
       `feature_layers`) or `hidden` (1, n, d), its final hidden states (FastMTP's
       `reads_hidden`): `state.cache` falls behind;
-    - `kv`, per layer (1, heads, n, head_dim) keys and values (PEFT-BD): appended to
-      `state.cache`, so a forward catch-up can follow later; `hidden` becomes None.
+    - `kv`, per layer (1, heads, n, head_dim) keys and values (PEFT-BD) of the positions
+      `state.cache` lacks (the verify's n, or a prefill's whole prompt on a new state): appended,
+      so a forward catch-up can follow later; `hidden` becomes None.
 
     Such a state may draft but never verify."""
     if state.done:
@@ -292,9 +293,11 @@ def advance_shipped(state: DecodeState, new_tokens: Sequence[int], *,
         raise ValueError("advance_shipped() got no new_tokens; pass what a verify committed")
     kept = _commit(state, new_tokens)
     if kv is not None:
-        if kv[0][0].shape[2] != len(kept):
-            raise ValueError(f"the shipped KV covers {kv[0][0].shape[2]} positions, the verify "
-                             f"committed {len(kept)} tokens: they must match")
+        cached, needed = state.cache.get_seq_length(), len(state.tokens) - 1
+        if cached + kv[0][0].shape[2] != needed:
+            raise ValueError(f"the shipped KV covers {kv[0][0].shape[2]} positions and the cache "
+                             f"holds {cached}: together they must be the {needed} committed "
+                             f"before the last token")
         state.cache.append(kv)
     state.hidden = hidden if hidden is None else hidden.to(state.device)
     state.features = features if features is None else features.to(state.device)

@@ -45,7 +45,7 @@ from peftbd.serving.messages import (
 )
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
-from peftbd.serving.sessions import Session, SessionStore, from_features, resume_many
+from peftbd.serving.sessions import Session, SessionStore, from_shipped, resume_many, taken
 
 
 class ReplicaDecoder:
@@ -156,8 +156,7 @@ class ReplicaDecoder:
             if not new:
                 continue
             if block is not None and block.covers(len(state.tokens) - 1, len(it.committed) - 1):
-                advance_shipped(state, new,
-                                **_taken(block, state.device, dec.drafter.reads_kv_layers))
+                advance_shipped(state, new, **taken(block, state.device, dec.drafter.reads_kv_layers))
                 sess.cache_behind |= not isinstance(block, KVBlock)
             elif sess.cache_behind:
                 rebuild.append(i)
@@ -167,17 +166,17 @@ class ReplicaDecoder:
             advance_rows(dec.model, [sessions[i].state for i in behind],
                          [items[i].committed[len(sessions[i].state.tokens):] for i in behind],
                          drafter=dec.drafter)
-        featured: dict[int, FeatureBlock] = {}
-        for i in rebuild:
+        prefilled: dict[int, FeatureBlock | KVBlock] = {}
+        for i in rebuild:  # the prefill's shipped state of every cached position: no forward
             block = items[i].shipped
-            if isinstance(block, FeatureBlock) and block.layers != FINAL_HIDDEN \
-                    and block.covers(0, len(items[i].committed) - 1):
-                featured[i] = block
-        for i, block in featured.items():  # the prefill's features of every cached position
+            if block is not None and block.covers(0, len(items[i].committed) - 1):
+                prefilled[i] = block
+        for i, block in prefilled.items():
             it = items[i]
-            sessions[i] = Session(from_features(dec, it.committed, it.prompt_len,
-                                                it.max_new_tokens, block), cache_behind=True)
-        resumed = [i for i in rebuild if i not in featured]
+            sessions[i] = Session(
+                from_shipped(dec, it.committed, it.prompt_len, it.max_new_tokens, block, it.sampling),
+                cache_behind=not isinstance(block, KVBlock))
+        resumed = [i for i in rebuild if i not in prefilled]
         for i, state in zip(resumed, self._resume(dec, [items[i] for i in resumed])):
             sessions[i] = Session(state)
         again = [False] * len(items)
@@ -198,8 +197,9 @@ class ReplicaDecoder:
     # split: verifier side ------------------------------------------------------------------
 
     def prefill_batch(self, items: Sequence[PrefillItem]) -> list[PrefillReply]:
-        """Start requests (one batched prefill per verifier decoder); a request whose drafter
-        reads verifier features gets those of every prompt position."""
+        """Start requests (one batched prefill per verifier decoder); each reply ships what the
+        request's drafter reads of every prompt position (`ServingModels.shipped`), so its first
+        propose starts without a prefill of its own."""
         clock = self.models.clock
         start = clock.now()
         replies: dict[int, PrefillReply] = {}
@@ -213,8 +213,9 @@ class ReplicaDecoder:
                 for i, state in zip(idx, states):
                     if not state.done:
                         self.sessions.put(items[i].session_id, Session(state))
-                    replies[i] = PrefillReply(state.new_tokens, state.done, finish_reason(state),
-                                              state.prefill_s * 1e3, _features(state))
+                    replies[i] = PrefillReply(
+                        state.new_tokens, state.done, finish_reason(state), state.prefill_s * 1e3,
+                        _shipped(state, self.models.shipped.get(items[i].method)))
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 
@@ -301,14 +302,6 @@ def _shipped(state: DecodeState, kind: str | None) -> Shipped:
         return FeatureBlock.encode(hidden, FINAL_HIDDEN, start)
     return KVBlock.encode([(k[:, :, start:], v[:, :, start:]) for k, v in state.cache.committed()],
                           start)
-
-
-def _taken(block: FeatureBlock | KVBlock, device: Any, reads_kv_layers: int | None) -> dict[str, Any]:
-    """`advance_shipped`'s keyword for a shipped block (KV: the layers the drafter reads, all
-    for None; the verifier ships every layer)."""
-    if isinstance(block, KVBlock):
-        return {"kv": block.decode(device)[:reads_kv_layers]}
-    return {"hidden" if block.layers == FINAL_HIDDEN else "features": block.decode(device)}
 
 
 def _check_layers(dec: SpeculativeDecoder, block: Shipped, method: str) -> None:

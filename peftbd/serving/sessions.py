@@ -4,6 +4,8 @@ The ingress owns the truth: it sends the committed tokens with every call. A rep
 state only when that state is consistent with them and otherwise rebuilds it from the committed
 tokens (`resume_many`: one verifier forward, batched over the requests being rebuilt), so a
 lost, evicted or stale state costs a re-prefill but never changes the output.
+A split drafter's first round starts from what the verifier's prefill shipped (`from_shipped`:
+no forward of its own).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_shipped, new_state
-from peftbd.decoding.sampling import SamplingParams
-from peftbd.serving.features import FeatureBlock
+from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock
 
 
 @dataclass
@@ -56,20 +61,31 @@ def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
     return states
 
 
-def from_features(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
-                  max_new_tokens: int, block: FeatureBlock) -> DecodeState:
-    """A split head drafter's state built without a forward: `block` holds the verifier features
-    of every position of `committed[:-1]` (the verifier's prefill reply), the head injects them
-    all in its first `propose`. The state's verifier cache stays empty: it may draft, not verify."""
+def from_shipped(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
+                 max_new_tokens: int, block: FeatureBlock | KVBlock,
+                 sampling: SamplingParams = GREEDY) -> DecodeState:
+    """A split drafter's state built without a forward from the verifier's prefill reply:
+    `block` holds what the drafter reads of every position of `committed[:-1]` (the head's
+    features, FastMTP's final hidden states, or PEFT-BD's KV). From features or hidden states
+    the verifier cache stays empty (it may draft, not verify); from KV it is whole."""
     if not block.covers(0, len(committed) - 1):
-        raise ValueError(f"features of positions {block.start}..{block.end - 1} cannot start a "
-                         f"state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
+        raise ValueError(f"shipped state of positions {block.start}..{block.end - 1} cannot start "
+                         f"a state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
     state = new_state(decoder.model, committed[:-1], max_new_tokens, decoder.eos_ids,
-                      decoder.drafter.feature_layers)
+                      decoder.drafter.feature_layers, sampling=sampling)
     state.prompt_len = prompt_len
-    advance_shipped(state, committed[-1:], features=block.decode(state.device))
+    advance_shipped(state, committed[-1:], **taken(block, state.device, decoder.drafter.reads_kv_layers))
     decoder.drafter.start(state)
     return state
+
+
+def taken(block: FeatureBlock | KVBlock, device: torch.device,
+          reads_kv_layers: int | None) -> dict[str, Any]:
+    """`advance_shipped`'s keyword for a shipped block (KV: the layers the drafter reads, all
+    for None; the verifier ships every layer)."""
+    if isinstance(block, KVBlock):
+        return {"kv": block.decode(device)[:reads_kv_layers]}
+    return {"hidden" if block.layers == FINAL_HIDDEN else "features": block.decode(device)}
 
 
 class SessionStore:

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from peftbd.data.chat import encode_prompt
-from peftbd.decoding import decode
+from peftbd.decoding import advance_shipped, decode, new_state
 from peftbd.methods import serving_names
+from peftbd.serving.features import KVBlock
 from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RequestStats, prefill_event, split_round
-from peftbd.serving.sessions import Session, SessionStore
+from peftbd.serving.sessions import Session, SessionStore, from_shipped
 
 MAX_NEW = 16
 
@@ -118,10 +119,10 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
     replica, truncated = ReplicaDecoder(models, 4), []
     tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
     assert tokens == reference
-    # the drafter replica synced 1 of 2 layers: past the prompt (its first prefill wrote every
-    # layer) only layer 0 holds keys
-    (k0, _), (k1, _) = replica.sessions.get("s").state.cache.committed()
-    assert k0[..., len(prompt):, :].abs().sum() > 0 and k1[..., len(prompt):, :].abs().sum() == 0
+    # the drafter replica keeps 1 of 2 layers, of every position: the verifier shipped them all
+    state = replica.sessions.get("s").state
+    ((k0, _),) = state.cache.committed()
+    assert k0.shape[2] == len(state.tokens) - 1 and set(state.forwards.calls) == {"draft"}
 
     monkeypatch.setattr(models.decoder("peft-bd").drafter, "reads_kv_layers", None)  # every layer
     full = []
@@ -201,8 +202,9 @@ def test_split_head_drafts_from_transported_features_without_a_verifier_forward(
 
 @pytest.mark.parametrize("method", [HEAD, "fastmtp", "peft-bd"])
 def test_split_drafts_from_shipped_state_equal_the_colocated_ones(models, prompt, reference, method):
-    """The Verifier ships what each drafter reads (features, final hidden states, KV): the
-    Drafter runs no verifier forward after its first round, and drafts what colocated does."""
+    """The Verifier ships what each drafter reads (features, final hidden states, KV), its
+    prefill of every prompt position: the Drafter runs no verifier forward, not even a prefill,
+    and drafts what colocated does."""
     dec, colocated = models.decoder(method), []
     state = dec.start(prompt, MAX_NEW)
     while not state.done:
@@ -212,8 +214,7 @@ def test_split_drafts_from_shipped_state_equal_the_colocated_ones(models, prompt
     drafter = ReplicaDecoder(models, 4)
     assert _split(models, prompt, method, drafts=split, drafter=drafter, oracle=None)[0] == reference
     assert split == colocated
-    calls = drafter.sessions.get("s").state.forwards.calls  # the head starts from features
-    assert set(calls) == ({"draft"} if method == HEAD else {"prefill", "draft"})
+    assert set(drafter.sessions.get("s").state.forwards.calls) == {"draft"}
 
 
 def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, reference):
@@ -252,7 +253,7 @@ def test_shipped_bytes_are_counted_per_method(models, prompt, reference):
             stats.add(e)
         rounds = sum(len(e.tokens) for e in events[1:] if not e.done)
         kind = models.shipped.get(method)
-        rows = rounds + (len(prompt) if kind == "features" else 0)  # a head starts from features
+        rows = rounds + (len(prompt) if kind else 0)  # the prefill ships every prompt position
         want = 0 if method == "ar" else rows * _bytes_per_position(models, method)
         assert stats.summary().feature_bytes == want, method
     colocated = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, HEAD))
@@ -337,3 +338,19 @@ def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models,
                              verifier=ReplicaDecoder(verifier, 4))
     assert tokens == reference and resumes == 0
     assert set(replica.sessions.get("s").state.forwards.calls) == {"draft"}
+
+
+def test_a_prefill_block_that_does_not_cover_the_prompt_is_refused(models, prompt):
+    """`from_shipped` needs every position before the last committed token; `advance_shipped`
+    refuses KV that would leave the cache short of them, naming the counts."""
+    dec = models.decoder("peft-bd")
+    state = dec.start(prompt, MAX_NEW)
+    committed = list(state.tokens)
+    whole = KVBlock.encode(state.cache.committed(), 0)
+    assert from_shipped(dec, committed, len(prompt), MAX_NEW, whole).cache.get_seq_length() == len(prompt)
+    short = KVBlock.encode([(k[:, :, 1:], v[:, :, 1:]) for k, v in state.cache.committed()], 1)
+    with pytest.raises(ValueError, match=r"positions 1\.\.\d+ cannot start"):
+        from_shipped(dec, committed, len(prompt), MAX_NEW, short)
+    fresh = new_state(dec.model, committed[:-1], MAX_NEW)
+    with pytest.raises(ValueError, match=f"covers {len(prompt) - 1} positions and the cache holds 0"):
+        advance_shipped(fresh, committed[-1:], kv=short.decode())
