@@ -57,6 +57,7 @@ from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import PLACEMENT
 from peftbd.methods import methods, serving_names
+from peftbd.progress import Tally
 from peftbd.serving.models import DrafterDirs
 from peftbd.serving.schemas import SpecStats
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
@@ -124,11 +125,12 @@ def _free_port() -> int:
 
 
 def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
-             model: str, replicas: dict[str, tuple[Any, int]]
+             model: str, replicas: dict[str, tuple[Any, int]], tally: Tally
              ) -> tuple[list[RequestRecord], list[Window]]:
     """Every method's requests (the prompts x `decoding.repeats`) at each client concurrency
     of `serving.client_concurrency` in turn: that many requests in flight at all times; and
-    each run's busy fraction of every replica of `replicas` ({role: (handle, replicas)})."""
+    each run's busy fraction of every replica of `replicas` ({role: (handle, replicas)}).
+    `tally` counts the answered requests and says each level's throughput."""
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
@@ -144,6 +146,7 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
                 resp = client.completions.create(model=f"{model}:{method}", prompt=prompts[i],
                                                  max_tokens=cfg.decoding.max_new_tokens)
                 end = time.perf_counter()
+                tally.tick(placement=placement, method=method, clients=concurrency)
                 return RequestRecord(
                     placement, label, i, resp.choices[0].text, resp.usage.completion_tokens,
                     (end - start) * 1e3,
@@ -154,6 +157,9 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
             with ThreadPoolExecutor(concurrency) as pool:
                 records += list(pool.map(one, jobs))
             wall, after = time.perf_counter() - start, _busy(replicas)
+            tokens = sum(r.completion_tokens for r in records[-len(jobs):])
+            tally.note(f"{placement}, {label}, {concurrency} clients: {len(jobs)} requests in "
+                       f"{wall:.0f} s, {tokens / wall:.2f} tok/s")
             windows.append(Window(placement, label, concurrency, {
                 role: [(after[role][r] - before[role].get(r, 0.0)) / wall for r in after[role]]
                 for role in after}))
@@ -224,13 +230,19 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     windows: list[Window] = []
     devices: dict[str, Devices] = {}
     skipped: dict[str, str] = {}
+    runnable = []
     for name in cfg.serving.placements:
         app, options = placement_options(name, cfg)
         reason = _skip_reason(options, ray.cluster_resources())
         if reason:
             skipped[name] = reason
             log.info("placement %s: skipped (%s)", name, reason)
-            continue
+        else:
+            runnable.append((name, app, options))
+    s = cfg.serving
+    tally = Tally(len(runnable) * len(s.placement_methods) * len(s.client_concurrency)
+                  * len(prompts) * cfg.decoding.repeats)
+    for name, app, options in runnable:
         log.info("placement %s: deploying the %s app", name, app)
         app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
         serve.run(builders[app](app_args, options), name="placement", route_prefix="/placement")
@@ -240,7 +252,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         devices[name] = Devices(total=sum(roles.values()),
                                 verifiers=roles.get("engine", 0) + roles.get("verifier", 0))
         measured, loads = _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
-                                   cfg.serving.model_name, replicas)
+                                   cfg.serving.model_name, replicas, tally)
         records, windows = records + measured, windows + loads
         serve.delete("placement")
     serve.shutdown()

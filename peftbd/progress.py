@@ -9,6 +9,7 @@ reported to whoever listens, like `logging` for counts: with no listener a repor
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -42,6 +43,25 @@ def listening(sink: Sink | None) -> Iterator[None]:
         yield
     finally:
         _sinks.pop()
+
+
+class Tally:
+    """`total` items finishing on any thread: `tick` reports one more done, `note` a line."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+        self._lock = threading.Lock()
+        self._sink = current()  # the caller's listener: worker threads have none of their own
+
+    def tick(self, **info: Any) -> None:
+        with self._lock:
+            self.done += 1
+            if self._sink:
+                self._sink(self.done, self.total, **info)
+
+    def note(self, line: str) -> None:
+        if self._sink:
+            self._sink(self.done, self.total, note=line)
 
 
 def _ignore(done: int, total: int, **info: Any) -> None:

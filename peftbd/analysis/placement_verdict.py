@@ -45,6 +45,7 @@ class Verdict:
     capacity: tuple[Capacity | None, Capacity | None]
     capacity_per_verifier: tuple[float | None, float | None]
     predicted_capacity: float | None  # 1 + t_d / t_v, colocated one request at a time
+    overlap_bound: float | None  # split / colocated tok/s per device were every replica always busy
     terms_ms_per_token: dict[str, float]  # split-only costs at `clients`
     busy: dict[str, float | None]  # split's roles at `clients`
     batch: tuple[float | None, float | None]  # mean batch (colocated, split) at `clients`
@@ -100,10 +101,24 @@ def _verdict(method: str, placement: str, summary: dict[str, dict[str, Placement
         per_device=_pair(placement, lambda p: _read(at[p], lambda r: r.tokens_per_s_per_device)),
         capacity=caps, capacity_per_verifier=per_verifier,
         predicted_capacity=1 + t_d / t_v if t_d is not None and t_v else None,
+        overlap_bound=overlap_bound(colocated, one[placement], devices[placement]),
         terms_ms_per_token=_terms(one[placement], split),
         busy=split.busy if split is not None else {},
         batch=_pair(placement, lambda p: _read(at[p], lambda r: r.mean_batch)),
     )
+
+
+def overlap_bound(colocated: PlacementRun, split: PlacementRun, devices: Devices) -> float | None:
+    """Split's tok/s per device over colocated's were every replica busy all the time at the same
+    batch (each placement's one-request round times): a colocated device runs a round in
+    t_d + t_v; split's rounds go at the pace of its slower role, max(t_d / drafter replicas,
+    t_v / verifier replicas), over all its devices."""
+    drafters, verifiers = devices.total - devices.verifiers, devices.verifiers
+    c_d, s_d = (_add(r.draft_ms_per_round, r.sync_ms_per_round) for r in (colocated, split))
+    c_v, s_v = colocated.verify_ms_per_round, split.verify_ms_per_round
+    if not (c_d is not None and c_v and s_d and s_v and drafters and verifiers):
+        return None
+    return (c_d + c_v) / (devices.total * max(s_d / drafters, s_v / verifiers))
 
 
 _T = TypeVar("_T")
@@ -209,7 +224,8 @@ def sentence(v: Verdict) -> str:
         f"**{v.method}, {v.placement}:** drafting costs {_f(v.draft_ms_per_token[1], 2)} ms per "
         f"generated token split against {_f(v.draft_ms_per_token[0], 2)} colocated "
         f"({_f(change, 2)}x, one request at a time). At {v.clients} clients split serves "
-        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device; the largest split-only "
+        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device (at most "
+        f"{_f(v.overlap_bound, 2)}x were both roles always busy); the largest split-only "
         f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
         + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
         + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
@@ -233,14 +249,17 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
     if not found:
         return []
     rows = [[v.method, v.placement, _f(v.draft_ms_per_token[0], 2), _f(v.draft_ms_per_token[1], 2),
-             _f(_ratio(v.per_device), 2), _cap_words(v.capacity[0]), _cap_words(v.capacity[1]),
-             _gain_words(capacity_gain(v)), _f(v.predicted_capacity, 2)] for v in found]
+             _f(_ratio(v.per_device), 2), _f(v.overlap_bound, 2), _cap_words(v.capacity[0]),
+             _cap_words(v.capacity[1]), _gain_words(capacity_gain(v)),
+             _f(v.predicted_capacity, 2)] for v in found]
     header = ["method", "placement", "draft ms/token colocated", "draft ms/token split",
-              "split/colocated tok/s per device", "capacity colocated", "capacity split",
+              "split/colocated tok/s per device", "its bound, both roles always busy",
+              "capacity colocated", "capacity split",
               "capacity per verifier device (x)", "predicted 1 + t_d/t_v"]
     return ["", "## Verdict", "", markdown_table(header, rows), "",
             f"Capacity = the most clients measured that each still got >= {fraction:.0%} of one "
             "client's tok/s (>= : every level passed). Draft ms/token = (draft + catch-up) per "
             "round over tokens per round, one request at a time. The prediction uses colocated's "
-            "t_d = draft + catch-up and t_v = verify per round.", "",
+            "t_d = draft + catch-up and t_v = verify per round; the bound each placement's own: "
+            "(t_d + t_v) colocated over devices x max(t_d / drafters, t_v / verifiers) split.", "",
             *[f"- {sentence(v)}" for v in found]]

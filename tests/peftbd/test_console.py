@@ -56,3 +56,17 @@ def test_a_note_is_a_line_on_the_terminal_at_once_and_leaves_the_count_alone(tmp
     sys.stdout.flush()
     assert capfd.readouterr().out.splitlines() == [
         "  generate: waiting up to 300 s for Ray resources: ...", "  generate: 2/4"]
+
+
+def test_a_tally_counts_items_finished_on_other_threads_for_the_listener_that_made_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen: list = []
+    with progress.listening(lambda done, total, **info: seen.append((done, total, info))):
+        tally = progress.Tally(40)
+    with ThreadPoolExecutor(8) as pool:  # outside the block: the tally keeps its listener
+        list(pool.map(lambda i: tally.tick(item=i), range(40)))
+    tally.note("a level done")
+    assert sorted(d for d, _, info in seen if "note" not in info) == list(range(1, 41))
+    assert seen[-1] == (40, 40, {"note": "a level done"})
+    progress.Tally(3).tick()  # nobody listening: nothing happens

@@ -58,6 +58,8 @@ def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
     assert v.method == "peft-bd" and v.clients == 16
     assert v.draft_ms_per_token == pytest.approx((10 / 3, 15 / 3))
     assert v.predicted_capacity == pytest.approx(2.0)  # 1 + 10 / 10
+    # colocated's round 10 + 10 on each device; split's paced by its drafter's 10 + 5, over 2
+    assert v.overlap_bound == pytest.approx(20 / (2 * 15))
     # transport 4 ms/token, catch-up 5/3, verifier idle (1 - 0.5) * 1000 / 240
     assert v.terms_ms_per_token == pytest.approx({"transport": 4.0, "catch-up": 5 / 3,
                                                    "verifier idle": 500 / 240})
@@ -65,6 +67,7 @@ def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
     assert "largest split-only cost is transport at 4.00 ms" in words
     assert "both split replicas busy >= 80%: missed (drafter 0.900, verifier 0.500)" in words
     assert "tok/s per device >= 0.9x colocated: missed (0.60x, short by 0.30)" in words
+    assert "0.60x colocated's tok/s per device (at most 0.67x were both roles always busy)" in words
     # split passed every level (a lower bound), colocated's capacity is 4: >= 16 / 1 over 4 / 2
     assert capacity_gain(v) == (pytest.approx(8.0), ">=")
     assert "capacity per verifier device >= 1.5x colocated: met (>= 8.00x)" in words
