@@ -158,8 +158,8 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
                 records += list(pool.map(one, jobs))
             wall, after = time.perf_counter() - start, _busy(replicas)
             tokens = sum(r.completion_tokens for r in records[-len(jobs):])
-            tally.note(f"{placement}, {label}, {concurrency} clients: {len(jobs)} requests in "
-                       f"{wall:.0f} s, {tokens / wall:.2f} tok/s")
+            tally.note(f"{placement}, {label}, {concurrency} client{'s' * (concurrency > 1)}: "
+                       f"{len(jobs)} requests in {wall:.0f} s, {tokens / wall:.2f} tok/s")
             windows.append(Window(placement, label, concurrency, {
                 role: [(after[role][r] - before[role].get(r, 0.0)) / wall for r in after[role]]
                 for role in after}))

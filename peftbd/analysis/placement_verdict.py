@@ -258,7 +258,9 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
               "capacity per verifier device (x)", "predicted 1 + t_d/t_v"]
     return ["", "## Verdict", "", markdown_table(header, rows), "",
             f"Capacity = the most clients measured that each still got >= {fraction:.0%} of one "
-            "client's tok/s (>= : every level passed). Draft ms/token = (draft + catch-up) per "
+            "client's tok/s (>= : every level passed); it resolves only to the levels measured "
+            "(levels 2x apart move the ratio in steps of 2x: add 3, 6, 12 to decide a 1.5x "
+            "goal). Draft ms/token = (draft + catch-up) per "
             "round over tokens per round, one request at a time. The prediction uses colocated's "
             "t_d = draft + catch-up and t_v = verify per round; the bound each placement's own: "
             "(t_d + t_v) colocated over devices x max(t_d / drafters, t_v / verifiers) split.", "",
