@@ -67,7 +67,8 @@ def from_shipped(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_l
     """A split drafter's state built without a forward from the verifier's prefill reply:
     `block` holds what the drafter reads of every position of `committed[:-1]` (the head's
     features, FastMTP's final hidden states, or PEFT-BD's KV). From features or hidden states
-    the verifier cache stays empty (it may draft, not verify); from KV it is whole."""
+    the verifier cache stays empty; from KV it holds the layers the drafter reads. Either may
+    draft, never verify."""
     if not block.covers(0, len(committed) - 1):
         raise ValueError(f"shipped state of positions {block.start}..{block.end - 1} cannot start "
                          f"a state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
