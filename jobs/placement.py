@@ -155,9 +155,10 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
 
             before, start = _busy(replicas), time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
-                records += list(pool.map(one, jobs))
+                level = list(pool.map(one, jobs))
             wall, after = time.perf_counter() - start, _busy(replicas)
-            tokens = sum(r.completion_tokens for r in records[-len(jobs):])
+            records += level
+            tokens = sum(r.completion_tokens for r in level)
             tally.note(f"{placement}, {label}, {concurrency} client{'s' * (concurrency > 1)}: "
                        f"{len(jobs)} requests in {wall:.0f} s, {tokens / wall:.2f} tok/s")
             windows.append(Window(placement, label, concurrency, {

@@ -91,8 +91,7 @@ def _verdict(method: str, placement: str, summary: dict[str, dict[str, Placement
                     _per_verifier(caps[1], devices, placement))
     one = {p: summary[p][method] for p in mine}
     colocated = one["colocated"]
-    t_d = _add(colocated.draft_ms_per_round, colocated.sync_ms_per_round)
-    t_v = colocated.verify_ms_per_round
+    t_d, t_v = _draft_ms(colocated), colocated.verify_ms_per_round
     split = at[placement]
     return Verdict(
         method=method, placement=placement,
@@ -114,7 +113,7 @@ def overlap_bound(colocated: PlacementRun, split: PlacementRun, devices: Devices
     t_d + t_v; split's rounds go at the pace of its slower role, max(t_d / drafter replicas,
     t_v / verifier replicas), over all its devices."""
     drafters, verifiers = devices.total - devices.verifiers, devices.verifiers
-    c_d, s_d = (_add(r.draft_ms_per_round, r.sync_ms_per_round) for r in (colocated, split))
+    c_d, s_d = _draft_ms(colocated), _draft_ms(split)
     c_v, s_v = colocated.verify_ms_per_round, split.verify_ms_per_round
     if not (c_d is not None and c_v and s_d and s_v and drafters and verifiers):
         return None
@@ -139,13 +138,15 @@ def _per_verifier(c: Capacity | None, devices: dict[str, Devices], placement: st
     return None if c is None else c.clients / devices[placement].verifiers
 
 
-def _add(a: float | None, b: float | None) -> float | None:
-    return None if a is None else a + (b or 0.0)
+def _draft_ms(row: PlacementRun) -> float | None:
+    """t_d: draft + catch-up ms per round, one request at a time."""
+    draft = row.draft_ms_per_round
+    return None if draft is None else draft + (row.sync_ms_per_round or 0.0)
 
 
 def _per_token(row: PlacementRun) -> float | None:
     """Draft + catch-up ms per generated token, one request at a time."""
-    cost = _add(row.draft_ms_per_round, row.sync_ms_per_round)
+    cost = _draft_ms(row)
     return cost / row.tokens_per_round if cost is not None and row.tokens_per_round else None
 
 
