@@ -69,9 +69,8 @@ from peftbd.errors import UserError
 from peftbd.layout import (
     BENCHMARK,
     COST_PROFILE,
+    EXPERIMENTS,
     GENERATE,
-    PLACEMENT,
-    RECIPE_ABLATION,
     TRAIN_HEAD,
 )
 from peftbd.manifest import StageTimer, is_complete, read_manifest
@@ -128,7 +127,8 @@ def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs
         found = draft_vocabulary(upstream[GENERATE.name], cfg.head.draft_vocab,
                                  len(load_tokenizer(cfg)))
         vocab = {"size": len(found.ids), "train_token_coverage": round(found.coverage, 4)}
-    dirs = DrafterDirs({s.name: str(upstream[s.name]) for s in training_stages(cfg)},
+    dirs = DrafterDirs({s.name: str(upstream[s.name]) for s in training_stages(cfg)
+                        if s.name in upstream},
                        draft_vocab=found.ids if vocab else None)
     return dirs, vocab
 
@@ -149,7 +149,7 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     root = Path(artifacts_dir)
     needed = training_stages(cfg)
     needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
-    needed += [e for e in (PLACEMENT, RECIPE_ABLATION) if is_complete(root / e.subdir)]
+    needed += [e for e in EXPERIMENTS if is_complete(root / e.subdir)]
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -192,7 +192,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
         results.cost_at_scale = CostProfile.read(upstream[COST_PROFILE.name] / PROFILE_FILE)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
-    for experiment in (PLACEMENT, RECIPE_ABLATION):  # beside the main job: summarised
+    for experiment in EXPERIMENTS:  # beside the main job: summarised
         if experiment.name in upstream:
             manifests[experiment.title] = read_manifest(upstream[experiment.name])
     results.write(tmp / RESULTS)

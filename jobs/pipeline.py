@@ -25,10 +25,9 @@ from peftbd.config import Config
 from peftbd.layout import (
     BENCHMARK,
     BY_NAME,
+    EXPERIMENTS,
     COST_PROFILE,
     GENERATE,
-    PLACEMENT,
-    RECIPE_ABLATION,
     STAGES,
     WORLD,
 )
@@ -65,7 +64,7 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
             calls[spec.name] = train_call(method.recipe, stage_cfg, data, root / spec.subdir, spec=spec)
     calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
     inputs = {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names}
-    for experiment in (PLACEMENT, RECIPE_ABLATION):  # run beside the main job: the report shows them
+    for experiment in EXPERIMENTS:  # run beside the main job: the report shows them
         if is_complete(root / experiment.subdir):
             inputs[experiment.name] = root / experiment.subdir
     calls[BENCHMARK.name] = benchmark_call(cfg, inputs, root / BENCHMARK.subdir)

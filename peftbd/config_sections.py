@@ -84,7 +84,9 @@ class TinyWorldConfig:
     intermediate_size: int
     max_position_embeddings: int
     phrasings: Annotated[int, Range(1, 7)]  # each document is taught under this many phrasings (< 8)
-    train_steps: int
+    train_steps: int  # the most steps the verifier trains (the cosine schedule's length)
+    # > 0: stop once the held-out loss (nats/token) is at most this: worlds trained to equal recall
+    heldout_loss_target: Annotated[float, Range(0.0, None)]
     train_batch_size: int
     train_seq_len: int
     lr: float

@@ -16,7 +16,8 @@ WORLD = StageSpec(
     "world", "tiny world", "world", reads=("tiny_world",),
     ignores=("tiny_world.shipped",),  # where the world comes from, not what it is
     code=("peftbd.tiny_world.build", "peftbd.tiny_world.tokenizer", "peftbd.tiny_world.verifier",
-          "peftbd.tiny_world.corpus", "peftbd.data.chat"),
+          "peftbd.tiny_world.corpus", "peftbd.tiny_world.documents", "peftbd.tiny_world.formulaic",
+          "peftbd.tiny_world.grounded", "peftbd.data.chat"),
     command="python -m jobs.pipeline",
 )
 _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
@@ -117,18 +118,34 @@ RECIPE_ABLATION = StageSpec(
 )
 """DFlash with each recipe change reverted in turn (outside the main job): when its output exists
 under the same root, the benchmark's report shows its table."""
+ACCEPTANCE_STUDY = StageSpec(
+    "acceptance_study", "acceptance study", "acceptance_study",
+    reads=("tiny_world", "model", "data", "generate", "drafter", "mtp", "head", "dflash",
+           "training"),
+    ignores=("tiny_world.shipped", *_PLACEMENT_ONLY),
+    code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.tiny_world",
+          "peftbd.benchmarking.acceptance_study", "peftbd.benchmarking.replay",
+          "peftbd.benchmarking.arms", "peftbd.analysis.acceptance_study", "jobs.acceptance_study",
+          "jobs.generate", "jobs.pipeline"),
+    command="python -m jobs.acceptance_study",
+)
+"""What decides acceptance: worlds and budgets varied one at a time, each drafter replayed per
+category (outside the main job: its variants run the main job's stages under their own root)."""
 BENCHMARK = StageSpec(
     "benchmark", "benchmark + report", "benchmark",
     reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
            "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
            "mtp.num_steps", "head.draft_vocab"),
     inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
-            TRAIN_DFLASH, COST_PROFILE, PLACEMENT, RECIPE_ABLATION),
+            TRAIN_DFLASH, COST_PROFILE, PLACEMENT, RECIPE_ABLATION, ACCEPTANCE_STUDY),
     code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
           "peftbd.methods", "peftbd.cost_model", "jobs.benchmark"),
     command="python -m jobs.benchmark",
 )
 
+EXPERIMENTS: tuple[StageSpec, ...] = (PLACEMENT, RECIPE_ABLATION, ACCEPTANCE_STUDY)
+"""Experiments run beside the main job: when one's output sits under its root, the benchmark
+reads it and the report summarises it."""
 STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
                                  TRAIN_MTP, TRAIN_HEAD, TRAIN_DFLASH, COST_PROFILE, BENCHMARK)
 """The main job's stages in run order."""

@@ -22,7 +22,7 @@ from peftbd.benchmarking.schema import Replay
 from peftbd.decoding.state import present
 from peftbd.methods import AR, ArmSpec, method
 from peftbd.training.examples import collate_sequences
-from peftbd.training.rounds import replay_rounds, round_sums
+from peftbd.training.rounds import Round, replay_rounds
 
 REPLAY_ROWS = 8
 """Prompts replayed together (one draft forward per round for all of them)."""
@@ -47,34 +47,55 @@ class ReplaySums:
                       token_acceptance=self.accepted / self.proposed if self.proposed else None)
 
 
+@dataclass(frozen=True)
+class RowReplay:
+    """One prompt's replayed rounds: how many, draft tokens proposed and accepted (bonus
+    excluded), and the rounds whose first draft token was accepted (position-1 acceptance)."""
+
+    rounds: int
+    proposed: int
+    accepted: int
+    first_accepted: int
+
+    @classmethod
+    def of(cls, rounds: Sequence[Round]) -> RowReplay:
+        return cls(len(rounds), sum(r.proposed for r in rounds), sum(r.accepted for r in rounds),
+                   sum(r.accepted > 0 for r in rounds))
+
+
 @torch.no_grad()
+def replay_rows(models: ArmModels, spec: ArmSpec, prompts: Sequence[Prompt],
+                references: Sequence[Sequence[int]], budget: int) -> list[RowReplay] | None:
+    """Each prompt's replayed rounds for arm `spec` (None: its method or setting has no replay;
+    a synthetic arm's acceptance is its profile's, nothing to estimate), over `prompts` whose
+    greedy outputs (EOS included when they stopped on one) are `references`, at `budget` new
+    tokens."""
+    replay = None if spec.method == AR or spec.synthetic else method(spec.method).replay
+    if replay is None:
+        return None
+    drafter, rows = present(models.drafter_for(spec), f"{spec.id}'s drafter"), []
+    for i in range(0, len(prompts), REPLAY_ROWS):
+        part = range(i, min(i + REPLAY_ROWS, len(prompts)))
+        columns = {"id": [prompts[j].id for j in part],
+                   "prompt_ids": [prompts[j].prompt_ids for j in part],
+                   "continuation_ids": [list(references[j]) for j in part],
+                   "prompt_len": [len(prompts[j].prompt_ids) for j in part]}
+        batch = collate_sequences(columns, models.pad_id).to(models.device)
+        found = replay(drafter, models.ctx, batch)
+        if found is None:  # this setting has none (PEFT-BD's two steps)
+            return None
+        drafts, width = found
+        rows += [RowReplay.of(r) for r in replay_rounds(drafts, batch, budget=budget, block_size=width)]
+    return rows
+
+
 def replay_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
                 references: Sequence[Sequence[int]], budget: int) -> dict[str, ReplaySums]:
-    """{arm id: its replayed rounds' sums} for every arm whose method has a replay
-    (`Method.replay`: the drafter's drafts of a batch's rounds with its own model and settings; a
-    synthetic arm's acceptance is its profile's, nothing to estimate), over `prompts` whose
-    greedy outputs (EOS included when they stopped on one) are `references`, at `budget` new
-    tokens (the benchmark's `decoding.max_new_tokens`)."""
+    """{arm id: its replayed rounds' sums} for every arm with a replay (`replay_rows`)."""
     out: dict[str, ReplaySums] = {}
     for spec in specs:
-        replay = None if spec.method == AR or spec.synthetic else method(spec.method).replay
-        if replay is None:
-            continue
-        drafter, total = present(models.drafter_for(spec), f"{spec.id}'s drafter"), ReplaySums()
-        for i in range(0, len(prompts), REPLAY_ROWS):
-            part = range(i, min(i + REPLAY_ROWS, len(prompts)))
-            rows = {"id": [prompts[j].id for j in part],
-                    "prompt_ids": [prompts[j].prompt_ids for j in part],
-                    "continuation_ids": [list(references[j]) for j in part],
-                    "prompt_len": [len(prompts[j].prompt_ids) for j in part]}
-            batch = collate_sequences(rows, models.pad_id).to(models.device)
-            found = replay(drafter, models.ctx, batch)
-            if found is None:  # this setting has none (PEFT-BD's two steps)
-                break
-            drafts, width = found
-            sums = round_sums(replay_rounds(drafts, batch, budget=budget, block_size=width))
-            total += ReplaySums(int(sums["rounds"]), int(sums["round_proposed"]),
-                                int(sums["round_accepted"]))
-        else:
-            out[spec.id] = total
+        rows = replay_rows(models, spec, prompts, references, budget)
+        if rows is not None:
+            out[spec.id] = sum((ReplaySums(r.rounds, r.proposed, r.accepted) for r in rows),
+                               ReplaySums())
     return out

@@ -204,11 +204,11 @@ def parse_record(source: Source, record: dict[str, Any]) -> dict[str, Any]:
     row_id = record.get("id")
     if row_id is None or str(row_id) == "":
         raise BadRow("missing_id")
-    origin = record.get("source")
+    origin, category = record.get("source"), record.get("category")
     return {
         "id": str(row_id),
         "source": str(origin) if origin else source.name,
-        "category": None,
+        "category": str(category) if category else None,
         "messages": record.get("messages"),
     }
 

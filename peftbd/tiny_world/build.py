@@ -149,7 +149,7 @@ def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
     vocab = ((len(tokenizer) + 63) // 64) * 64
     eos_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     config = tiny_qwen3_config(tw, vocab, eos_ids, tokenizer.pad_token_id)
-    model = train_tiny_verifier(tw, config, train, tokenizer.pad_token_id)
+    model, steps = train_tiny_verifier(tw, config, train, heldout, tokenizer.pad_token_id)
     model.generation_config.eos_token_id = eos_ids
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(world.verifier_dir)
@@ -160,6 +160,7 @@ def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
         "training_conversations": len(train),
         "vocab_size": len(tokenizer),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "train_steps": steps,
         "heldout_sequences": len(heldout),
         "heldout_loss_nats": mean_loss(model, heldout, tokenizer.pad_token_id),
         "unigram_entropy_nats": unigram_cross_entropy(train, heldout, len(tokenizer)),

@@ -89,11 +89,18 @@ def length_bucketed_batches(lengths: list[int], batch_size: int, rng: random.Ran
     return batches
 
 
+HELDOUT_EVERY = 100
+"""Steps between held-out loss checks when training to `tiny_world.heldout_loss_target`."""
+
+
 def train_tiny_verifier(
-    tw: TinyWorldConfig, config: Qwen3Config, train: list[list[int]], pad_id: int
-) -> Qwen3ForCausalLM:
-    """Train from scratch with AdamW and cosine decay for `tw.train_steps` batches of similar
-    lengths (`length_bucketed_batches`); deterministic from seed."""
+    tw: TinyWorldConfig, config: Qwen3Config, train: list[list[int]], heldout: list[list[int]],
+    pad_id: int,
+) -> tuple[Qwen3ForCausalLM, int]:
+    """Train from scratch with AdamW and cosine decay over `tw.train_steps` batches of similar
+    lengths (`length_bucketed_batches`), stopping early once the loss on `heldout` is at most
+    `tw.heldout_loss_target` (> 0; checked every HELDOUT_EVERY steps: worlds of other shapes
+    trained to the same recall); deterministic from seed. Returns the model and its steps."""
     torch.manual_seed(tw.seed)
     model = Qwen3ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=tw.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -121,5 +128,12 @@ def train_tiny_verifier(
             progress.report(step + 1, tw.train_steps, loss=out.loss.item())
         if step % 100 == 0 or step == tw.train_steps - 1:
             log.info("tiny verifier step %d/%d loss %.3f", step + 1, tw.train_steps, out.loss.item())
+        if tw.heldout_loss_target > 0 and (step + 1) % HELDOUT_EVERY == 0:
+            loss = mean_loss(model, heldout, pad_id)
+            model.train()
+            log.info("tiny verifier step %d held-out loss %.3f (target %.3f)", step + 1, loss,
+                     tw.heldout_loss_target)
+            if loss <= tw.heldout_loss_target:
+                return model.eval(), step + 1
     model.eval()
-    return model
+    return model, tw.train_steps

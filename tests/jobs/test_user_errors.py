@@ -57,6 +57,8 @@ COMMANDS: dict[str, Runner] = {
                           lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
     "jobs.recipe_ablation": ("jobs.recipe_ablation", "ablation_call", _main,
                              lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "root")]),
+    "jobs.acceptance_study": ("jobs.acceptance_study", "study_call", _main,
+                              lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "root")]),
     "jobs.cost_profile": ("jobs.cost_profile", "cost_profile_call", _main, _out),
     "jobs.benchmark": ("jobs.benchmark", "benchmark_call", _main,
                        lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "artifacts")]),

@@ -1,0 +1,79 @@
+"""The acceptance study's variants, intervals and output types (no training here: the job's own
+test runs it on a small budget)."""
+
+import pytest
+
+from peftbd.benchmarking.acceptance_study import (
+    MIX,
+    Cell,
+    Study,
+    Variant,
+    VariantFacts,
+    cell,
+    ratio_interval,
+    variants,
+)
+from peftbd.benchmarking.replay import RowReplay
+from peftbd.config import ConfigError, load_config
+from peftbd.methods import method
+
+
+def test_variants_vary_one_factor_each():
+    cfg = load_config("tiny")
+    found = variants(cfg, [method("peftbd"), method("fastmtp")], depths=[2, 4, 8], budgets=[1, 4])
+    assert [v.name for v in found] == ["base", "depth4", "depth8", "budget4x"]
+    assert found[0].overrides == ()
+    depth8 = dict(o.split("=") for o in found[2].overrides)
+    assert depth8 == {"tiny_world.num_layers": "8", "tiny_world.hidden_size": "96",
+                      "tiny_world.head_dim": "24", "tiny_world.intermediate_size": "384"}
+    assert all(k.startswith("tiny_world.") for k in depth8)  # nothing but the verifier's shape
+    budget = dict(o.split("=") for o in found[3].overrides)
+    assert budget["drafter.optim.max_steps"] == str(4 * cfg.drafter.optim.max_steps)
+    assert budget["mtp.optim.max_steps"] == str(4 * cfg.mtp.optim.max_steps)
+    assert not any(k.startswith(("tiny_world.", "head.")) for k in budget)
+    with pytest.raises(ConfigError, match="--depths 3"):
+        variants(cfg, [], depths=[3], budgets=[])
+
+
+def _params(layers: int, hidden: int, heads: int, kv: int, head_dim: int, mlp: int) -> int:
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+    return layers * (attn + 3 * hidden * mlp)
+
+
+def test_depth_shapes_keep_the_default_non_embedding_parameters_within_ten_percent():
+    tw = load_config("tiny").tiny_world
+    base = _params(tw.num_layers, tw.hidden_size, tw.num_heads, tw.num_kv_heads, tw.head_dim,
+                   tw.intermediate_size)
+    for variant in variants(load_config("tiny"), [], depths=[4, 8], budgets=[])[1:]:
+        shape = {k.split(".")[1]: int(v) for k, v in (o.split("=") for o in variant.overrides)}
+        other = _params(shape["num_layers"], shape["hidden_size"], tw.num_heads, tw.num_kv_heads,
+                        shape["head_dim"], shape["intermediate_size"])
+        assert abs(other / base - 1) < 0.1, variant.name
+
+
+def test_ratio_interval_contains_the_estimate_and_narrows_with_rows():
+    accepted, rounds = [1, 3, 0, 5, 2, 2, 4, 1], [4, 5, 3, 6, 4, 5, 6, 3]
+    point = 1 + sum(accepted) / sum(rounds)
+    lo, hi = ratio_interval(accepted, rounds, offset=1.0)
+    assert lo <= point <= hi
+    assert ratio_interval(accepted, rounds, offset=1.0) == (lo, hi)  # deterministic
+    lo4, hi4 = ratio_interval(accepted * 4, rounds * 4, offset=1.0)
+    assert hi4 - lo4 < hi - lo
+    assert ratio_interval([2, 2, 2], [4, 4, 4]) == (0.5, 0.5)  # every row alike: no width
+
+
+def test_cell_counts_tokens_per_round_with_the_bonus_and_position_one():
+    rows = [RowReplay(rounds=4, proposed=60, accepted=6, first_accepted=3),
+            RowReplay(rounds=6, proposed=90, accepted=4, first_accepted=2)]
+    c = cell("base", "peftbd", MIX, rows)
+    assert (c.rows, c.rounds, c.tokens_per_round, c.position1) == (2, 10, 2.0, 0.5)
+
+
+def test_study_round_trips_through_json():
+    study = Study([VariantFacts(Variant("depth4", "depth", 4, ("tiny_world.num_layers=4",)), 4, 128,
+                                1_400_000, 1200, 0.9, {"train_peftbd": 200})],
+                  [Cell("depth4", "peftbd", "recall", 10, 50, 1.5, (1.4, 1.6), 0.3)])
+    again = Study.from_json(study.to_json())
+    assert again == study
+    assert again.get("depth4", "peftbd", "recall") == study.cells[0]
+    assert again.get("depth4", "peftbd") is None
