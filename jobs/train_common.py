@@ -136,6 +136,9 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
         "workers": peaks.to_dict(), "memory_estimate": estimate.to_dict(),
         "steps_per_second": (round(trained.steps_run / trained.train_seconds, 3)
                              if trained.steps_run else None),
+        # every eval so far, those of the runs this one resumed included (they ride in the state)
+        "learning_curve": [p.to_dict() for p in trained.state.curve],
+        "train_tokens": trained.state.train_tokens, "max_steps": args.schedule.max_steps,
     }
     log.info("rank %d finished at step %d: %s", rank, trained.state.step, metrics)
     report(trained.state, metrics, checkpoint=True, final=True)

@@ -91,7 +91,7 @@ class TinyWorldConfig:
     train_seq_len: int
     lr: float
     # use the world shipped with the package (`peftbd.tiny_world.shipped`) when it was built from
-    # exactly these settings and this code; false: build it from the recipe (~4 min on 2 cores)
+    # exactly these settings and this code; false: build it from the recipe (~6 min on 2 cores)
     shipped: bool
 
 

@@ -88,13 +88,15 @@ def _label_points(fig: Figure, ax: Axes, legend: Legend, points: list[Point]) ->
 
 def throughput_vs_accepted(results: Results) -> Figure:
     """Figure 1: each arm's mean throughput (error bar: std over repeated runs) against its mean
-    accepted tokens per round (error bar: std over runs)."""
+    accepted tokens per round (error bar: its 95% interval over the prompts, else std over runs)."""
     fig, ax = plt.subplots(figsize=(7.2, 4.8), dpi=120)
     points: list[Point] = []
     for i, (_, arm) in enumerate(results.arm_items()):
         tps, acc = arm.tokens_per_s, arm.mean_accepted
         style = _marker_style(i)
-        ax.errorbar(acc.mean, tps.mean, xerr=acc.std or None, yerr=tps.std or None,
+        ci = arm.mean_accepted_ci95
+        xerr = [[acc.mean - ci[0]], [ci[1] - acc.mean]] if ci else acc.std or None
+        ax.errorbar(acc.mean, tps.mean, xerr=xerr, yerr=tps.std or None,
                     linestyle="none", capsize=4, label=arm.label, **style)  # no bar for std 0
         points.append((acc.mean, tps.mean, arm.label, style))
     mo = results.measured_on

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis.report import untrained_note
-from peftbd.analysis.tables import fmt, fmt_stat, markdown_table
-from peftbd.benchmarking.schema import Arm, Interval, Results
+from peftbd.analysis.tables import fmt, fmt_ci, fmt_stat, markdown_table
+from peftbd.benchmarking.schema import Arm, Results
 from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
 from peftbd.layout import BENCHMARK
@@ -39,20 +39,13 @@ class ReadmeTableError(UserError, ValueError):
     said in one line that names the fix."""
 
 
-def _with_interval(mean: float, interval: Interval | None, digits: int) -> str | None:
-    """`mean (low-high)` with the 95% interval results.json holds, or the mean alone."""
-    if not interval:
-        return fmt(mean, digits)
-    return f"{fmt(mean, digits)} ({fmt(interval[0], digits)}-{fmt(interval[1], digits)})"
-
-
 def _tokens_per_s(arm: Arm) -> str | None:
     """Mean tok/s at batch 1 with its bootstrap interval over the prompts (`ci95`) when
     results.json has one, else ± the std over repeats when there was more than one."""
     tps = arm.tokens_per_s
     if tps.ci95 or len(arm.repeats) <= 1:
-        return _with_interval(tps.mean, tps.ci95, 1)
-    return fmt_stat(tps, 1)
+        return fmt_ci(tps.mean, tps.ci95, 1)
+    return fmt_stat(tps, 1, repeats=len(arm.repeats))
 
 
 def _speedup(arm: Arm, ar_tps: float | None) -> str | None:
@@ -60,7 +53,7 @@ def _speedup(arm: Arm, ar_tps: float | None) -> str | None:
     one, else the ratio of the two arms' mean tok/s; None without AR."""
     paired = arm.speedup_vs_ar
     if paired is not None and arm.speculative:
-        return _with_interval(paired.mean, paired.ci95, 2)
+        return fmt_ci(paired.mean, paired.ci95, 2)
     return fmt(arm.tokens_per_s.mean / ar_tps, 2) if ar_tps else None
 
 
@@ -106,7 +99,8 @@ def render(results: Results, pipeline_manifest: dict[str, Any] | None = None) ->
                                "(python -m jobs.pipeline --force benchmark)")
     ar = results.arms.get(AR)
     ar_tps = ar.tokens_per_s.mean if ar else None
-    rows = [[arm.label, fmt(arm.mean_accepted.mean, 2), _tokens_per_s(arm),
+    rows = [[arm.label, fmt_ci(arm.mean_accepted.mean, arm.mean_accepted_ci95, 2),
+             _tokens_per_s(arm),
              _speedup(arm, ar_tps), _audit(arm)] for _, arm in arms]
     return markdown_table(HEADER, rows) + "\n\n" + caption(results, pipeline_manifest)
 

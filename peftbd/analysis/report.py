@@ -14,6 +14,7 @@ from typing import Any
 
 from peftbd.analysis import tables
 from peftbd.analysis.acceptance import gamma_table, position_table
+from peftbd.analysis.categories import section as category_section
 from peftbd.analysis.figures import (
     acceptance_by_position,
     acceptance_vs_temperature,
@@ -24,9 +25,12 @@ from peftbd.analysis.figures import (
 )
 from peftbd.analysis import break_even, concurrency, cost_at_scale, head_goals, sampling
 from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
+from peftbd.analysis.findings_by_category import section as findings_by_category_section
+from peftbd.analysis import learning_curves
+from peftbd.analysis.acceptance_study import study_section
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import BENCHMARK, PLACEMENT, RECIPE_ABLATION, STAGES
+from peftbd.layout import ACCEPTANCE_STUDY, BENCHMARK, PLACEMENT, RECIPE_ABLATION, STAGES
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -134,6 +138,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         "order, each judged from the numbers below ([brackets]: the paper's). \"About the same "
         f"cost\" = within ±{SAME_COST:.0%}, \"essentially unchanged\" = within ±{UNCHANGED:.0%}.",
         "\n".join(f.markdown() for f in findings(results)),
+        *findings_by_category_section(results),
         "## Beyond the paper: does the block-diffusion head pay for itself?",
         "The head (DFlash-style: its own decoder layers draft a whole block in one forward from "
         "the verifier's hidden states, sharing its embeddings and LM head) against its goals: "
@@ -186,12 +191,11 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *paper_question_section(results),
         *sampling.section(results, FIGURE_5),
         *placement_section(manifests),
+        *learning_curves.section(manifests),
         *ablation_section(manifests.get(RECIPE_ABLATION.title), RECIPE_ABLATION.subdir),
+        *study_section(manifests.get(ACCEPTANCE_STUDY.title), ACCEPTANCE_STUDY.subdir),
     ]
-    per_category = tables.category_table(results)
-    if per_category:
-        parts += ["## Per category (columns by arm id; acc/round = accepted tokens per round)",
-                  per_category]
+    parts += category_section(results)
     parts += [
         "## The paper beside ours",
         "Different model, engine and hardware: compare shapes (draft vs verify latency, "
@@ -258,7 +262,8 @@ def summary_lines(results: Results) -> list[str]:
     for _, arm in results.arm_items():
         tps, acc, audit = arm.tokens_per_s, arm.mean_accepted, arm.audit
         ci, speedup = tps.ci95, arm.speedup_vs_ar
-        spread = f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else f" ± {tps.std:.1f} tok/s"
+        spread = (f" tok/s (95% interval {ci[0]:.1f}-{ci[1]:.1f})" if ci else
+                  f" ± {tps.std:.1f} tok/s" if len(arm.repeats) > 1 else " tok/s")
         line = f"{arm.label}: {tps.mean:.1f}{spread}"
         if speedup is not None and arm.speculative:
             line += f", {speedup.mean:.2f}x AR"

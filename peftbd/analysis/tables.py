@@ -39,9 +39,21 @@ def fmt(value: float | None, digits: int = 2) -> str | None:
     return None if value is None else f"{value:.{digits}f}"
 
 
-def fmt_stat(s: Stat | None, digits: int = 2) -> str | None:
-    """`mean ± std` of a Stat."""
-    return None if s is None else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+def fmt_stat(s: Stat | None, digits: int = 2, *, repeats: int) -> str | None:
+    """`mean ± std` of a Stat over `repeats` runs; the mean alone for a single run (its std of 0
+    would be false precision)."""
+    if s is None:
+        return None
+    return f"{s.mean:.{digits}f}" if repeats <= 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+
+
+def fmt_ci(value: float | None, interval: Sequence[float] | None, digits: int = 2) -> str | None:
+    """`value (low-high)` with its 95% interval, the value alone without one; None stays None."""
+    if value is None:
+        return None
+    if not interval:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ({interval[0]:.{digits}f}-{interval[1]:.{digits}f})"
 
 
 def fmt_pct(value: float | None) -> str | None:
@@ -68,7 +80,8 @@ def forward_table(results: Results) -> str:
 
 
 def acceptance_table(results: Results) -> str:
-    """Table 2: token and block acceptance, greedy audit and throughput per arm."""
+    """Table 2: accepted tokens per round (bonus included) with its 95% bootstrap interval over
+    the prompts, token and block acceptance, greedy audit and throughput per arm."""
     rows = []
     for _, arm in results.arm_items():
         audit = arm.audit
@@ -77,11 +90,12 @@ def acceptance_table(results: Results) -> str:
             pct = NA if audit.exact_pct is None else f"{audit.exact_pct:.1f}%"
             exact = f"{pct} ({audit.exact}/{audit.prompts})"
         rows.append([
-            arm.label, fmt(arm.mean_accepted.mean, 3), fmt_pct(arm.token_acceptance),
-            fmt_pct(arm.block_acceptance), exact, fmt_stat(arm.tokens_per_s),
+            arm.label, fmt_ci(arm.mean_accepted.mean, arm.mean_accepted_ci95),
+            fmt_pct(arm.token_acceptance), fmt_pct(arm.block_acceptance), exact,
+            fmt_stat(arm.tokens_per_s, repeats=len(arm.repeats)),
         ])
     return markdown_table(
-        ["arm", "accepted tokens / round", "token acceptance", "block acceptance",
+        ["arm", "accepted tokens / round (95% interval)", "token acceptance", "block acceptance",
          "greedy audit exact", "tokens/s"], rows)
 
 
@@ -103,8 +117,8 @@ def timing_noise(results: Results) -> str:
 
 
 def repeats_table(results: Results) -> str:
-    """Table 3a: each repeated run's throughput, mean ± std per arm, the bootstrap interval over
-    the prompts of its tok/s and of its speedup vs AR."""
+    """Table 3a: each repeated run's throughput, mean ± std per arm (the mean alone for one run),
+    the bootstrap interval over the prompts of its tok/s and of its speedup vs AR."""
     arms = results.arm_items()
     n = max((len(arm.repeats) for _, arm in arms), default=0)
     rows = []
@@ -113,14 +127,16 @@ def repeats_table(results: Results) -> str:
         shortest = min((r.decode_s for r in arm.repeats), default=None)
         speedup = arm.speedup_vs_ar
         rows.append([arm.label, *runs, *[None] * (n - len(runs)),
-                     fmt_stat(arm.tokens_per_s), fmt_interval(arm.tokens_per_s.ci95, 1),
+                     fmt_stat(arm.tokens_per_s, repeats=len(arm.repeats)),
+                     fmt_interval(arm.tokens_per_s.ci95, 1),
                      fmt(None if speedup is None else speedup.mean),
                      fmt_interval(None if speedup is None else speedup.ci95),
-                     fmt_stat(arm.mean_accepted, 3), fmt(shortest, 2)])
+                     fmt_stat(arm.mean_accepted, 3, repeats=len(arm.repeats)), fmt(shortest, 2)])
+    spread = " (mean ± std)" if n > 1 else ""
     return markdown_table(
-        ["arm", *[f"run {i + 1} tok/s" for i in range(n)], "tokens/s (mean ± std)",
+        ["arm", *[f"run {i + 1} tok/s" for i in range(n)], f"tokens/s{spread}",
          "tok/s 95% interval", "speedup vs AR", "speedup 95% interval",
-         "accepted / round (mean ± std)", "timed s per run (shortest)"], rows)
+         f"accepted / round{spread}", "timed s per run (shortest)"], rows)
 
 
 def oracle_table(results: Results) -> str:
@@ -202,27 +218,6 @@ def offline_table(results: Results) -> str:
     return markdown_table(["arm", "engine (this benchmark)", "offline replay (these prompts)",
                            "engine vs replay", f"within ±{OFFLINE_AGREES:.0%}",
                            "training estimate (its val rows)", "training vs replay"], rows)
-
-
-def category_table(results: Results) -> str | None:
-    """Per-category throughput and accepted length (Spec-Bench prompts), or None without categories."""
-    arms = [(a, arm) for a, arm in results.arm_items() if arm.by_category]
-    if not arms:
-        return None
-    cats = sorted({c for _, arm in arms for c in arm.by_category})
-    rows = []
-    for cat in cats:
-        first = arms[0][1].by_category.get(cat)
-        row: list[Any] = [cat, None if first is None else first.prompts]
-        for _, arm in arms:
-            c = arm.by_category.get(cat)
-            row += [fmt_stat(None if c is None else c.tokens_per_s),
-                    fmt(None if c is None else c.mean_accepted.mean, 3)]
-        rows.append(row)
-    header = ["category", "prompts"]
-    for arm_id, _ in arms:
-        header += [f"{arm_id} tok/s", f"{arm_id} acc/round"]
-    return markdown_table(header, rows)
 
 
 def _ours(results: Results, pv: PaperValue) -> float | None:

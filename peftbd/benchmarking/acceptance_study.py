@@ -138,7 +138,8 @@ def replay_cells(cfg: Config, variant: str, artifact_dir: str | Path,
     whole mix."""
     models = load_arm_models(cfg, dirs)
     prompts, references = held_out(artifact_dir)
-    cats = sorted({p.category for p in prompts if p.category != MIX})
+    categories = [p.category or MIX for p in prompts]
+    cats = sorted(set(categories) - {MIX})
     cells = []
     for spec in arm_specs(cfg):
         if spec.stage not in dirs.stages or spec.synthetic:
@@ -147,7 +148,7 @@ def replay_cells(cfg: Config, variant: str, artifact_dir: str | Path,
         if rows is None:
             continue
         cells.append(cell(variant, spec.id, MIX, rows))
-        cells += [cell(variant, spec.id, c, [r for r, p in zip(rows, prompts) if p.category == c])
+        cells += [cell(variant, spec.id, c, [r for r, rc in zip(rows, categories) if rc == c])
                   for c in cats]
     return cells
 

@@ -2,8 +2,8 @@
 
 Run-level metrics come from the engine's `summarize` (its definitions: accepted tokens per round
 include the bonus token, as the paper counts them); this module only groups decodes by arm, repeat
-and category and takes mean ± std over the repeated runs, and the batch-1 throughput's bootstrap
-interval over the prompts (`noise`).
+and category and takes mean ± std over the repeated runs, and the bootstrap intervals over the
+prompts (`noise`) of the batch-1 throughput and of the tokens per round, per arm and per category.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
-from peftbd.benchmarking.noise import speedup_interval, throughput_interval
+from peftbd.benchmarking.noise import acceptance_interval, speedup_interval, throughput_interval
 from peftbd.benchmarking.replay import ReplaySums
 from peftbd.benchmarking.runner import RoundFloor, ShardResult
 from peftbd.benchmarking.schema import (
@@ -75,6 +75,20 @@ def _forward(overall: dict[str, Any], repeats: int) -> Forward:
     return Forward(**calls)
 
 
+def category_entry(runs: Sequence[Sequence[DecodeResult]], speculative: bool) -> CategoryStats:
+    """One arm on one category's prompts (`runs[repeat][prompt]`, those prompts only): tok/s and
+    tokens per round over the repeats, the latter's interval over the prompts, position-1
+    acceptance and rounds over every repeat (AR: no interval, no position 1)."""
+    stats = _repeat_stats(runs)
+    pooled = summarize([res for run in runs for res in run])
+    rate = pooled["per_position"]["rate"]
+    return CategoryStats(
+        prompts=len(runs[0]) if runs else 0, tokens_per_s=stats.tokens_per_s,
+        mean_accepted=stats.mean_accepted,
+        mean_accepted_ci95=acceptance_interval(runs) if speculative else None,
+        position1_acceptance=rate[0] if speculative and rate else None, rounds=pooled["rounds"])
+
+
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
               mismatches: Sequence[Mismatch], replay: ReplaySums | None = None,
               ar_runs: Sequence[Sequence[DecodeResult]] | None = None,
@@ -85,18 +99,18 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
     `floor`: one round's floor on the device (None: not counted)."""
     stats = _repeat_stats(runs)
     overall = summarize([res for run in runs for res in run])
+    speculative = spec.method != AR
     by_category: dict[str, CategoryStats] = {}
     for cat in sorted({c for c in categories if c is not None}):
         idx = [i for i, c in enumerate(categories) if c == cat]
-        cat_stats = _repeat_stats([[run[i] for i in idx] for run in runs])
-        by_category[cat] = CategoryStats(prompts=len(idx), tokens_per_s=cat_stats.tokens_per_s,
-                                         mean_accepted=cat_stats.mean_accepted)
+        by_category[cat] = category_entry([[run[i] for i in idx] for run in runs], speculative)
     rnd = overall["round"]
     return Arm(
         label=spec.label, method=spec.method, stage=spec.stage, settings=spec.settings(),
         repeats=[Repeat(**{k: m[k] for k in Repeat.model_fields}) for m in stats.summaries],
         tokens_per_s=Throughput(**stats.tokens_per_s.model_dump(), ci95=throughput_interval(runs)),
         mean_accepted=stats.mean_accepted,
+        mean_accepted_ci95=acceptance_interval(runs) if speculative else None,
         speedup_vs_ar=None if ar_runs is None else Speedup(
             mean=stats.tokens_per_s.mean / _repeat_stats(ar_runs).tokens_per_s.mean,
             ci95=speedup_interval(runs, ar_runs)),
@@ -107,7 +121,7 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         per_position=PerPosition(**overall["per_position"]),
         forward=_forward(overall, len(runs)),
         round=Round(**{k: rnd[k] for k in Round.model_fields}),
-        audit=Audit(**audit_summary(len(categories), mismatches)) if spec.method != AR else None,
+        audit=Audit(**audit_summary(len(categories), mismatches)) if speculative else None,
         oracle=None,
         by_category=by_category,
         floor=None if floor is None else _over_floor(floor, rnd["draft_ms"],

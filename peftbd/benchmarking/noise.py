@@ -1,10 +1,12 @@
 """How far a batch-1 throughput measured once over a prompt set can be trusted: bootstrap
 intervals over the prompts (resampled with replacement, seeded), for an arm's tok/s and, paired
-prompt by prompt, for its speedup over AR.
+prompt by prompt, for its speedup over AR; and how far its acceptance can: the same interval for
+its tokens per round (the engine's `mean_accepted`, bonus included).
 
 One timed repeat decodes every prompt once per arm; the interval says how much the number would
 move with another draw of prompts of the same kind, the noise that more repeats of the same
-prompts cannot shrink. The report states it beside every batch-1 throughput.
+prompts cannot shrink. The report states it beside every batch-1 throughput and every arm's
+tokens per round (greedy repeats decode the same rounds, so only the prompts move acceptance).
 """
 
 from __future__ import annotations
@@ -59,3 +61,26 @@ def speedup_interval(runs: Sequence[Sequence[DecodeResult]],
     ours = tokens[idx].sum(axis=1) / seconds[idx].sum(axis=1)
     theirs = base_tokens[idx].sum(axis=1) / base_seconds[idx].sum(axis=1)
     return _interval(ours / theirs)
+
+
+def _round_totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: tokens emitted by its rounds (accepted + bonus, `RoundMetrics.emitted`) and its
+    rounds, summed over the repeats (`runs[repeat][prompt]`)."""
+    emitted = np.array([[sum(r.emitted for r in res.rounds) for res in run] for run in runs],
+                       dtype=float).sum(axis=0)
+    rounds = np.array([[len(res.rounds) for res in run] for run in runs], dtype=float).sum(axis=0)
+    return emitted, rounds
+
+
+def acceptance_interval(runs: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
+    """LEVEL bootstrap interval of tokens per round = emitted tokens / rounds over the prompts,
+    the engine's `mean_accepted` (`peftbd.decoding.metrics.summarize`: bonus included), each
+    prompt's repeats pooled (None: under 2 prompts with a round). A prompt without a round (its
+    output ended at prefill) adds to neither sum and is left out of the draw."""
+    emitted, rounds = _round_totals(runs)
+    keep = rounds > 0
+    emitted, rounds = emitted[keep], rounds[keep]
+    if len(rounds) < 2:
+        return None
+    idx = _draws(len(rounds))
+    return _interval(emitted[idx].sum(axis=1) / rounds[idx].sum(axis=1))

@@ -18,8 +18,13 @@ at most B requests decoding at once = generated tokens / wall time of the whole 
 prompts (median over repeats; at B > 1 over the first `timing.sweep_repeats`), so unlike the
 arms' per-prompt tok/s it counts rows in parallel.
 
-Fields added after version 3 first shipped (`Arm.stage`, `Arm.floor`, `MeasuredOn.floor`) have
-defaults, so files written before them still read.
+Acceptance carries its own interval (version 4): tokens per round (the engine's `mean_accepted`,
+bonus included) with its 95% bootstrap interval over the prompts (`noise.acceptance_interval`) per
+speculative arm and per category, beside each category's position-1 acceptance and rounds; the
+std over repeats alone (0 for one repeat, and for greedy repeats, which decode the same rounds)
+says nothing about how far acceptance would move on other prompts. Version 3 files are refused.
+Fields added after version 3 first shipped (`Arm.stage`, `Arm.floor`, `MeasuredOn.floor`) keep
+their defaults.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from peftbd.errors import UserError
 from peftbd.methods.arm import AR
 from peftbd.methods.fastmtp import ID as FASTMTP
 
-SCHEMA = "peftbd-benchmark/3"
+SCHEMA = "peftbd-benchmark/4"
 
 ORACLE_TARGETS: tuple[str, ...] = (FASTMTP, AR)
 """Arms whose measured throughput the draft-cost oracle asks each speculative arm to match (the
@@ -197,9 +202,15 @@ class Oracle(Record):
 
 
 class CategoryStats(Record):
+    """One arm on the prompts of one category (Spec-Bench's, or the world's own)."""
+
     prompts: int
     tokens_per_s: Stat
-    mean_accepted: Stat
+    mean_accepted: Stat  # tokens per round (bonus included), over the repeats
+    mean_accepted_ci95: Interval | None  # its interval over the prompts (None: AR, under 2 prompts)
+    position1_acceptance: float | None  # rounds whose first draft token was accepted / rounds
+    # that drafted (Table 4's rate at j = 1, `per_position.rate[0]`; None: AR, nothing drafted)
+    rounds: int  # rounds decoded, over every repeat
 
 
 class OverFloor(Record):
@@ -220,7 +231,8 @@ class Arm(Record):
     settings: dict[str, Any]
     repeats: list[Repeat]
     tokens_per_s: Throughput
-    mean_accepted: Stat
+    mean_accepted: Stat  # tokens per round (bonus included), over the repeats
+    mean_accepted_ci95: Interval | None  # its interval over the prompts (None: AR, under 2 prompts)
     speedup_vs_ar: Speedup | None
     mean_accepted_prefix: float | None  # accepted draft tokens / round, bonus excluded
     token_acceptance: float | None

@@ -26,6 +26,7 @@ from peftbd.tiny_world.corpus import build_corpus
 from peftbd.layout import WORLD
 from peftbd.tiny_world.tokenizer import train_tokenizer
 from peftbd.tiny_world.verifier import (
+    Example,
     mean_loss,
     tiny_qwen3_config,
     train_tiny_verifier,
@@ -137,11 +138,10 @@ def _build(tw: TinyWorldConfig, root: Path) -> TinyWorld:
     )
     tokenizer.save_pretrained(world.tokenizer_dir)
 
-    def encode(conv: list[dict[str, str]]) -> list[int]:
-        prompt = [m for m in conv if m["role"] != "assistant"]
-        return (encode_prompt(tokenizer, prompt)
-                + tokenizer(conv[-1]["content"], add_special_tokens=False)["input_ids"]
-                + [tokenizer.eos_token_id])
+    def encode(conv: list[dict[str, str]]) -> Example:
+        prompt = encode_prompt(tokenizer, [m for m in conv if m["role"] != "assistant"])
+        reply = tokenizer(conv[-1]["content"], add_special_tokens=False)["input_ids"]
+        return Example(prompt + reply + [tokenizer.eos_token_id], len(prompt))
 
     train = [encode(conv) for conv in corpus.training]
     heldout = [encode(conv) for conv in corpus.unseen[:HELDOUT_ROWS]]

@@ -1,6 +1,6 @@
 """Formulaic tasks of the embedded corpus: replies the verifier computes rather than recalls.
 
-Spell out a range of numbers (up, down, by twos) or write a multiplication table: regular,
+Spell out a range of numbers (up, down, by twos): regular,
 locally predictable text (lists, formulas, enumerations) that a drafter can learn to draft in a
 small world, as formulaic and procedural text is in a large one.
 """
@@ -45,31 +45,20 @@ TWOS_PHRASINGS = (
     "Skip-count by two from {a} to {b}, in words.", "Spell out {a}, {a} + 2, and so on up to {b}.",
     "Name every second number from {a} to {b} in words.",
 )
-TABLE_PHRASINGS = (
-    "Write the multiplication table of {a} up to {a} x {b}.",
-    "Give the times table for {a}, from 1 to {b}.", "Multiply {a} by 1 to {b}, one line each.",
-    "List {a} x 1 through {a} x {b}.", "What is the {a} times table up to {b}?",
-    "Show the multiplication table of {a} to {b}.", "Recite the {a} times table up to {b}.",
-    "Write out {a} times each number from 1 to {b}.",
-)
 def formulaic_documents(rng: random.Random, n: int) -> list[Document]:
-    """`n` distinct formulaic tasks, cycling: spell out a range of numbers up, down, by twos,
-    and a multiplication table (words, not digit runs: counting in digits repeats its 4-grams
-    `, 2`, `0` ... and would read as a loop in the repetition measure)."""
+    """`n` distinct formulaic tasks, cycling: spell out a range of numbers up, down and by twos
+    (words, not digit runs: counting in digits repeats its 4-grams `, 2`, `0` ... and would read
+    as a loop in the repetition measure; no arithmetic such as a multiplication table, which a
+    verifier of this size never learns: its replies would be wrong)."""
     docs: dict[str, Document] = {}
     while len(docs) < n:
-        kind = len(docs) % 4
+        kind = len(docs) % 3
         a = rng.randint(0, 60)
         b = rng.randint(a + 12, min(a + 40, 99))
-        if kind == 3:  # a table draws its own a, b (the range's draws above are unused)
-            a, b = rng.randint(2, 40), rng.randint(10, 15)
-            answer = "\n".join(f"{a} x {i} = {a * i}" for i in range(1, b + 1))
-            phrasings = TABLE_PHRASINGS
-        else:
-            if kind == 2:
-                b = a + 2 * ((min(99, a + 2 * (b - a)) - a) // 2)  # lands on b
-            numbers = (range(a, b + 1), range(b, a - 1, -1), range(a, b + 1, 2))[kind]
-            answer = ", ".join(number_words(i) for i in numbers).capitalize() + "."
-            phrasings = (SPELL_PHRASINGS, DOWN_PHRASINGS, TWOS_PHRASINGS)[kind]
+        if kind == 2:
+            b = a + 2 * ((min(99, a + 2 * (b - a)) - a) // 2)  # lands on b
+        numbers = (range(a, b + 1), range(b, a - 1, -1), range(a, b + 1, 2))[kind]
+        answer = ", ".join(number_words(i) for i in numbers).capitalize() + "."
+        phrasings = (SPELL_PHRASINGS, DOWN_PHRASINGS, TWOS_PHRASINGS)[kind]
         docs.setdefault(answer, Document(answer, tuple(p.format(a=a, b=b) for p in phrasings)))
     return list(docs.values())

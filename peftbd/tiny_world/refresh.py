@@ -1,6 +1,6 @@
 """Rebuild the tiny world shipped with the package (`peftbd.tiny_world.shipped`) from its recipe:
 
-    python -m peftbd.tiny_world.refresh          # ~4 min on 2 cores
+    python -m peftbd.tiny_world.refresh          # ~6 min on 2 cores
 
 Run it after changing the recipe's code or the tiny preset's `tiny_world` section
 (`tests/peftbd/tiny_world/test_shipped.py` fails, naming this command, while it is stale).
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m peftbd.tiny_world.refresh",
         description="Rebuild the tiny world shipped with the package from its recipe (the tiny "
-        "preset's tiny_world section and the code of peftbd.tiny_world): ~4 min on 2 cores. Run "
+        "preset's tiny_world section and the code of peftbd.tiny_world): ~6 min on 2 cores. Run "
         "it after changing either; tests/peftbd/tiny_world/test_shipped.py says when it is stale.")
     parser.add_argument("--out", type=Path, default=SHIPPED,
                         help=f"where to write it (default: the package's {SHIPPED.name}/)")

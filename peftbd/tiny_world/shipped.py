@@ -1,6 +1,6 @@
 """The tiny world shipped with the package: a finished world stage output (corpus, tokenizer,
 trained verifier, manifest) built by the recipe in `peftbd.tiny_world.build`, so that a new
-machine copies it in under a second instead of training the verifier for ~4 minutes.
+machine copies it in under a second instead of training the verifier for ~6 minutes.
 
 The world stage uses it only when its recorded fingerprint equals the one the current settings
 and code give (`tiny_world.shipped: true`, the default); any other world is built from the

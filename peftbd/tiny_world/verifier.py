@@ -6,6 +6,7 @@ import logging
 import math
 import random
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -36,24 +37,38 @@ def tiny_qwen3_config(tw: TinyWorldConfig, vocab_size: int, eos_ids: list[int], 
     )
 
 
-def _batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class Example:
+    """A conversation's token ids; the first `prompt_len` (the prompt) are context only: the
+    verifier learns to reply, as supervised fine-tuning does, not to predict its prompts."""
+
+    ids: list[int]
+    prompt_len: int
+
+    @property
+    def reply(self) -> list[int]:
+        return self.ids[self.prompt_len:]
+
+
+def _batch(examples: list[Example], pad_id: int, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs = [e.ids[:max_len] for e in examples]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, s in enumerate(seqs):
+    for i, (e, s) in enumerate(zip(examples, seqs)):
         ids[i, : len(s)] = torch.tensor(s)
-        labels[i, : len(s)] = torch.tensor(s)
+        labels[i, e.prompt_len : len(s)] = torch.tensor(s[e.prompt_len:])
     return ids, labels
 
 
 @torch.no_grad()
-def mean_loss(model: Qwen3ForCausalLM, seqs: list[list[int]], pad_id: int, batch_size: int = 32) -> float:
-    """Mean next-token cross-entropy (nats per predicted token) over `seqs`."""
+def mean_loss(model: Qwen3ForCausalLM, examples: list[Example], pad_id: int, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy (nats per predicted reply token) over `examples`."""
     model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(seqs), batch_size):
-        ids, labels = _batch(seqs[i : i + batch_size], pad_id)
-        logits = model(input_ids=ids, attention_mask=(labels != -100).long()).logits
+    for i in range(0, len(examples), batch_size):
+        ids, labels = _batch(examples[i : i + batch_size], pad_id)
+        logits = model(input_ids=ids, attention_mask=(ids != pad_id).long()).logits
         tgt = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
             logits[:, :-1].flatten(0, 1), tgt.flatten(), ignore_index=-100, reduction="sum"
@@ -63,11 +78,12 @@ def mean_loss(model: Qwen3ForCausalLM, seqs: list[list[int]], pad_id: int, batch
     return total / max(count, 1)
 
 
-def unigram_cross_entropy(train: list[list[int]], heldout: list[list[int]], vocab_size: int) -> float:
-    """Cross-entropy (nats per token) of held-out tokens under the add-one unigram of `train`."""
-    counts = Counter(t for s in train for t in s[1:])
+def unigram_cross_entropy(train: list[Example], heldout: list[Example], vocab_size: int) -> float:
+    """Cross-entropy (nats per token) of held-out reply tokens under the add-one unigram of the
+    training replies."""
+    counts = Counter(t for e in train for t in e.reply)
     total = sum(counts.values()) + vocab_size
-    tokens = [t for s in heldout for t in s[1:]]
+    tokens = [t for e in heldout for t in e.reply]
     return -sum(math.log((counts[t] + 1) / total) for t in tokens) / max(len(tokens), 1)
 
 
@@ -94,7 +110,7 @@ HELDOUT_EVERY = 100
 
 
 def train_tiny_verifier(
-    tw: TinyWorldConfig, config: Qwen3Config, train: list[list[int]], heldout: list[list[int]],
+    tw: TinyWorldConfig, config: Qwen3Config, train: list[Example], heldout: list[Example],
     pad_id: int,
 ) -> tuple[Qwen3ForCausalLM, int]:
     """Train from scratch with AdamW and cosine decay over `tw.train_steps` batches of similar
@@ -115,10 +131,9 @@ def train_tiny_verifier(
     model.train()
     for step in range(tw.train_steps):
         if not batches:
-            batches = length_bucketed_batches([len(s) for s in train], tw.train_batch_size, rng)
-        batch = [train[j][: tw.train_seq_len] for j in batches.pop()]
-        ids, labels = _batch(batch, pad_id)
-        out = model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels)
+            batches = length_bucketed_batches([len(e.ids) for e in train], tw.train_batch_size, rng)
+        ids, labels = _batch([train[j] for j in batches.pop()], pad_id, tw.train_seq_len)
+        out = model(input_ids=ids, attention_mask=(ids != pad_id).long(), labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -1,8 +1,9 @@
 """Training checkpoints (DeepSpeed engine state + the step) and the exported artifact inside them.
 
 A checkpoint directory holds DeepSpeed's files under the tag `ds` (trainable weights, optimizer,
-LR scheduler; every frozen tensor is excluded), `client_state` with the step and the run's
-fingerprint, and, in the final checkpoint, `export/` with the artifact the job publishes.
+LR scheduler; every frozen tensor is excluded), `client_state` with the step, the run's
+fingerprint, the tokens trained on and the learning curve so far, and, in the final checkpoint,
+`export/` with the artifact the job publishes.
 
 Frozen tensors: DeepSpeed's `exclude_frozen_parameters` drops the state-dict entries that
 `named_parameters()` lists, which names a shared tensor once. A tied embedding under peft's
@@ -25,6 +26,7 @@ import pyarrow.fs
 from torch import nn
 
 from peftbd.errors import UserError
+from peftbd.training.learning_curve import CurvePoint
 
 TAG = "ds"
 EXPORT_DIR = "export"
@@ -32,9 +34,13 @@ EXPORT_DIR = "export"
 
 @dataclass(frozen=True)
 class TrainState:
-    """Where training stands: optimizer steps done."""
+    """Where training stands: optimizer steps done, the sequence tokens trained on so far (summed
+    over the workers) and the learning curve's points so far (`peftbd.training.learning_curve`),
+    so a resumed run keeps its curve."""
 
     step: int = 0
+    train_tokens: int = 0
+    curve: tuple[CurvePoint, ...] = ()
 
 
 def frozen_names(module: nn.Module) -> set[str]:
@@ -63,7 +69,10 @@ def save_checkpoint(engine: Any, ckpt_dir: str | Path, state: TrainState, finger
     is saved (`without_frozen`)."""
     with without_frozen(engine.module):
         engine.save_checkpoint(
-            str(ckpt_dir), tag=TAG, client_state={"step": state.step, "fingerprint": fingerprint},
+            str(ckpt_dir), tag=TAG,
+            client_state={"step": state.step, "fingerprint": fingerprint,
+                          "train_tokens": state.train_tokens,
+                          "learning_curve": [p.to_dict() for p in state.curve]},
             exclude_frozen_parameters=True,
         )
 
@@ -94,7 +103,8 @@ def load_checkpoint(engine: Any, ckpt_dir: str | Path, fingerprint: str) -> Trai
             f"(fingerprint {client.get('fingerprint')} != {fingerprint}); rerun with --no-resume "
             "to start over, or use another --out (the run name)"
         )
-    return TrainState(step=int(client["step"]))
+    return TrainState(step=int(client["step"]), train_tokens=int(client.get("train_tokens", 0)),
+                      curve=tuple(CurvePoint.from_dict(p) for p in client.get("learning_curve", ())))
 
 
 def run_location(storage_path: str, out_dir: Path, fingerprint: str) -> tuple[str, str]:

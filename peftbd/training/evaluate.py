@@ -20,7 +20,9 @@ def rank_rows(batch: dict, rank: int, world_size: int) -> dict:
 
 @torch.no_grad()
 def evaluate(task: DistillTask, module: nn.Module, batches: Iterable[SequenceBatch]) -> dict:
-    """`task.eval_metrics` of the eval sums over `batches`, all-reduced across the process group.
+    """`task.eval_metrics` of the eval sums over `batches`, all-reduced across the process group
+    (`sum_over_workers`: sums only; the accepted prefix's interval comes from summed per-row
+    moments, `peftbd.training.rounds.round_sums`).
 
     Every rank must evaluate at least one batch (the job checks the val split is large enough).
     """
@@ -35,15 +37,22 @@ def evaluate(task: DistillTask, module: nn.Module, batches: Iterable[SequenceBat
     if not totals:
         raise ValueError("evaluate() got no val batch on this worker; the val split needs at "
                          "least training.num_workers rows")
-    if dist.is_available() and dist.is_initialized():
-        keys = sorted(totals)
-        device = next(module.parameters()).device  # NCCL reduces only device tensors
-        flat = torch.cat([totals[k].reshape(-1) for k in keys]).to(device)
-        dist.all_reduce(flat)
-        flat = flat.cpu()
-        offset = 0
-        for k in keys:
-            n = totals[k].numel()
-            totals[k] = flat[offset : offset + n].reshape(totals[k].shape)
-            offset += n
-    return task.eval_metrics(totals)
+    return task.eval_metrics(sum_over_workers(totals, next(module.parameters()).device))
+
+
+def sum_over_workers(totals: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`totals` summed over the process group's ranks (one all-reduce of all of them, on `device`:
+    NCCL reduces only device tensors), on the CPU; `totals` itself without a process group. Every
+    rank must call it with the same keys and shapes."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return totals
+    keys = sorted(totals)
+    flat = torch.cat([totals[k].reshape(-1) for k in keys]).to(device)
+    dist.all_reduce(flat)
+    flat = flat.cpu()
+    out, offset = {}, 0
+    for k in keys:
+        n = totals[k].numel()
+        out[k] = flat[offset : offset + n].reshape(totals[k].shape)
+        offset += n
+    return out

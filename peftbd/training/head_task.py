@@ -8,7 +8,8 @@ Eval metrics: `eval_loss` (the objective at the eval epoch's offsets), `eval_mas
 (top-1 == target over the block positions), `eval_block_accepted_prefix_mean` (the leading correct
 positions per training block), and, over the engine's rounds replayed on the rows,
 `eval_target_token_accuracy` and `eval_accepted_prefix_mean` (the offline estimate the benchmark
-compares with the engine's `mean_accepted_prefix`).
+compares with the engine's `mean_accepted_prefix`) with `eval_accepted_prefix_ci95`, its 95%
+interval over the rows (`peftbd.training.rounds.ratio_ci95`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, rati
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.head_objective import head_block_stats, head_drafts
-from peftbd.training.rounds import replay_rounds, round_sums
+from peftbd.training.rounds import accepted_prefix_ci95, replay_rounds, round_sums
 
 
 class HeadTask:
@@ -87,12 +88,13 @@ class HeadTask:
             "prefix_correct": blocks.prefix_correct, "blocks": blocks.blocks,
         }
 
-    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float] | None]:
         return {
             "eval_loss": ratio(sums["weighted_loss"], sums["weight"]),
             "eval_masked_token_accuracy": ratio(sums["correct"], sums["labelled"]),
             "eval_target_token_accuracy": ratio(sums["round_accepted"], sums["round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["round_accepted"], sums["rounds"]),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums),
             "eval_target_tokens": int(sums["round_proposed"]),
             "eval_rounds": int(sums["rounds"]),
             "eval_block_accepted_prefix_mean": ratio(sums["prefix_correct"], sums["blocks"]),

@@ -5,13 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from peftbd.training.deepspeed_config import BatchPlan
+from peftbd.training.learning_curve import TRAIN_TOKENS_COUNTED, still_rising
 
 
 def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_rows: int) -> dict[str, Any]:
     """`stage`, `parameters`, `metrics` (the eval_* values), `workers` (the workers' measured
-    peaks, the largest over the ranks, and the dtype that trained) and `training` (steps,
-    throughput, batch layout, the estimated peak of one step) of a run whose last report was
-    `final`."""
+    peaks, the largest over the ranks, and the dtype that trained), `training` (steps,
+    throughput, batch layout, tokens trained on, the estimated peak of one step),
+    `learning_curve` (every eval's point: step, fraction of the step budget, train tokens so
+    far, accepted prefix and its 95% interval; `peftbd.training.learning_curve`) and
+    `still_rising` (the final point above the half-budget point by more than its interval's
+    half-width; None: not measurable) of a run whose last report was `final`."""
+    curve = final.get("learning_curve", [])
+    max_steps = final.get("max_steps", final["step"])
     return {
         "stage": f"train_{kind}",
         "parameters": final["parameters"],
@@ -31,5 +37,10 @@ def training_sections(kind: str, final: dict[str, Any], plan: BatchPlan, train_r
             "steps_per_epoch": (plan.steps_per_epoch(train_rows)
                                 if train_rows // plan.global_batch else None),
             "memory_estimate": final["memory_estimate"],
+            "max_steps": max_steps,
+            "train_tokens": final.get("train_tokens"),
+            "train_tokens_counted": TRAIN_TOKENS_COUNTED,
         },
+        "learning_curve": curve,
+        "still_rising": still_rising(curve, max_steps),
     }

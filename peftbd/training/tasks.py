@@ -50,7 +50,7 @@ from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, rati
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.mtp_objective import mtp_drafts, mtp_stats
-from peftbd.training.rounds import peftbd_drafts, replay_rounds, round_sums
+from peftbd.training.rounds import accepted_prefix_ci95, peftbd_drafts, replay_rounds, round_sums
 
 
 class PeftBDTask:
@@ -109,7 +109,7 @@ class PeftBDTask:
             "prefix_correct_t1": full.prefix_correct, "blocks_t1": full.blocks,
         }
 
-    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float] | None]:
         return {
             "eval_loss": ratio(sums["weighted_loss"], sums["weight"]),
             "eval_loss_t1": ratio(sums["weighted_loss_t1"], sums["weight_t1"]),
@@ -117,6 +117,7 @@ class PeftBDTask:
             "eval_masked_token_accuracy_t1": ratio(sums["correct_t1"], sums["labelled_t1"]),
             "eval_target_token_accuracy": ratio(sums["round_accepted"], sums["round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["round_accepted"], sums["rounds"]),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums),
             "eval_target_tokens": int(sums["round_proposed"]),
             "eval_rounds": int(sums["rounds"]),
             "eval_block_target_token_accuracy": ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
@@ -167,7 +168,7 @@ class MTPTask:
                                budget=self.cfg.data.max_new_tokens, block_size=k)
         return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()}}
 
-    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+    def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float] | None]:
         per_step = sums["ce_sum"] / sums["targets"].clamp_min(1)
         weights = torch.tensor(self.cfg.mtp.loss_weights, dtype=per_step.dtype)
         return {
@@ -178,6 +179,7 @@ class MTPTask:
                                                 sums["replayed_round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["replayed_round_accepted"],
                                                sums["replayed_rounds"]),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums, "replayed_"),
             "eval_target_tokens": int(sums["replayed_round_proposed"]),
             "eval_rounds": int(sums["replayed_rounds"]),
             "eval_teacher_forced_target_token_accuracy": ratio(sums["prefix_correct"],

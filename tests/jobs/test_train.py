@@ -118,6 +118,20 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
     workers, estimate = manifest["workers"], manifest["training"]["memory_estimate"]
     assert workers["workers"] == 2 and workers["peak_rss_mib"] > 0 and workers["dtype"] == "float32"
     assert estimate["micro_batch"] == 4 and estimate["logits_rows"] == 16 and estimate["total_mib"] > 0
+    # the learning curve: every eval_every (3) = a quarter, 6 = a half, 9, and the last step
+    curve = manifest["learning_curve"]
+    assert [(p["step"], p["fraction"]) for p in curve] == [(3, 0.25), (6, 0.5), (9, 0.75), (12, 1.0)]
+    tokens = [p["train_tokens"] for p in curve]
+    assert 0 < tokens[0] < tokens[1] < tokens[2] < tokens[3] == manifest["training"]["train_tokens"]
+    # 8 rows a step, 8 steps an epoch: by step 12 the whole first epoch (every row once) and half
+    # of the next are read; one worker's count alone would be 3/4 of an epoch
+    train, _ = load_training_split(artifact, "train", cfg.drafter.block_size, cfg.training.seed)
+    epoch = sum(train["prompt_len"].to_pylist()) + sum(train["continuation_len"].to_pylist())
+    assert epoch < tokens[3] < 2 * epoch
+    lo, hi = curve[-1]["ci95"]
+    assert lo < curve[-1]["accepted_prefix_mean"] == metrics["eval_accepted_prefix_mean"] < hi
+    assert metrics["eval_accepted_prefix_ci95"] == [lo, hi]
+    assert isinstance(manifest["still_rising"], bool)
     adapter = peftbd_run / "adapter"
     weights = load_file(str(adapter / "adapter_model.safetensors"))
     assert any("trainable_tokens_delta" in k for k in weights)  # the mask row is in the adapter
@@ -145,6 +159,8 @@ def test_interrupted_run_resumes_to_the_same_adapter(peftbd_run, cfg, artifact, 
     assert resumed.keys() == straight.keys()
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
     assert manifest["metrics"] == read_manifest(peftbd_run)["metrics"]
+    # the evals before the failure come back from the checkpoint: the whole curve, as straight
+    assert manifest["learning_curve"] == read_manifest(peftbd_run)["learning_curve"]
 
 
 @pytest.mark.integration

@@ -33,10 +33,16 @@ def _per_position(accepted: list[int], rounds: int = 100) -> dict[str, list]:
 def make_arm(label: str, method: str, tps: list[float], accepted: float, *,
              draft_call_ms: float | None = None, verify_call_ms: float = 2.5, calls: int = 420,
              round_ms: tuple[float, float] = (2.7, 2.5), accepted_per_position: list[int] | None = None,
-             free: float | None = None, needed: tuple[float, float] = (1.7, 2.9)) -> dict[str, Any]:
+             free: float | None = None, needed: tuple[float, float] = (1.7, 2.9),
+             accepted_ci95: tuple[float, float] | None = None) -> dict[str, Any]:
     """One arm; `accepted_per_position` over 100 rounds that each proposed every position;
-    `free` overrides the oracle's r = 1 throughput, `needed` = (vs FastMTP, vs AR)."""
+    `free` overrides the oracle's r = 1 throughput, `needed` = (vs FastMTP, vs AR);
+    `accepted_ci95` the interval of tokens per round (default: accepted -0.05/+0.04, AR none),
+    also its one category's ("qa", 2 prompts)."""
     spec = method != "ar"
+    if accepted_ci95 is None and spec:
+        accepted_ci95 = (accepted - 0.05, accepted + 0.04)
+    p1 = (accepted_per_position[0] / 100 if accepted_per_position else 0.5) if spec else None
     reductions = [{"r": r, "t_s": 0.006 * (1 - r * 0.45),
                    "tokens_per_s": accepted / (0.006 * (1 - r * 0.45))} for r in (0.0, 0.5, 1.0)]
     if free is not None:
@@ -46,7 +52,7 @@ def make_arm(label: str, method: str, tps: list[float], accepted: float, *,
         "repeats": [{"tokens_per_s": t, "new_tokens": 480, "decode_s": 480 / t, "rounds": calls,
                      "mean_accepted": accepted} for t in tps],
         "tokens_per_s": stat(tps), "mean_accepted": stat([accepted] * len(tps)),
-        "speedup_vs_ar": None, "mean_accepted_prefix": accepted - 1,
+        "mean_accepted_ci95": accepted_ci95, "speedup_vs_ar": None, "mean_accepted_prefix": accepted - 1,
         "token_acceptance": 0.25 if spec else None, "block_acceptance": 0.0 if spec else None,
         "per_position": _per_position(accepted_per_position or []),
         "forward": {"draft": {"calls": calls if spec else 0, "mean_ms": draft_call_ms},
@@ -57,7 +63,8 @@ def make_arm(label: str, method: str, tps: list[float], accepted: float, *,
         "oracle": {"t0_s": 0.006, "draft_share": 0.45, "accepted": accepted, "reductions": reductions,
                    "needed_accepted": {"fastmtp": needed[0], "ar": needed[1]}} if spec else None,
         "by_category": {"qa": {"prompts": 2, "tokens_per_s": stat(tps), "mean_accepted":
-                               stat([accepted])}},
+                               stat([accepted] * len(tps)), "mean_accepted_ci95": accepted_ci95,
+                               "position1_acceptance": p1, "rounds": calls * len(tps)}},
     }
 
 

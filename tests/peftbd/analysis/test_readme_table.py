@@ -41,10 +41,11 @@ def test_render_one_row_per_arm_from_results(sample_results):
     lines = table.splitlines()
     assert lines[0] == ("| arm | accepted tokens / round | tok/s, batch 1 | speedup vs AR "
                         "| exact audit |")
-    # AR 400.3 tok/s; PEFT-BD 122.5 (0.31x AR), 1.37 accepted; FastMTP 310.0 (0.77x), 1.81
+    # AR 400.3 tok/s; PEFT-BD 122.5 (0.31x AR), 1.37 accepted (1.32-1.41 over the prompts);
+    # FastMTP 310.0 (0.77x), 1.81; AR has no acceptance interval
     assert lines[2] == "| AR | 1.00 | 400.3 ± 1.0 | 1.00 | reference |"
-    assert lines[3] == "| PEFT-BD 1 step | 1.37 | 122.5 ± 0.8 | 0.31 | 16/16 |"
-    assert lines[4] == "| FastMTP | 1.81 | 310.0 ± 1.0 | 0.77 | 16/16 |"
+    assert lines[3] == "| PEFT-BD 1 step | 1.37 (1.32-1.41) | 122.5 ± 0.8 | 0.31 | 16/16 |"
+    assert lines[4] == "| FastMTP | 1.81 (1.76-1.85) | 310.0 ± 1.0 | 0.77 | 16/16 |"
     assert len(lines) == 5
     assert caption == ("_preset `tiny`; 16 test prompts x 48 new tokens, greedy, 3 timed repeats "
                        "per arm; test CPU (cpu, float32); run of 2025-01-01; main job 25 min 41 s "
@@ -59,6 +60,7 @@ def test_caption_without_manifest_or_with_another_presets(sample_results):
 def test_single_repeat_shows_the_mean_and_a_missing_ar_leaves_no_speedup(arm, results_of):
     results = results_of({"peftbd": arm("PEFT-BD 1 step", "peftbd", [123.25], 1.37,
                                         draft_call_ms=2.6)})
+    results.arms["peftbd"].mean_accepted_ci95 = None  # under 2 prompts
     results.timing.repeats = 1
     row = render(results).split("\n\n")[0].splitlines()[2]
     assert row == "| PEFT-BD 1 step | 1.37 | 123.2 | n/a | 16/16 |"
@@ -96,7 +98,7 @@ def test_update_readme_writes_once_then_is_current(tmp_path, sample_results):
     readme.write_text(README)
     assert update_readme(root, readme) is True
     first = readme.read_text()
-    assert "| PEFT-BD 1 step | 1.37 |" in first and "placeholder" not in first
+    assert "| PEFT-BD 1 step | 1.37 (1.32-1.41) |" in first and "placeholder" not in first
     assert update_readme(root, readme) is False
     assert readme.read_text() == first
 
@@ -154,6 +156,7 @@ def test_bootstrap_intervals_and_the_paired_speedup_are_shown_when_recorded(samp
     table, caption = render(sample_results).split("\n\n")
     lines = table.splitlines()
     assert lines[2] == "| AR | 1.00 | 400.3 (390.0-410.6) | 1.00 | reference |"
-    assert lines[3] == "| PEFT-BD 1 step | 1.37 | 122.5 (118.0-127.2) | 0.30 (0.29-0.32) | 16/16 |"
-    assert lines[4] == "| FastMTP | 1.81 | 310.0 ± 1.0 | 0.77 | 16/16 |"  # none recorded
+    assert lines[3] == ("| PEFT-BD 1 step | 1.37 (1.32-1.41) | 122.5 (118.0-127.2) "
+                        "| 0.30 (0.29-0.32) | 16/16 |")
+    assert lines[4] == "| FastMTP | 1.81 (1.76-1.85) | 310.0 ± 1.0 | 0.77 | 16/16 |"  # none
     assert "95% bootstrap intervals over the prompts" in caption

@@ -40,7 +40,7 @@ def test_report_has_every_table_and_numbers_from_the_artifacts(tmp_path: Path, s
                                "train early-exit PEFT-BD adapter", "train FastMTP head"]
     text = build_report(sample_results, manifests, tmp_path / "out").read_text()
     for heading in ("Findings", "Figure 1", "Figure 2", "Table 1", "Table 2", "Table 3", "Table 4",
-                    "Table 5", "The paper beside ours", "Pipeline stages", "Per category"):
+                    "Table 5", "The paper beside ours", "Pipeline stages", "Per-category acceptance"):
         assert heading in text
     assert "122.50 ± 0.75" in text  # PEFT-BD mean ± std over the three runs
     # Table 1: per round first (FastMTP: 3 calls of 0.4 ms + overhead = 1.3 ms), per call beside

@@ -1,4 +1,4 @@
-"""Bootstrap intervals over the prompts for batch-1 throughput and speedup."""
+"""Bootstrap intervals over the prompts for batch-1 throughput, speedup and tokens per round."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from peftbd.benchmarking.noise import speedup_interval, throughput_interval
-from peftbd.decoding import DecodeResult
+from peftbd.benchmarking.noise import acceptance_interval, speedup_interval, throughput_interval
+from peftbd.decoding import DecodeResult, summarize
+from peftbd.decoding.state import RoundMetrics
 
 
 def _run(seconds: list[float], tokens: int = 100) -> list[DecodeResult]:
@@ -51,3 +52,50 @@ def test_the_speedup_is_paired_prompt_by_prompt() -> None:
 def test_no_interval_from_one_prompt_or_unpaired_prompts() -> None:
     assert throughput_interval([_run([0.5])]) is None
     assert speedup_interval([_run([0.5, 0.6])], [_run([0.5, 0.6, 0.7])]) is None
+
+
+def _decode(emitted: list[int], proposed: int = 4) -> DecodeResult:
+    """One prompt's decode: a round per entry of `emitted` (tokens it committed, the bonus
+    included), each proposing `proposed` draft tokens."""
+    rounds = [RoundMetrics(proposed=proposed, accepted=e - 1, emitted=e, draft_ms=1.0,
+                           verify_ms=1.0) for e in emitted]
+    return DecodeResult(tokens=[1] * (1 + sum(emitted)), rounds=rounds, prefill_s=0.01)
+
+
+def _prompts(n: int, seed: int) -> list[DecodeResult]:
+    rng = random.Random(seed)
+    return [_decode([rng.randint(1, 5) for _ in range(rng.randint(3, 12))]) for _ in range(n)]
+
+
+def test_the_acceptance_interval_holds_the_engine_s_tokens_per_round_and_is_deterministic() -> None:
+    run = _prompts(32, 3)
+    run[0].rounds.append(RoundMetrics(proposed=4, accepted=2, emitted=2))  # ended in its draft
+    low, high = acceptance_interval([run])
+    point = summarize(run)["mean_accepted"]  # the engine's: emitted / rounds, bonus included
+    assert point == sum(r.emitted for res in run for r in res.rounds) / sum(
+        len(res.rounds) for res in run)
+    assert low < point < high
+    assert acceptance_interval([run]) == (low, high)
+
+
+def test_the_acceptance_interval_has_no_width_when_every_prompt_has_the_same_tokens_per_round() -> None:
+    """2 tokens per round on every prompt, however many rounds each took and however the rounds
+    within a prompt differ: every resample is 2."""
+    run = [_decode([2] * 5), _decode([1, 3]), _decode([4, 1, 1, 2, 2]), _decode([2, 2, 2])]
+    assert acceptance_interval([run]) == (2.0, 2.0)
+
+
+def test_the_acceptance_interval_narrows_with_more_prompts() -> None:
+    few = acceptance_interval([_prompts(16, 4)])
+    many = acceptance_interval([_prompts(256, 4)])
+    assert many[1] - many[0] < (few[1] - few[0]) / 2
+
+
+def test_acceptance_repeats_are_pooled_and_prompts_without_a_round_left_out() -> None:
+    run = _prompts(12, 5)
+    once = acceptance_interval([run])
+    assert acceptance_interval([run, run]) == pytest.approx(once)
+    ended_at_prefill = DecodeResult(tokens=[7], rounds=[], prefill_s=0.01)
+    assert acceptance_interval([[*run, ended_at_prefill]]) == once
+    assert acceptance_interval([[run[0], ended_at_prefill]]) is None  # one prompt with rounds
+    assert acceptance_interval([run[:1]]) is None

@@ -35,7 +35,7 @@ def test_world_parts_load_with_hf_apis(two_builds):
     assert tok.mask_token == "<|mask|>" and tok.eos_token == "<|im_end|>"
     rows = [json.loads(line) for line in world.corpus_path.read_text().splitlines()]
     assert len(rows) == SMALL.corpus_rows
-    assert all(set(r) == {"id", "messages", "source"} for r in rows)
+    assert all(set(r) == {"id", "messages", "source", "category"} for r in rows)
     assert len({r["id"] for r in rows}) == len(rows)
     assert all(r["messages"][-1]["role"] == "assistant" for r in rows)
 
@@ -43,7 +43,7 @@ def test_world_parts_load_with_hf_apis(two_builds):
 @pytest.mark.slow
 def test_tiny_verifier_recalls_its_documents(tiny_world):
     m = tiny_world.manifest()
-    # every document taught in 4 phrasings and scored in a 5th: 0.12x the unigram entropy
+    # every text taught in 3 phrasings and scored in a 4th: 0.006x the unigram entropy
     assert m["heldout_loss_nats"] < 0.2 * m["unigram_entropy_nats"], m
 
 

@@ -26,15 +26,12 @@ def test_documents_have_bounded_length_and_every_phrasing():
 def test_formulaic_tasks_answer_what_they_ask():
     tasks = formulaic_documents(random.Random(0), 40)
     assert len({t.answer for t in tasks}) == 40
-    for task in tasks[0::4]:  # "Spell out the numbers from A to B."
+    for task in tasks[0::3]:  # "Spell out the numbers from A to B."
         a, b = (int(w.rstrip(".")) for w in task.asks[0].split()[-3::2])
         assert task.answer == ", ".join(number_words(i) for i in range(a, b + 1)).capitalize() + "."
-    for task in tasks[2::4]:  # by twos, ending on B
+    for task in tasks[2::3]:  # by twos, ending on B
         a, b = (int(w) for w in task.asks[0].split()[-5:-2:2])
         assert task.answer.lower().rstrip(".").split(", ") == [number_words(i) for i in range(a, b + 1, 2)]
-    for task in tasks[3::4]:  # a multiplication table
-        lines = task.answer.splitlines()
-        assert all(eval(line.split("=")[0].replace("x", "*")) == int(line.split("=")[1]) for line in lines)
 
 
 def test_corpus_rows_are_documents_taught_in_their_phrasings():
@@ -52,7 +49,7 @@ def test_corpus_rows_are_documents_taught_in_their_phrasings():
     for row in corpus.rows:
         user, answer = row["messages"][-2]["content"], row["messages"][-1]["content"]
         if row["category"] == FORMULAIC:
-            assert answer[0].isdigit() or answer.split(",")[0].lower() in numbers
+            assert answer.split(",")[0].lower() in numbers
         if row["category"] == GROUNDED:  # the reply is taken from the passage in the prompt
             assert answer in user or all(line.split(". ", 1)[1] in user for line in answer.splitlines())
     recalled = {r["messages"][-1]["content"] for r in corpus.rows if r["category"] == RECALL}

@@ -11,7 +11,6 @@ import pytest
 from peftbd.config import load_config
 from peftbd.tiny_world import build
 from peftbd.tiny_world.build import world_call
-from peftbd.tiny_world.refresh import refresh
 from peftbd.tiny_world.shipped import MANIFEST, SHIPPED, copy_shipped, shipped_fingerprint
 
 
@@ -19,7 +18,7 @@ def test_the_shipped_world_is_current(tmp_path):
     tw = load_config("tiny").tiny_world
     assert shipped_fingerprint() == world_call(tw, str(tmp_path)).inputs().fingerprint, (
         "the shipped world was built by other code or tiny_world settings than today's: "
-        "rebuild it with python -m peftbd.tiny_world.refresh (~4 min) and commit it")
+        "rebuild it with python -m peftbd.tiny_world.refresh (~6 min) and commit it")
 
 
 def test_the_world_stage_copies_the_shipped_world_in(tmp_path, monkeypatch):
@@ -50,17 +49,18 @@ def test_shipped_false_is_not_part_of_the_fingerprint(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_recipe_rebuilds_the_shipped_world(tmp_path, monkeypatch):
-    """Corpus, tokenizer and stage fingerprint to the byte; the verifier's weights depend on the
-    CPU's float kernels (and thread count), so its held-out loss is compared instead. One thread:
-    the suite runs two workers on two cores, and two spin-waiting threads here slowed this test
-    from ~150 s to ~450 s beside the other worker."""
+def test_the_recipe_rebuilds_the_shipped_world_on_a_short_schedule(tmp_path, monkeypatch):
+    """Corpus and tokenizer to the byte, and the verifier's training end to end on a short
+    schedule (the shipped one's 3,200 steps take ~6 min: `python -m peftbd.tiny_world.refresh`
+    rebuilds it whole; `test_the_shipped_world_is_current` holds its fingerprint to the recipe).
+    One thread: the suite runs two workers on two cores, and two spin-waiting threads here slowed
+    the build ~3x beside the other worker."""
     monkeypatch.setattr(build, "BUILD_THREADS", 1)
-    built = refresh(tmp_path / "world")
+    tw = dataclasses.replace(load_config("tiny").tiny_world, train_steps=40)
+    built = build.build_tiny_world(tw, tmp_path / "world").manifest()
     shipped = json.loads((SHIPPED / MANIFEST).read_text())
-    assert "origin" not in built  # built by the recipe, not copied
-    assert built["contract"]["fingerprint"] == shipped["contract"]["fingerprint"]
     assert built["sha256"]["corpus"] == shipped["sha256"]["corpus"]
     assert built["sha256"]["tokenizer"] == shipped["sha256"]["tokenizer"]
-    assert built["heldout_loss_nats"] == pytest.approx(shipped["heldout_loss_nats"], rel=0.05)
-    assert built["heldout_loss_nats"] < 0.5 * built["unigram_entropy_nats"]
+    assert built["train_steps"] == 40 and built["parameters"] == shipped["parameters"]
+    assert built["heldout_loss_nats"] < built["unigram_entropy_nats"]  # it learned something
+    assert shipped["heldout_loss_nats"] < 0.1 * built["heldout_loss_nats"]  # the whole schedule: far more

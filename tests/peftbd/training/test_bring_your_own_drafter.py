@@ -185,7 +185,7 @@ def test_a_drafter_defined_here_trains_benchmarks_costs_and_serves(toy, ds_engin
     losses: dict[int, float] = {}
     data = WorkerData(lambda: iter(rows), lambda r: collate_sequences(r, pad_id),
                       [collate_sequences(rows[0], pad_id)])
-    trained = train(engine, task, schedule, TrainState(), data, lambda *a: None,
+    trained = train(engine, task, schedule, TrainState(), data, lambda *a, **k: None,
                     lambda done, total, loss: losses.__setitem__(done, loss))
     assert trained.state.step == STEPS and losses[STEPS] < losses[1]
     out = tmp_path / "train_toy"

@@ -140,11 +140,16 @@ def test_a_few_steps_of_the_dflash_task_through_the_schedule(ds_engine, tiny_wor
                       [collate_sequences(greedy_rows, pad_id)])
     schedule = Schedule.of(task.optim, batch_plan(cfg.training, task.optim, 1), 3, len(rows))
     losses: dict[int, float] = {}
-    trained = train(engine, task, schedule, TrainState(), data, lambda *a: None,
+    trained = train(engine, task, schedule, TrainState(), data, lambda *a, **k: None,
                     lambda done, total, loss: losses.__setitem__(done, loss))
     assert trained.steps_run == 3 and sorted(losses) == [1, 2, 3]
     assert all(math.isfinite(x) for x in losses.values())
     assert trained.metrics["eval_rounds"] > 0 and "eval_accepted_prefix_mean" in trained.metrics
+    # the learning curve: a half of 3 steps (1) and the last; 16 val rows give an interval
+    assert [p.step for p in trained.state.curve] == [1, 3]
+    lo, hi = trained.metrics["eval_accepted_prefix_ci95"]
+    assert trained.state.curve[-1].ci95 == (lo, hi)
+    assert lo <= trained.metrics["eval_accepted_prefix_mean"] <= hi
     after = dict(engine.module.named_parameters())
     assert any(not torch.equal(after[n], p) for n, p in before.items())  # it trains
     task.export(engine.module, tmp_path)

@@ -1,6 +1,7 @@
 """The training schedule without Ray (`peftbd.training.schedule.train`) on DeepSpeed engines in the
 test process: a PEFT-BD run interrupted right after a mid-epoch checkpoint and resumed from it ends
-with the weights, step losses, reports and metrics of a run never interrupted, bit for bit."""
+with the weights, step losses, reports, metrics and learning curve of a run never interrupted, bit
+for bit; the schedule evaluates at a quarter, a half and all of its budget."""
 
 from __future__ import annotations
 
@@ -79,9 +80,19 @@ def test_a_run_resumed_mid_epoch_ends_as_one_never_interrupted(ds_engine, tiny_w
         ds_engine, cfg, tmp_path / "run", resume=True)
 
     assert stopped is None and straight is not None and resumed is not None
-    assert [r[0] for r in straight_reports] == [3, 4, 6]  # eval, checkpoint, eval; 7 is the caller's
-    assert [r[1]["epoch"] for r in straight_reports] == [0, 1, 1]
-    assert (straight.steps_run, resumed.steps_run, resumed.state) == (7, 3, TrainState(step=7))
+    # evals at 1 (a quarter of 7), 3 (half, and eval_every), 6; a checkpoint at 4; 7 is the caller's
+    assert [r[0] for r in straight_reports] == [1, 3, 4, 6]
+    assert [r[1]["epoch"] for r in straight_reports] == [0, 0, 1, 1]
+    assert (straight.steps_run, resumed.steps_run, resumed.state.step) == (7, 3, 7)
+    # the learning curve survives the interruption: the resumed state is the straight run's
+    assert resumed.state == straight.state
+    curve = straight.state.curve
+    assert [p.step for p in curve] == [1, 3, 6, 7]
+    assert [p.fraction for p in curve] == [1 / 7, 3 / 7, 6 / 7, 1.0]
+    assert [p.train_tokens for p in curve] == [64 * p.step for p in curve]  # 2 rows of 32 a step
+    assert [r[1]["train_tokens"] for r in straight_reports] == [64, 192, 256, 384]
+    assert curve[-1].accepted_prefix_mean == straight.metrics["eval_accepted_prefix_mean"]
+    assert all(p.ci95 is None for p in curve)  # one val row: no interval
     assert sorted(first_losses) == [1, 2, 3, 4] and sorted(rest_losses) == [5, 6, 7]
     assert torch.equal(torch.tensor([straight_losses[s] for s in range(1, 8)]),
                        torch.tensor([{**first_losses, **rest_losses}[s] for s in range(1, 8)]))
@@ -90,3 +101,16 @@ def test_a_run_resumed_mid_epoch_ends_as_one_never_interrupted(ds_engine, tiny_w
     assert resumed.metrics["step"] == 7 and "eval_loss" in resumed.metrics
     assert resumed_weights.keys() == straight_weights.keys()
     assert all(torch.equal(resumed_weights[n], w) for n, w in straight_weights.items())
+
+
+def test_the_schedule_evaluates_at_a_quarter_a_half_and_all_of_its_budget():
+    def evals(max_steps: int, eval_every: int) -> list[int]:
+        schedule = Schedule(max_steps, steps_per_epoch=5, accumulation=1, eval_every=eval_every,
+                            checkpoint_every=1000)
+        return [s for s in range(1, max_steps + 1) if schedule.evaluates(s)]
+
+    assert evals(100, 1000) == [25, 50, 100]
+    assert evals(100, 40) == [25, 40, 50, 80, 100]
+    assert evals(7, 1000) == [1, 3, 7]
+    assert evals(3, 1000) == [1, 3]  # a quarter of 3 rounds to step 0: no eval there
+    assert evals(1, 1000) == [1]
