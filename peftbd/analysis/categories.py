@@ -104,7 +104,7 @@ def resolution_sentence(results: Results) -> str:
         return ("Fewer than two drafters have a 95% interval of tokens per round (each needs 2 "
                 "prompts or more): nothing to resolve apart.")
     return (f"On the whole prompt mix, resolved apart (95% intervals of tokens per round "
-            f"disjoint): {_pairs(apart)}; not resolved (intervals overlap): {_pairs(together)}.")
+            f"disjoint): {_pairs(apart)}; the other {len(together)} pair(s) of drafters overlap.")
 
 
 def spread_sentence(results: Results) -> str | None:

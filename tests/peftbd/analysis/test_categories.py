@@ -71,8 +71,7 @@ def test_the_sentences_say_which_drafters_are_resolved_apart_and_the_best_one_s_
     assert together == [("Drafter A", "Drafter B")]
     assert categories.resolution_sentence(results) == (
         "On the whole prompt mix, resolved apart (95% intervals of tokens per round disjoint): "
-        "Drafter A vs Drafter C, Drafter B vs Drafter C; not resolved (intervals overlap): "
-        "Drafter A vs Drafter B.")
+        "Drafter A vs Drafter C, Drafter B vs Drafter C; the other 1 pair(s) of drafters overlap.")
     assert categories.spread_sentence(results) == (
         "Best drafter by tokens per round, Drafter C (1.87 (1.80-1.95)): easiest category recall "
         "at 2.10 (2.00-2.20) vs hardest formulaic at 1.50 (1.40-1.60), 1.40x; their intervals "
@@ -83,7 +82,7 @@ def test_drafters_all_apart_or_without_intervals(arm, results_of) -> None:
     results = _results(arm, results_of)
     results.arms["b"].mean_accepted_ci95 = (1.46, 1.50)  # now apart from A and C too
     assert categories.resolution(results)[1] == []
-    assert categories.resolution_sentence(results).endswith("not resolved (intervals overlap): none.")
+    assert categories.resolution_sentence(results).endswith("the other 0 pair(s) of drafters overlap.")
     for a in results.arms.values():
         a.mean_accepted_ci95 = None
     assert categories.resolution_sentence(results).startswith("Fewer than two drafters")
@@ -94,7 +93,7 @@ def test_the_report_holds_the_section_and_table_2_the_interval(
     text = build_report(_results(arm, results_of), {}, tmp_path).read_text()
     section = text.split(categories.TITLE, 1)[1].split("\n## ", 1)[0]
     assert "| Drafter B | 1.35 (1.25-1.45), p1 0.23 | 1.60 (1.50-1.70), p1 0.61 |" in section
-    assert "not resolved (intervals overlap): Drafter A vs Drafter B." in section
+    assert "the other 1 pair(s) of drafters overlap." in section
     assert "1.40x; their intervals are disjoint." in section
     assert "| Drafter A | 1.37 (1.30-1.45) | 25.0% |" in text  # Table 2
     assert "| AR | 1.00 | n/a |" in text  # AR: no interval
