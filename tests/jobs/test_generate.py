@@ -18,6 +18,7 @@ from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.manifest import read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.tiny_world.corpus import CATEGORIES
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def test_tiny_end_to_end_artifact(reference):
     rows = [r for t in tables.values() for r in t.to_pylist()]
     assert len({r["id"] for r in rows}) == 32
     for r in rows:
-        assert r["split"] in SPLITS and r["category"] is None and r["source"] == "embedded"
+        assert r["split"] in SPLITS and r["category"] in CATEGORIES and r["source"] == "embedded"
         assert r["prompt_len"] == len(r["prompt_ids"]) <= cfg.data.max_prompt_len
         assert r["continuation_len"] == len(r["continuation_ids"]) <= 12
         assert r["finish_reason"] == "eos" or r["continuation_len"] == 12

@@ -112,6 +112,8 @@ def test_good_rows_keep_system_turn_and_stop_before_first_assistant(tok):
     row = prepare_record(tok, JSONL, _line({"id": "a", "messages": messages, "source": "x"}), 512)
     assert row["drop_reason"] is None
     assert (row["id"], row["source"], row["category"]) == ("a", "x", None)
+    tagged = prepare_record(tok, JSONL, _line({"id": "b", "messages": messages, "category": "recall"}), 512)
+    assert tagged["category"] == "recall"  # a row that names its category keeps it (the tiny world's)
     assert row["prompt_ids"] == encode_prompt(tok, messages[:2])
     parquet_row = prepare_record(tok, PARQUET, {"id": "a", "messages": messages}, 512)
     assert parquet_row["prompt_ids"] == row["prompt_ids"]
