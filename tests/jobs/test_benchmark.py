@@ -17,7 +17,7 @@ from peftbd.analysis.report import FIGURE_1, FIGURE_3, FIGURE_5, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.concurrency import concurrency_rows
-from peftbd.benchmarking.prompts import held_out_prompts, load_prompts
+from peftbd.benchmarking.prompts import Prompt, held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.sampled import SamplingPlan, sample_arms, samples
 from peftbd.benchmarking.schema import Results
@@ -164,7 +164,11 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
 
 
 def test_sampled_passes_repeat_with_their_seeds(small_cfg: Config, artifacts: Path) -> None:
-    prompts = held_out_prompts(artifacts / "continuations", N_PROMPTS).prompts
+    # questions the world never teaches: on its own prompts the verifier samples its greedy reply
+    tok = load_tokenizer(small_cfg)
+    prompts = [Prompt(f"open-{i}", encode_prompt(tok, [{"role": "user", "content": q}]))
+               for i, q in enumerate(("Write a short poem about the sea.",
+                                      "What is your favourite colour?"))]
     specs = [s for s in arm_specs(small_cfg) if s.id in ("ar", "peftbd_head", "peftbd_synthetic")]
     models = load_arm_models(small_cfg, _dirs(small_cfg, artifacts))
     budget = small_cfg.decoding.max_new_tokens

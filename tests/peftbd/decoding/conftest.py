@@ -29,6 +29,18 @@ def eos(verifier, tokenizer) -> list[int]:
     return eos_token_ids(verifier, tokenizer)
 
 
+OPEN_QUESTIONS = ("Write a short poem about the sea.", "What is your favourite colour?",
+                  "Tell me a joke about cats.")
+"""Questions the tiny world never teaches: its verifier reproduces the texts it was taught almost
+deterministically, so sampling differs from greedy only where it is unsure, as here."""
+
+
+@pytest.fixture(scope="session")
+def open_prompts(tokenizer) -> list[list[int]]:
+    """OPEN_QUESTIONS as chat prompts: where the verifier's next-token distribution is wide."""
+    return [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in OPEN_QUESTIONS]
+
+
 @pytest.fixture(scope="session")
 def prompts(tiny_world, tokenizer) -> list[tuple[str, list[int]]]:
     """Three short chat prompts from the embedded corpus."""

@@ -182,10 +182,11 @@ MIXED = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingPara
 
 
 @pytest.fixture(scope="module")
-def perturbed(perturbed_drafter, tokenizer, prompts):
-    """The tiny verifier with a noisy PEFT-BD adapter (it drafts wrong tokens too), and six rows."""
+def perturbed(perturbed_drafter, tokenizer, open_prompts):
+    """The tiny verifier with a noisy PEFT-BD adapter (it drafts wrong tokens too), and six rows
+    of questions it was never taught (on taught ones it samples its greedy reply)."""
     model = perturbed_drafter()
-    return model, PeftBDDrafter(model, tokenizer.mask_token_id, 8), [ids for _, ids in prompts] * 2
+    return model, PeftBDDrafter(model, tokenizer.mask_token_id, 8), open_prompts * 2
 
 
 def test_rows_with_different_parameters_decode_as_they_do_alone(perturbed, eos):
