@@ -4,7 +4,7 @@ time: the verifier's depth (about equal parameters), the drafters' training budg
 
     python -m jobs.acceptance_study                               # base, depth 4 and 8, budget 4x
     python -m jobs.acceptance_study --depths 2,4 --budgets 1,2    # fewer variants
-    python -m jobs.acceptance_study --methods peft-bd,fastmtp
+    python -m jobs.acceptance_study --methods peftbd,fastmtp
 
 A variant runs the main job's own stages (world, generate, every drafter's training) under
 `--set` overrides: the base is the main job's output root itself (a finished main job is reused;
@@ -28,7 +28,7 @@ from peftbd.analysis.acceptance_study import deciding_paragraph, mix_table, stud
 from peftbd.benchmarking.acceptance_study import Study, Variant, VariantFacts, replay_cells, variants
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError, apply_override
-from peftbd.layout import ACCEPTANCE_STUDY, GENERATE, WORLD
+from peftbd.layout import GENERATE, WORLD, acceptance_study_stage
 from peftbd.manifest import read_manifest
 from peftbd.methods import Method, methods
 from peftbd.stage import StageCall, StageInputs
@@ -114,7 +114,7 @@ def study_call(cfg: Config, base_root: Path, out: Path, chosen: list[Method], de
     build = functools.partial(_build, cfg=cfg, base_root=base_root.resolve(),
                               runs=Path(f"{out}.runs"), chosen=chosen, depths=depths, budgets=budgets)
     extra = {"methods": [m.id for m in chosen], "depths": depths, "budgets": budgets}
-    return StageCall(ACCEPTANCE_STUDY, cfg.to_dict(), out, {}, build, extra)
+    return StageCall(acceptance_study_stage(), cfg.to_dict(), out, {}, build, extra)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,13 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", type=_methods, default=None, metavar="ID,ID",
                         help=f"drafting methods to train and replay (default: all registered: "
                         f"{','.join(m.id for m in methods())})")
-    add_stage_args(parser, ACCEPTANCE_STUDY)
+    add_stage_args(parser, acceptance_study_stage())
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     chosen = args.methods or list(methods())
-    out = stage_out(args, cfg, ACCEPTANCE_STUDY)
+    out = stage_out(args, cfg, acceptance_study_stage())
     base = args.artifacts or output_root(cfg)
-    run_stage_job(ACCEPTANCE_STUDY, out,
+    run_stage_job(acceptance_study_stage(), out,
                   lambda: study_call(cfg, base, out, chosen, args.depths, args.budgets),
                   args.force, args.verbose, before_exit=shutdown)
     print((out / "study.md").read_text())

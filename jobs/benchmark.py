@@ -8,9 +8,9 @@ FastMTP and the block-diffusion head on held-out prompts -> results.json, report
         --artifacts /mnt/shared/peftbd --set decoding.workers=4
 
 `--artifacts` is the main job's output root: `continuations/` (the generate artifact; its test
-split gives the prompts; its train split, the head's draft vocabulary), `peftbd_adapter/`,
-`mtp_head/` and `bd_head/` (the training jobs' outputs: the adapter in `peftbd_adapter/adapter/`,
-the heads in `mtp_head/mtp_head/` and `bd_head/bd_head/`) and, when it exists,
+split gives the prompts; its train split, the head's draft vocabulary), each method's training
+output under its id (`peftbd/`, `fastmtp/`, `peftbd_head/`, `dflash/`: the adapter in
+`peftbd/adapter/`, the heads in `fastmtp/mtp_head/` and `peftbd_head/bd_head/`) and, when it exists,
 `cost_profile/` (jobs.cost_profile: the report projects its cost at scale with this run's
 acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
@@ -66,13 +66,7 @@ from peftbd.config import Config
 from peftbd.data.draft_vocab import draft_vocabulary
 from peftbd.data.sources import SPEC_BENCH_PREFIX, source_identity
 from peftbd.errors import UserError
-from peftbd.layout import (
-    BENCHMARK,
-    COST_PROFILE,
-    EXPERIMENTS,
-    GENERATE,
-    TRAIN_HEAD,
-)
+from peftbd.layout import GENERATE, benchmark_stage, cost_profile_stage, experiments
 from peftbd.manifest import StageTimer, is_complete, read_manifest
 from peftbd.methods import methods
 from peftbd.stage import StageCall, StageInputs, StageSpec
@@ -109,28 +103,37 @@ def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
 
 def training_stages(cfg: Config) -> list[StageSpec]:
     """The training stages whose drafters `cfg`'s arms use: every registered method's
-    (`Method.training_stages`: the early-exit adapter only when `drafter.early_exit_layers` > 0,
-    the offsets ablation's only with `drafter.offsets_ablation`)."""
+    (`Method.training_stages`: the early-exit adapter only when `peftbd.early_exit_layers` > 0,
+    the offsets ablation's only with `peftbd.offsets_ablation`)."""
     return [stage for m in methods() for stage, _ in m.training_stages(cfg)]
 
 
 def drafter_dirs(cfg: Config, upstream: Mapping[str, Path]) -> tuple[DrafterDirs, dict[str, Any] | None]:
-    """Where the arms' drafters lie, and the head's draft vocabulary (`head.draft_vocab` tokens
-    of the continuation artifact's train split) as results.json records it (None: none)."""
+    """Where the arms' drafters lie, and the draft vocabulary the methods' arms read (the most
+    tokens any `Method.draft_vocab` asks for, of the continuation artifact's train split) as
+    results.json records it (None: none)."""
     vocab: dict[str, Any] | None = None
-    if cfg.head.draft_vocab > 0:
+    wants = {m.id: m.draft_vocab(cfg) for m in methods() if m.draft_vocab is not None}
+    size = max(wants.values(), default=0)
+    if size > 0:
+        asks = ", ".join(f"{k}.draft_vocab={v}" for k, v in wants.items() if v > 0)
         if GENERATE.name not in upstream:
             raise BenchmarkInputError(
-                f"head.draft_vocab={cfg.head.draft_vocab}: the draft vocabulary is counted over the "
-                "continuation artifact's train split, and there is none under --artifacts; "
-                "generate it (python -m jobs.generate) or set head.draft_vocab=0")
-        found = draft_vocabulary(upstream[GENERATE.name], cfg.head.draft_vocab,
-                                 len(load_tokenizer(cfg)))
+                f"{asks}: the draft vocabulary is counted over the continuation artifact's train "
+                "split, and there is none under --artifacts; generate it (python -m jobs.generate) "
+                "or set them to 0")
+        found = draft_vocabulary(upstream[GENERATE.name], size, len(load_tokenizer(cfg)))
         vocab = {"size": len(found.ids), "train_token_coverage": round(found.coverage, 4)}
     dirs = DrafterDirs({s.name: str(upstream[s.name]) for s in training_stages(cfg)
                         if s.name in upstream},
                        draft_vocab=found.ids if vocab else None)
     return dirs, vocab
+
+
+def _vocab_stages(cfg: Config) -> set[str]:
+    """The training stages whose method's arms read the draft vocabulary."""
+    return {s.name for m in methods() if m.draft_vocab is not None and m.draft_vocab(cfg) > 0
+            for s in m.stages}
 
 
 def _drafter_info(path: Path, draft_vocab: dict[str, Any] | None = None) -> DrafterInfo:
@@ -141,15 +144,15 @@ def _drafter_info(path: Path, draft_vocab: dict[str, Any] | None = None) -> Draf
 
 def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test") -> dict[str, Path]:
     """{stage name: dir} of the benchmark's inputs in the main job's layout under `artifacts_dir`
-    (the early-exit adapter only when `drafter.early_exit_layers` > 0, the offsets ablation's
-    only with `drafter.offsets_ablation`; the continuations, whose test split gives the prompts,
+    (the early-exit adapter only when `peftbd.early_exit_layers` > 0, the offsets ablation's
+    only with `peftbd.offsets_ablation`; the continuations, whose test split gives the prompts,
     also for Spec-Bench prompts when they exist, for the report; the cost profile when it exists,
     for the report's "cost at the paper's architecture"; the placement experiment's output when
     it exists, for its verdict)."""
     root = Path(artifacts_dir)
     needed = training_stages(cfg)
-    needed += [COST_PROFILE] if is_complete(root / COST_PROFILE.subdir) else []
-    needed += [e for e in EXPERIMENTS if is_complete(root / e.subdir)]
+    needed += [cost_profile_stage()] if is_complete(root / cost_profile_stage().subdir) else []
+    needed += [e for e in experiments() if is_complete(root / e.subdir)]
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
     return {spec.name: root / spec.subdir for spec in needed}
@@ -171,7 +174,7 @@ def benchmark_call(cfg: Config, inputs: Mapping[str, Path], out_dir: str | Path,
     sampled_temperatures(cfg)  # a temperature the engine would decode greedily: say so now
     signature = prompts if prompts == "test" else source_identity(cfg, prompts)
     build = functools.partial(_build, cfg=cfg, upstream=dict(inputs), prompts=prompts, repeats=repeats)
-    return StageCall(BENCHMARK, cfg.to_dict(), Path(out_dir), dict(inputs), build,
+    return StageCall(benchmark_stage(), cfg.to_dict(), Path(out_dir), dict(inputs), build,
                      extra={"prompts": signature, "repeats": repeats})
 
 
@@ -185,14 +188,14 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
     dirs, vocab = drafter_dirs(cfg, upstream)
     shards = time_on_workers(cfg, dirs, prompt_set, repeats)
     drafters = {spec.subdir: _drafter_info(upstream[spec.name],
-                                           vocab if spec.name == TRAIN_HEAD.name else None)
+                                           vocab if spec.name in _vocab_stages(cfg) else None)
                 for spec in training_stages(cfg)}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
-    if COST_PROFILE.name in upstream:
-        results.cost_at_scale = CostProfile.read(upstream[COST_PROFILE.name] / PROFILE_FILE)
+    if cost_profile_stage().name in upstream:
+        results.cost_at_scale = CostProfile.read(upstream[cost_profile_stage().name] / PROFILE_FILE)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
-    for experiment in EXPERIMENTS:  # beside the main job: summarised
+    for experiment in experiments():  # beside the main job: summarised
         if experiment.name in upstream:
             manifests[experiment.title] = read_manifest(upstream[experiment.name])
     results.write(tmp / RESULTS)
@@ -217,9 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_config_args(parser)
     parser.add_argument("--artifacts", type=Path, default=None,
-                        help="the main job's output root (holds continuations/, peftbd_adapter/, "
-                             "mtp_head/, bd_head/, peftbd_early_exit/ when drafter.early_exit_layers > 0 "
-                             "and peftbd_offsets/ with drafter.offsets_ablation; default: "
+                        help="the main job's output root (holds continuations/ and each method's "
+                             "training output, <method id>/: peftbd/, fastmtp/, peftbd_head/, "
+                             "dflash/, peftbd_early_exit/ when peftbd.early_exit_layers > 0, "
+                             "peftbd_offsets/ with peftbd.offsets_ablation; default: "
                              "<paths.out_dir>/<preset>)")
     parser.add_argument("--prompts", nargs="+", default=["test"], metavar="WHICH",
                         help="'test': the artifact's held-out split (default); 'spec-bench PATH': "
@@ -234,15 +238,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     args.artifacts = args.artifacts or output_root(cfg)
     if args.prompts == ["test"]:
-        prompts, default_out = "test", args.artifacts / BENCHMARK.subdir
+        prompts, default_out = "test", args.artifacts / benchmark_stage().subdir
     elif len(args.prompts) == 2 and args.prompts[0] == "spec-bench":
         prompts = f"{SPEC_BENCH_PREFIX}{args.prompts[1]}"
-        default_out = args.artifacts / f"{BENCHMARK.subdir}-spec-bench"
+        default_out = args.artifacts / f"{benchmark_stage().subdir}-spec-bench"
     else:
         parser.error(f"--prompts {' '.join(args.prompts)}: use 'test' or 'spec-bench PATH'")
     out = args.out or default_out
     inputs = layout_inputs(cfg, args.artifacts, prompts)
-    run_stage_job(BENCHMARK, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
+    run_stage_job(benchmark_stage(), out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
                   args.force, args.verbose, before_exit=shutdown)
     print("\n".join(summary_lines(Results.read(out / RESULTS))))
     print(f"benchmark report: {(out / REPORT).resolve()}")

@@ -33,7 +33,7 @@ from peftbd.benchmarking.cost_profile_schema import PROFILE_FILE, CostProfile
 from peftbd.benchmarking.cost_profile_models import preflight
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config
-from peftbd.layout import COST_PROFILE
+from peftbd.layout import cost_profile_stage
 from peftbd.manifest import WorkerPeaks
 from peftbd.stage import StageCall, StageInputs
 
@@ -67,7 +67,7 @@ def cost_profile_call(cfg: Config, out_dir: str | Path) -> StageCall:
         return {"summary": summary_lines(profile), "profile_seconds": profile.seconds,
                 "workers": workers.to_dict()}
 
-    return StageCall(COST_PROFILE, cfg.to_dict(), Path(out_dir), {}, build,
+    return StageCall(cost_profile_stage(), cfg.to_dict(), Path(out_dir), {}, build,
                      {"architecture": identity})
 
 
@@ -77,12 +77,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
-    add_stage_args(parser, COST_PROFILE)
+    add_stage_args(parser, cost_profile_stage())
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    out = stage_out(args, cfg, COST_PROFILE)
+    out = stage_out(args, cfg, cost_profile_stage())
     # plain ValueErrors too (as before UserError): one line each
-    run_stage_job(COST_PROFILE, out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
+    run_stage_job(cost_profile_stage(), out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
                   (ValueError,), before_exit=shutdown)
     print("\n".join(summary_lines(CostProfile.read(out / PROFILE_FILE))))
     print(f"wrote {out / PROFILE_FILE} and {out / 'manifest.json'}")

@@ -2,7 +2,7 @@
 and the offsets ablation; FastMTP; the block-diffusion head) -> cost profile -> benchmark -> report.
 
     python -m jobs.pipeline                      # the embedded tiny world, CPU, no network
-    python -m jobs.pipeline --set drafter.lora_r=4 --dry-run   # what would rerun, and why
+    python -m jobs.pipeline --set peftbd.lora_r=4 --dry-run   # what would rerun, and why
     python -m jobs.pipeline --preset qwen3-0.6b --out /shared/peftbd   # the paper, on a cluster
     ray job submit --working-dir . -- python -m jobs.pipeline --preset qwen3-0.6b --out ...
 
@@ -22,15 +22,7 @@ from typing import Any
 
 from peftbd.cli import LOGS, add_config_args, add_verbose_arg, config_from_args, output_root
 from peftbd.config import Config
-from peftbd.layout import (
-    BENCHMARK,
-    BY_NAME,
-    EXPERIMENTS,
-    COST_PROFILE,
-    GENERATE,
-    STAGES,
-    WORLD,
-)
+from peftbd.layout import GENERATE, WORLD, benchmark_stage, cost_profile_stage, experiments, stages
 from peftbd.console import Console
 from peftbd.main_job_checks import check_main_job
 from peftbd.manifest import StageTimer, is_complete, read_manifest, versions, write_manifest
@@ -43,8 +35,8 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     """The main job as a recipe: each stage with its output dir under `root` and, explicitly,
     the artifacts it consumes. The world only when the model or data is the embedded tiny world;
     each registered method's training stages (`Method.training_stages`: PEFT-BD's early-exit
-    adapter only when `drafter.early_exit_layers` > 0, its offsets ablation only with
-    `drafter.offsets_ablation`); the placement experiment's output (never run here) as an
+    adapter only when `peftbd.early_exit_layers` > 0, its offsets ablation only with
+    `peftbd.offsets_ablation`); the placement experiment's output (never run here) as an
     input of the benchmark when it exists under `root`."""
     from jobs.benchmark import benchmark_call
     from jobs.cost_profile import cost_profile_call
@@ -62,12 +54,12 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     for method in methods():  # every registered drafter's training stages
         for spec, stage_cfg in method.training_stages(cfg):
             calls[spec.name] = train_call(method.recipe, stage_cfg, data, root / spec.subdir, spec=spec)
-    calls[COST_PROFILE.name] = cost_profile_call(cfg, root / COST_PROFILE.subdir)
-    inputs = {name: call.out for name, call in calls.items() if name in BENCHMARK.input_names}
-    for experiment in EXPERIMENTS:  # run beside the main job: the report shows them
+    calls[cost_profile_stage().name] = cost_profile_call(cfg, root / cost_profile_stage().subdir)
+    inputs = {name: call.out for name, call in calls.items() if name in benchmark_stage().input_names}
+    for experiment in experiments():  # run beside the main job: the report shows them
         if is_complete(root / experiment.subdir):
             inputs[experiment.name] = root / experiment.subdir
-    calls[BENCHMARK.name] = benchmark_call(cfg, inputs, root / BENCHMARK.subdir)
+    calls[benchmark_stage().name] = benchmark_call(cfg, inputs, root / benchmark_stage().subdir)
     return list(calls.values())
 
 
@@ -153,25 +145,22 @@ def _plan_rows(calls: list[StageCall], decisions: list[Decision]) -> list[dict[s
 
 
 def main(argv: list[str] | None = None) -> None:
-    names = ", ".join(s.name for s in STAGES)
+    width = max(len(s.name) for s in stages())
     parser = argparse.ArgumentParser(
         prog="python -m jobs.pipeline",
         description=__doc__.split("\n\n")[0],
-        epilog=f"Stages, in order: {names}.\n"
-        "world runs only for the embedded tiny world; train_early_exit is train_peftbd with\n"
-        "drafter.draft_layers=drafter.early_exit_layers (skipped when that is 0); train_offsets is\n"
-        "train_peftbd with the other drafter.block_offsets (random | aligned; skipped unless\n"
-        "drafter.offsets_ablation). Run one alone with\n"
-        "python -m jobs.<generate|train_peftbd|train_mtp|train_head|cost_profile|benchmark> --help.",
+        epilog="Stages, in order, each with the command that runs it alone (the world runs only for\n"
+        "the embedded tiny world; train_peftbd_early_exit only when peftbd.early_exit_layers > 0,\n"
+        "train_peftbd_offsets only with peftbd.offsets_ablation; a methods.plugins method adds its own):\n"
+        + "\n".join(f"  {s.name:<{width}}  {s.command}" for s in stages()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(parser)
     parser.add_argument("--out", type=Path, default=None,
                         help="output root (default: <paths.out_dir>/<preset>, i.e. outputs/tiny)")
-    parser.add_argument("--force", action="append", default=[], metavar="STAGE",
-                        choices=list(BY_NAME), help="rerun STAGE although it is current (and so "
+    parser.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun STAGE although it is current (and so "
                         "everything that consumes it); repeatable")
-    parser.add_argument("--from", dest="start", default=None, metavar="STAGE", choices=list(BY_NAME),
+    parser.add_argument("--from", dest="start", default=None, metavar="STAGE",
                         help="rerun STAGE and every stage after it")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (what would run, and why) and exit")
@@ -201,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"outputs under {out.resolve()} (logs: {(out / LOGS).resolve()}):")
         for row in manifest["stages"]:
             console.line(f"  {row['title']:<34} {row['path']}")
-        bench = out / BENCHMARK.subdir
+        bench = out / benchmark_stage().subdir
         console.line(f"\nreport: {(bench / 'report.md').resolve()}")
         for line in read_manifest(bench).get("summary", []):
             console.line(f"  {line}")

@@ -55,7 +55,7 @@ from peftbd.analysis.placement_verdict import sentence, verdict_markdown, verdic
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
-from peftbd.layout import PLACEMENT
+from peftbd.layout import placement_stage
 from peftbd.methods import methods, serving_names
 from peftbd.progress import Tally
 from peftbd.serving.models import DrafterDirs
@@ -190,9 +190,9 @@ def placement_call(cfg: Config, out_dir: str | Path, drafter_dirs: DrafterDirs |
     output, an upstream) or the serving code changed."""
     check_serving_config(cfg.serving)
     dirs = drafter_dirs or {}
-    upstream = {m.stage.name: Path(d) for m in methods() if (d := dirs.get(m.serving))}
+    upstream = {m.stage.name: Path(d) for m in methods() if m.stage and (d := dirs.get(m.serving))}
     build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
-    return StageCall(PLACEMENT, cfg.to_dict(), Path(out_dir), upstream, build,
+    return StageCall(placement_stage(), cfg.to_dict(), Path(out_dir), upstream, build,
                      extra={"source": source_identity(cfg)})  # a local source: its content
 
 
@@ -217,7 +217,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     init_ray()
     prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
                             cfg.serving.max_prompt_tokens)
-    dirs = {m.serving: str(upstream[m.stage.name]) for m in methods() if m.stage.name in upstream}
+    dirs = {m.serving: str(upstream[m.stage.name]) for m in methods()
+            if m.stage and m.stage.name in upstream}
     references = None
     if cfg.serving.synthetic:  # the synthetic methods' oracle: greedy AR here, untimed
         references = tmp / "references.json"
@@ -327,13 +328,16 @@ def _overrides(cfg: Config) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.placement", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
-    add_stage_args(parser, PLACEMENT)
-    for m in methods():
+    add_stage_args(parser, placement_stage())
+    for m in (m for m in methods() if m.stage):
         parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
-                            help=f"a trained {m.what}: the output dir of train_{m.kind} "
+                            help=f"a trained {m.what}: the output dir of {m.stage.name} "
                                  f"(serves {m.serving}; default: untrained)")
+    parser.add_argument("--drafter-dir", action="append", default=[], metavar="METHOD=DIR",
+                        help="any trained method's output dir, e.g. a methods.plugins method's "
+                             "(repeatable)")
     parser.add_argument("--methods", default=None,
-                        help="methods to measure, e.g. ar,peft-bd (sets serving.placement_methods; "
+                        help="methods to measure, e.g. ar,peftbd (sets serving.placement_methods; "
                              f"registered: {','.join(serving_names())})")
     parser.add_argument("--concurrency", default=None,
                         help="client concurrencies to measure, e.g. 1,4,16 (sets "
@@ -355,8 +359,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.placements:
         args.overrides.append(f"serving.placements=[{args.placements}]")
     cfg = config_from_args(args)
-    out = stage_out(args, cfg, PLACEMENT)
-    dirs = {m.serving: getattr(args, m.dir_arg) for m in methods()}
+    out = stage_out(args, cfg, placement_stage())
+    dirs = {m.serving: getattr(args, m.dir_arg, None) for m in methods()}
+    for item in args.drafter_dir:
+        name, sep, path = item.partition("=")
+        if not sep or name not in dirs:
+            parser.error(f"--drafter-dir {item!r}: use METHOD=DIR with METHOD one of {', '.join(dirs)}")
+        dirs[name] = path
     call = lambda: placement_call(cfg, out, dirs)  # noqa: E731
     force = args.force
     with contextlib.ExitStack() as stack:
@@ -376,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[placement] local cluster at {cluster.address}, dashboard "
                   f"{cluster.dashboard_url or 'off'}; stopped after the run", flush=True)
         # plain ValueErrors too (as before UserError): one line each
-        run_stage_job(PLACEMENT, out, call, force, args.verbose, (ValueError,),
+        run_stage_job(placement_stage(), out, call, force, args.verbose, (ValueError,),
                       before_exit=shutdown)
     print((out / "placement.md").read_text())
     print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)

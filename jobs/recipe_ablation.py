@@ -14,7 +14,6 @@ output sits under its root.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -25,9 +24,11 @@ from jobs.train_common import train_call
 from peftbd.analysis.recipe_ablation import ablation_markdown, ablation_rows, differing, reverted
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config, ConfigError
-from peftbd.layout import GENERATE, RECIPE_ABLATION, TRAIN_DFLASH, TRAIN_HEAD
+from peftbd.layout import GENERATE, recipe_ablation_stage
 from peftbd.manifest import is_complete, read_manifest
+from peftbd.methods.bd_head import TRAIN_HEAD
 from peftbd.methods.dflash import METHOD as DFLASH
+from peftbd.methods.dflash import TRAIN_DFLASH
 from peftbd.stage import StageCall, StageError, StageInputs
 
 
@@ -39,18 +40,18 @@ def ablation_call(cfg: Config, root: str | Path, out_dir: str | Path) -> StageCa
     if missing:
         raise StageError(f"the ablation needs the main job's {', '.join(missing)}; run "
                                  f"python -m jobs.pipeline with the same preset and --out first")
-    if not differing(cfg.dflash, cfg.head):
+    if not differing(cfg.dflash, cfg.peftbd_head):
         raise ConfigError("config keys dflash.feature_rule, block_masks, loss_decay and anchors "
-                          "equal head's: nothing to ablate; keep DFlash's recipe in dflash")
+                          "equal peftbd_head's: nothing to ablate; keep DFlash's recipe in dflash")
     build = functools.partial(_build, cfg=cfg, upstream=upstream, runs=Path(f"{Path(out_dir).resolve()}.runs"))
-    return StageCall(RECIPE_ABLATION, cfg.to_dict(), Path(out_dir).resolve(), upstream, build)
+    return StageCall(recipe_ablation_stage(), cfg.to_dict(), Path(out_dir).resolve(), upstream, build)
 
 
 def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path],
            runs: Path) -> dict[str, Any]:
     variants: dict[str, Path] = {}
-    for field in differing(cfg.dflash, cfg.head):
-        variant = dataclasses.replace(cfg, dflash=reverted(cfg.dflash, cfg.head, field))
+    for field in differing(cfg.dflash, cfg.peftbd_head):
+        variant = cfg.with_section(DFLASH.id, reverted(cfg.dflash, cfg.peftbd_head, field))
         variants[field] = runs / field
         train_call(DFLASH.recipe, variant, upstream[GENERATE.name], variants[field],
                    spec=TRAIN_DFLASH).run()
@@ -70,12 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     parser.add_argument("--artifacts", type=Path, default=None, metavar="ROOT",
                         help="the main job's output root (default: <paths.out_dir>/<preset>)")
-    add_stage_args(parser, RECIPE_ABLATION)
+    add_stage_args(parser, recipe_ablation_stage())
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     root = args.artifacts or output_root(cfg)
-    out = stage_out(args, cfg, RECIPE_ABLATION)
-    run_stage_job(RECIPE_ABLATION, out, lambda: ablation_call(cfg, root, out), args.force,
+    out = stage_out(args, cfg, recipe_ablation_stage())
+    run_stage_job(recipe_ablation_stage(), out, lambda: ablation_call(cfg, root, out), args.force,
                   args.verbose, before_exit=shutdown)
     print((out / "ablation.md").read_text())
 

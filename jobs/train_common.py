@@ -1,5 +1,5 @@
-"""Ray Train + DeepSpeed orchestration shared by `jobs.train_peftbd`, `jobs.train_mtp` and
-`jobs.train_head`.
+"""Ray Train + DeepSpeed orchestration of every method's training (`jobs.train --method NAME`,
+and the main job's training stages).
 
 A `TorchTrainer` whose workers each call `deepspeed.initialize`, read their shard of the
 artifact's train split (`ray.train.get_dataset_shard`), evaluate on the val split, and report
@@ -14,7 +14,6 @@ time are raised at once (`jobs.train_failures`). What is computed lives in
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
@@ -41,14 +40,13 @@ from ray.train import (
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 from jobs.progress import relay
-from jobs.ray_env import init_ray, shutdown
+from jobs.ray_env import init_ray
 from jobs.resources import wait_for_resources
 from jobs.train_failures import Trainer, raise_unhealable
-from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
-from peftbd.config import Config
+from peftbd.config import Config, import_plugins
 from peftbd.data.artifact import ArtifactError
 from peftbd.layout import GENERATE
-from peftbd.manifest import WorkerPeaks, read_manifest
+from peftbd.manifest import WorkerPeaks
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
@@ -84,6 +82,7 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
     the final checkpoint with the export."""
     import deepspeed  # here, not at the top: the driver never needs it (its import logs a warning)
 
+    import_plugins(args.cfg.methods.plugins)  # a plugin method's task and section
     cfg = args.cfg
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -277,35 +276,3 @@ def _dataset(table: pa.Table) -> ray.data.Dataset:
     ds = ray.data.from_arrow(table)
     ds.context.enable_progress_bars = False  # two workers' bars per epoch and eval drown the log
     return ds
-
-
-def main(recipe: TrainingRecipe, argv: list[str] | None = None) -> None:
-    """Command line of `python -m jobs.train_<kind>`."""
-    kind, spec = recipe.kind, recipe.stage
-    parser = argparse.ArgumentParser(
-        prog=f"python -m jobs.train_{kind}",
-        description=f"Distil the {recipe.what} from "
-        "the continuation artifact with Ray Train + DeepSpeed. Skipped when --out already holds "
-        "the result of the same artifact, config and code.",
-    )
-    add_config_args(parser)
-    parser.add_argument("--data", type=Path, default=None, metavar="ARTIFACT_DIR",
-                        help="continuation artifact (default: <paths.out_dir>/<preset>/continuations, where "
-                             "python -m jobs.generate and the main job put it)")
-    add_stage_args(parser, spec)
-    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                        help="continue the latest checkpoint of the run with these inputs "
-                             "(default); --no-resume starts over")
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args)
-    data = args.data or output_root(cfg) / GENERATE.subdir
-    out = stage_out(args, cfg, spec)
-    run_stage_job(spec, out, lambda: train_call(recipe, cfg, data, out, resume=args.resume),
-                  args.force or not args.resume, args.verbose, before_exit=shutdown)
-    m = read_manifest(out)
-    p = m["parameters"]
-    untrained = (f"; UNTRAINED: {'; '.join(m['untrained_reasons'])}"
-                 if m.get("untrained") else "")
-    print(f"train_{kind}: {out} ({p['trainable']:,} trainable of {p['total']:,} parameters, "
-          f"eval loss {m['metrics']['eval_loss']:.4f}, target-token accuracy "
-          f"{m['metrics']['eval_target_token_accuracy']:.4f}, {m['wall_seconds']} s{untrained})")

@@ -29,9 +29,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-        help="override one config value, e.g. --set drafter.block_size=16 "
+        help="override one config value, e.g. --set peftbd.block_size=16 "
         "--set data.train_size=2000 (repeatable; values parse as YAML). Settings that would "
-        "publish an untrained drafter (*.optim.max_steps=0, *.optim.lr=0, mtp.loss_weights all 0, "
+        "publish an untrained drafter (*.optim.max_steps=0, *.optim.lr=0, fastmtp.loss_weights all 0, "
         "no train rows) are refused unless --set training.allow_untrained=true (its manifest "
         "then says untrained)",
     )
@@ -85,7 +85,7 @@ def stage_out(args: argparse.Namespace, cfg: Config, spec: StageSpec) -> Path:
 
 
 def plan_line(spec: StageSpec, out: Path, decision: Decision) -> str | None:
-    """What a stage job is about to replace and why (e.g. `config drafter.lora_r 16 -> 8`), said
+    """What a stage job is about to replace and why (e.g. `config peftbd.lora_r 16 -> 8`), said
     before any work; None when there is no finished output or it is skipped."""
     if not decision.run or not is_complete(out):
         return None

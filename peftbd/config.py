@@ -2,12 +2,17 @@
 
 The tree is `Config`, one section per stage (`peftbd.config_sections`, re-exported here).
 
+Each registered drafting method (`peftbd.methods`) brings its own section, keyed by its id
+(`peftbd`, `fastmtp`, ...): its values come from the method (`Method.defaults`), then whatever the
+layers below set. `methods.plugins` names modules that register more methods: they are imported
+before the sections are built, in every process that loads the config.
+
 A config is built in three layers: a named preset (`tiny`, `qwen3-0.6b`: the YAML files in
 `peftbd/configs/`), then an optional YAML file (a nested mapping with the same keys), then
 `--set a.b=value` overrides. The preset sets every field (the sections have no defaults); every
 layer is type-checked against the dataclass fields (`Literal` fields accept only their listed
 values); the finished config is checked against each field's rule (its annotation's `Range`,
-`Form` or `DISTINCT`), `_ORDERED` and `_LENGTHS`, and settings that
+`Form` or `DISTINCT`) and its section's `ORDERED` and `LENGTHS`, and settings that
 would publish an untrained drafter are refused unless `training.allow_untrained`
 (`peftbd.untrained`). An unknown key or a bad value raises `ConfigError` naming the key, the
 value and the allowed form.
@@ -16,6 +21,7 @@ value and the allowed form.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import typing
@@ -44,32 +50,23 @@ from peftbd.config_sections import (
     TinyWorldConfig,
     TrainingConfig,
 )
-from peftbd.presets import EMBEDDED_TINY, PRESETS, RANDOM_WEIGHTS
+from peftbd.method_catalog import entries, renamed
+from peftbd.presets import EMBEDDED_TINY, PRESETS, RANDOM_WEIGHTS, deep_merge as _deep_merge
 from peftbd.untrained import check_config as _check_untrained
 
 __all__ = [  # the sections and EMBEDDED_TINY are re-exported: import them from here
     "EMBEDDED_TINY", "RANDOM_WEIGHTS", "Config", "ConfigError", "CostProfileConfig", "DataConfig", "DecodingConfig",
     "DrafterConfig", "GenerateConfig", "HeadConfig", "MTPConfig", "ModelConfig", "OptimConfig",
     "PathsConfig", "ServingConfig", "TinyWorldConfig", "TrainingConfig", "apply_override",
-    "cache_root", "cpu_only", "load_config", "preset_names", "save_config",
+    "build_config", "cache_root", "cpu_only", "import_plugins", "load_config", "load_plugins",
+    "merge_config",
+    "preset_names", "save_config",
 ]
 
 
 def cache_root(cache_dir: str) -> Path:
     """The cache directory: env `PEFTBD_CACHE` when set, else `cache_dir` (`paths.cache_dir`)."""
     return Path(os.environ.get("PEFTBD_CACHE", cache_dir)).expanduser()
-
-
-# Relations between a section's fields, checked on the finished config (per section type, so
-# `OptimConfig`'s would apply to drafter.optim and mtp.optim): pairs whose values must satisfy
-# first <= second; lists whose length a count field fixes. A single field's rule is in its
-# annotation (`peftbd.config_sections.Range`, `Form`, `DISTINCT`).
-_ORDERED: dict[type, tuple[tuple[str, str], ...]] = {
-    DrafterConfig: (("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size")),
-}
-_LENGTHS: dict[type, tuple[tuple[str, str], ...]] = {
-    MTPConfig: (("loss_weights", "num_steps"),),  # one loss weight per recursive step
-}
 
 
 def preset_names() -> list[str]:
@@ -87,9 +84,10 @@ def load_config(
         raise ConfigError(
             f"unknown preset {preset!r}; choose one of: {', '.join(preset_names())}"
         )
-    cfg = build(Config, PRESETS[preset])
-    if config_file is not None:
-        cfg = merge(cfg, _read_yaml(Path(config_file)), prefix="")
+    file_tree = _read_yaml(Path(config_file)) if config_file is not None else {}
+    import_plugins(_plugins(PRESETS[preset], file_tree, overrides))
+    cfg = build_config(PRESETS[preset])
+    cfg = merge_config(cfg, file_tree)
     for item in overrides:
         cfg = apply_override(cfg, item)
     _check_values(cfg)
@@ -133,7 +131,86 @@ def apply_override(cfg: Config, item: str) -> Config:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
-    return merge(cfg, nested, prefix="")
+    return merge_config(cfg, nested)
+
+
+def load_plugins(preset: str = "tiny", config_file: str | Path | None = None,
+                 overrides: typing.Sequence[str] = ()) -> None:
+    """Import the methods the config these layers build would name (`methods.plugins`), before
+    anything reads the registry (e.g. a Serve app's arguments, which name methods)."""
+    if preset in PRESETS:
+        file_tree = _read_yaml(Path(config_file)) if config_file is not None else {}
+        import_plugins(_plugins(PRESETS[preset], file_tree, overrides))
+
+
+def import_plugins(names: typing.Iterable[str]) -> None:
+    """Import the built-in methods and each `methods.plugins` module (each registers its own);
+    one that cannot be imported is refused, naming it and how to make it importable."""
+    entries()  # the built-in methods
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"config key 'methods.plugins': cannot import {name!r} ({exc}); put "
+                              "its directory on PYTHONPATH (Ray workers inherit it) or install it") from exc
+
+
+def build_config(tree: dict[str, Any]) -> Config:
+    """A complete config from a preset's tree: its core sections, and every registered method's
+    section from the method's defaults with the tree's values on top."""
+    core, parts = _split(tree)
+    cfg = build(Config, core)
+    sections = {m.id: build(m.config, _deep_merge(dict(m.defaults), parts.get(m.id, {})), f"{m.id}.")
+                for m in entries()}
+    return dataclasses.replace(cfg, sections=sections)
+
+
+def merge_config(cfg: Config, tree: dict[str, Any]) -> Config:
+    """`cfg` with a partial tree (a YAML file, an override) applied, method sections included."""
+    core, parts = _split(tree)
+    cfg = merge(cfg, core, prefix="")
+    for method_id, part in parts.items():
+        cfg = cfg.with_section(method_id, merge(getattr(cfg, method_id), part, prefix=f"{method_id}."))
+    return cfg
+
+
+def _split(tree: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(the tree's core sections, its method sections by id); a method's former section name or
+    an unknown key is refused, naming what to write instead."""
+    core_keys = [f.name for f in dataclasses.fields(Config) if f.name != "sections"]
+    known = {m.id: m for m in entries()}
+    ids = list(known)
+    core, parts = {}, {}
+    for key, value in tree.items():
+        if key in core_keys:
+            core[key] = value
+        elif key in ids:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {key!r} is a section; set one of its fields "
+                                  f"instead, e.g. {key}.{dataclasses.fields(known[key].config)[0].name}=...")
+            parts[key] = value
+        elif (new := renamed(key)) is not None:
+            raise ConfigError(f"config section {key!r} was renamed to {new!r}")
+        else:
+            raise ConfigError(f"unknown config key {key!r}; sections: {', '.join([*core_keys, *ids])} "
+                              "(a plugin method's section needs its module in methods.plugins)")
+    return core, parts
+
+
+def _plugins(preset: dict[str, Any], file_tree: dict[str, Any], overrides: typing.Sequence[str]) -> list[str]:
+    """`methods.plugins` as the layers set it (the last one that sets it wins)."""
+    found = (preset.get("methods") or {}).get("plugins") or []
+    found = (file_tree.get("methods") or {}).get("plugins", found) if isinstance(file_tree.get("methods"), dict) else found
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key.strip() == "methods.plugins":
+            found = yaml.safe_load(raw) or []
+    if isinstance(found, str):
+        found = [found]
+    if not isinstance(found, list) or not all(isinstance(n, str) for n in found):
+        raise ConfigError(f"config key 'methods.plugins': value {found!r} is not valid; expected a "
+                          "list of importable module names, e.g. [my_pkg.my_drafter]")
+    return found
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -172,6 +249,9 @@ def _check_values(obj: Any, prefix: str = "") -> None:
         if not value or len(set(value)) != len(value):
             raise ConfigError(f"config key '{prefix}{name}': value {value!r} must hold at least one "
                               "entry and none twice, e.g. [1, 4, 16]")
+    if isinstance(obj, Config):
+        for method_id, section in obj.sections.items():
+            _check_values(section, f"{method_id}.")
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
@@ -185,14 +265,14 @@ def _check_values(obj: Any, prefix: str = "") -> None:
                 raise ConfigError(
                     f"config key {key!r}: value {value!r} is not valid; expected {rule.words}"
                 )
-    for first, second in _ORDERED.get(type(obj), ()):
+    for first, second in getattr(type(obj), "ORDERED", ()):
         low, high = getattr(obj, first), getattr(obj, second)
         if low > high:
             raise ConfigError(
                 f"config key '{prefix}{first}': value {low!r} exceeds '{prefix}{second}' "
                 f"({high!r}); expected {first} <= {second}"
             )
-    for items, count in _LENGTHS.get(type(obj), ()):
+    for items, count in getattr(type(obj), "LENGTHS", ()):
         value, want = getattr(obj, items), getattr(obj, count)
         if len(value) != want:
             raise ConfigError(

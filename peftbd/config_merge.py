@@ -32,7 +32,8 @@ class ConfigError(UserError, ValueError):
 
 def build(cls: type[T], tree: dict[str, Any], prefix: str = "") -> T:
     """A dataclass `cls` from `tree` (nested mapping), which sets every field, type-checked."""
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in tree]
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in tree
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"config key '{prefix}{missing[0]}' is missing; a preset sets every key "
                           f"(peftbd/configs/*.yaml)")

@@ -11,8 +11,8 @@ every entry), which `peftbd.config` checks once the config is complete.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ Device = Annotated[str, Form(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N
 ArmTokens = Annotated[str, Form(r"[a-z][a-z0-9_]*=\d+(\.\d+)?",
                                 "arm=tokens_per_round, e.g. peftbd=2.881")]
 MethodTokens = Annotated[str, Form(r"[a-z][a-z0-9-]*=\d+(\.\d+)?",
-                                   "method=tokens_per_round, e.g. peft-bd=2.881")]
+                                   "method=tokens_per_round, e.g. peftbd=2.881")]
 
 # The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -51,7 +51,7 @@ Scheduler = Literal["cosine", "constant"]
 Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
 ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
-Method = str  # a serving name of peftbd.methods: peftbd.serving.validation.check_serving_config
+Method = str  # a method id of peftbd.methods: peftbd.serving.validation.check_serving_config
 DrafterSync = Literal["ship", "forward"]  # peftbd.methods.Method.ships
 Placement = Literal[  # jobs.placement.placement_options
     "colocated", "split", "split-forward", "split-cross-node", "split-same-node",
@@ -156,6 +156,9 @@ class DrafterConfig:
     offsets_ablation: bool  # the main job also trains + benchmarks the other block_offsets
     optim: OptimConfig
 
+    ORDERED: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("mask_ratio_min", "mask_ratio_max"), ("denoise_steps", "block_size"))
+
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -165,12 +168,15 @@ class MTPConfig:
     loss_weights: tuple[NonNegativeFloat, ...]
     optim: OptimConfig
 
+    LENGTHS: ClassVar[tuple[tuple[str, str], ...]] = (("loss_weights", "num_steps"),)  # one weight a step
+
 
 @dataclass(frozen=True)
 class HeadConfig:
     """The block-diffusion head (DFlash-style, `peftbd.models.bd_head`): its own decoder layers
-    draft a `drafter.block_size` block in one forward from the verifier's hidden states."""
+    draft a `block_size` block in one forward from the verifier's hidden states."""
 
+    block_size: Annotated[int, Range(2)]  # D: the block's positions, its first the last committed token
     layers: PositiveInt  # the head's own Qwen3 decoder layers
     intermediate_size: NonNegativeInt  # their MLP width; 0 = the verifier's
     feature_layers: tuple[int, ...]  # verifier hidden states (0 = embeddings, L = final); () = rule's
@@ -203,7 +209,7 @@ class TrainingConfig:
     logits_chunk_rows: NonNegativeInt
     storage_path: str  # Ray Train checkpoints; "" = a ray_train/ dir beside --out
     # publish a drafter that settings leave untrained (*.optim.max_steps=0, *.optim.lr=0,
-    # mtp.loss_weights all 0, no train rows): refused unless true; its manifest says untrained
+    # fastmtp.loss_weights all 0, no train rows): refused unless true; its manifest says untrained
     allow_untrained: bool
 
 
@@ -317,6 +323,15 @@ class CostProfileConfig:
 
 
 @dataclass(frozen=True)
+class MethodsConfig:
+    """The drafting methods beyond the built-in ones (`peftbd.methods`)."""
+
+    # importable modules that each register a method (docs/adding-a-drafter.md); every process
+    # that loads the config imports them: the pipeline, training workers, benchmark tasks, Serve
+    plugins: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PathsConfig:
     """Where the embedded world is cached and where jobs write artifacts."""
 
@@ -333,19 +348,41 @@ class Config:
     tiny_world: TinyWorldConfig
     data: DataConfig
     generate: GenerateConfig
-    drafter: DrafterConfig
-    mtp: MTPConfig
-    head: HeadConfig
-    dflash: HeadConfig  # the same head with DFlash's recipe (peftbd.methods.dflash)
+    methods: MethodsConfig
     training: TrainingConfig
     decoding: DecodingConfig
     serving: ServingConfig
     cost_profile: CostProfileConfig
     paths: PathsConfig
+    sections: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Each registered drafting method's section, by method id (`peftbd.methods.Method.config`):
+    read as `cfg.<id>` (e.g. `cfg.peftbd.block_size`), written at the top level of YAML."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "sections":
+            raise AttributeError(name)
+        try:
+            return self.__dict__["sections"][name]
+        except KeyError:
+            raise AttributeError(f"the config has no section {name!r}; method sections: "
+                                 f"{', '.join(self.__dict__.get('sections', {})) or 'none'}") from None
+
+    def with_section(self, method_id: str, section: Any) -> Config:
+        """This config with method `method_id`'s section replaced."""
+        return dataclasses.replace(self, sections={**self.sections, method_id: section})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (tuples as lists), for manifests and YAML."""
-        return _plain(dataclasses.asdict(self))
+        """Plain nested dict (tuples as lists), for manifests and YAML: the method sections at the
+        top level, after `methods`."""
+        core = {f.name: _plain(dataclasses.asdict(getattr(self, f.name)))
+                if dataclasses.is_dataclass(getattr(self, f.name)) else getattr(self, f.name)
+                for f in dataclasses.fields(self) if f.name != "sections"}
+        out: dict[str, Any] = {}
+        for key, value in core.items():
+            out[key] = value
+            if key == "methods":
+                out.update({k: _plain(dataclasses.asdict(v)) for k, v in self.sections.items()})
+        return out
 
 
 def _plain(value: Any) -> Any:

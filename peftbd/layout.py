@@ -5,7 +5,7 @@ decisions (`peftbd.stage`) and the report's stage table all read them from here.
 
 from __future__ import annotations
 
-from peftbd.config_sections import BlockOffsets
+from peftbd.method_catalog import Entry, entries
 from peftbd.stage import StageSpec
 
 _PLACEMENT_ONLY = ("training.storage_path", "training.max_failures", "training.allow_untrained")
@@ -33,131 +33,153 @@ GENERATE = StageSpec(
     command="python -m jobs.generate",
 )
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
-TRAIN_PEFTBD = StageSpec(
-    "train_peftbd", "train PEFT-BD adapter", "peftbd_adapter",
-    reads=("model", "drafter", "training", "data.max_new_tokens"),  # the offline rounds' budget
-    ignores=("drafter.early_exit_layers", "drafter.offsets_ablation", *_PLACEMENT_ONLY),
-    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_peftbd",
-)
-TRAIN_EARLY_EXIT = StageSpec(
-    "train_early_exit", "train early-exit PEFT-BD adapter", "peftbd_early_exit",
-    reads=TRAIN_PEFTBD.reads, ignores=TRAIN_PEFTBD.ignores, inputs=TRAIN_PEFTBD.inputs,
-    code=_TRAIN_CODE, job=TRAIN_PEFTBD.name,
-    command="python -m jobs.train_peftbd --set drafter.draft_layers=<drafter.early_exit_layers>",
-)
-TRAIN_OFFSETS = StageSpec(
-    "train_offsets", "train PEFT-BD adapter, other block offsets", "peftbd_offsets",
-    reads=TRAIN_PEFTBD.reads, ignores=TRAIN_PEFTBD.ignores, inputs=TRAIN_PEFTBD.inputs,
-    code=_TRAIN_CODE, job=TRAIN_PEFTBD.name,
-    command="python -m jobs.train_peftbd --set drafter.block_offsets=<the other of random|aligned>",
-)
-"""The block-offsets ablation (`drafter.offsets_ablation`): the adapter trained with the other
-recipe, e.g. aligned (BD3LM, the paper) beside random (the offsets the engine drafts from)."""
-TRAIN_MTP = StageSpec(
-    "train_mtp", "train FastMTP head", "mtp_head", reads=("model", "mtp", "training"),
-    ignores=_PLACEMENT_ONLY, inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_mtp",
-)
-TRAIN_HEAD = StageSpec(
-    "train_head", "train block-diffusion head", "bd_head",
-    reads=("model", "head", "drafter.block_size", "training", "data.max_new_tokens"),
-    ignores=("head.draft_vocab", *_PLACEMENT_ONLY),  # the benchmark picks the draft vocabulary
-    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_head",
-)
-"""The block-diffusion head (DFlash-style, `peftbd.models.bd_head`) on the frozen verifier."""
-TRAIN_DFLASH = StageSpec(
-    "train_dflash", "train DFlash head", "dflash_head",
-    reads=("model", "dflash", "drafter.block_size", "training", "data.max_new_tokens"),
-    ignores=("dflash.draft_vocab", *_PLACEMENT_ONLY),
-    inputs=(GENERATE,), code=_TRAIN_CODE, command="python -m jobs.train_dflash",
-)
-"""The same head trained with DFlash's published recipe (`dflash`: its feature layers, block,
-loss weights and anchors; `peftbd.methods.dflash`)."""
-COST_PROFILE = StageSpec(
-    "cost_profile", "cost profile at the paper's architecture", "cost_profile",
-    reads=("cost_profile", "model.attn_implementation", "drafter.block_size",
-           "drafter.target_modules", "drafter.offsets_ablation", "mtp.num_steps", "head.layers",
-           "head.intermediate_size", "head.feature_rule", "head.block_masks",
-           "dflash.intermediate_size", "dflash.feature_rule", "dflash.block_masks",
-           "training.seed", "decoding.synthetic",
-           "decoding.synthetic_seed"),
-    code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
-          "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.misfit",
-          "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
-          "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
-          "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
-          "peftbd.models", "peftbd.methods", "peftbd.training", "peftbd.data.artifact",
-          "jobs.cost_profile"),
-    command="python -m jobs.cost_profile",
-)
-"""One round of every arm timed at `cost_profile.architecture` (Qwen3-0.6B): the cost facts a tiny
-model cannot show; the report projects them with the tiny run's acceptance."""
-PLACEMENT = StageSpec(
-    "placement", "placement experiment", "placement",
-    reads=("preset", "model", "tiny_world", "data.source", "drafter", "mtp", "head", "serving",
-           "decoding", "training.seed"),  # the seed: a random: model's weights
-    inputs=(TRAIN_PEFTBD, TRAIN_MTP, TRAIN_HEAD, TRAIN_DFLASH),
-    code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
-          "peftbd.analysis.placement",
-          "peftbd.analysis.placement_verdict",
-          "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
-          "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
-          "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",
-          "jobs.placement", "jobs.local_cluster"),
-    command="python -m jobs.placement",
-)
-"""The placement experiment (outside the main job): when its output exists under the same root,
-the benchmark's report summarises its verdict."""
-RECIPE_ABLATION = StageSpec(
-    "recipe_ablation", "DFlash recipe ablation", "recipe_ablation",
-    reads=("model", "head", "dflash", "drafter.block_size", "training", "data.max_new_tokens"),
-    ignores=("head.draft_vocab", "dflash.draft_vocab", *_PLACEMENT_ONLY),
-    inputs=(GENERATE, TRAIN_HEAD, TRAIN_DFLASH),
-    code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.analysis.recipe_ablation",
-          "jobs.recipe_ablation"),
-    command="python -m jobs.recipe_ablation",
-)
-"""DFlash with each recipe change reverted in turn (outside the main job): when its output exists
-under the same root, the benchmark's report shows its table."""
-ACCEPTANCE_STUDY = StageSpec(
-    "acceptance_study", "acceptance study", "acceptance_study",
-    reads=("tiny_world", "model", "data", "generate", "drafter", "mtp", "head", "dflash",
-           "training"),
-    ignores=("tiny_world.shipped", *_PLACEMENT_ONLY),
-    code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.tiny_world",
-          "peftbd.benchmarking.acceptance_study", "peftbd.benchmarking.replay",
-          "peftbd.benchmarking.arms", "peftbd.analysis.acceptance_study", "jobs.acceptance_study",
-          "jobs.generate", "jobs.pipeline"),
-    command="python -m jobs.acceptance_study",
-)
-"""What decides acceptance: worlds and budgets varied one at a time, each drafter replayed per
-category (outside the main job: its variants run the main job's stages under their own root)."""
-BENCHMARK = StageSpec(
-    "benchmark", "benchmark + report", "benchmark",
-    reads=("preset", "model", "decoding", "data.max_prompt_len", "drafter.block_size",
-           "drafter.early_exit_layers", "drafter.block_offsets", "drafter.offsets_ablation",
-           "mtp.num_steps", "head.draft_vocab"),
-    inputs=(GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS, TRAIN_MTP, TRAIN_HEAD,
-            TRAIN_DFLASH, COST_PROFILE, PLACEMENT, RECIPE_ABLATION, ACCEPTANCE_STUDY),
-    code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
-          "peftbd.methods", "peftbd.cost_model", "jobs.benchmark"),
-    command="python -m jobs.benchmark",
-)
 
-EXPERIMENTS: tuple[StageSpec, ...] = (PLACEMENT, RECIPE_ABLATION, ACCEPTANCE_STUDY)
-"""Experiments run beside the main job: when one's output sits under its root, the benchmark
-reads it and the report summarises it."""
-STAGES: tuple[StageSpec, ...] = (WORLD, GENERATE, TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS,
-                                 TRAIN_MTP, TRAIN_HEAD, TRAIN_DFLASH, COST_PROFILE, BENCHMARK)
-"""The main job's stages in run order."""
-BY_NAME = {s.name: s for s in STAGES}
-PEFTBD_ADAPTERS: tuple[StageSpec, ...] = (TRAIN_PEFTBD, TRAIN_EARLY_EXIT, TRAIN_OFFSETS)
-"""The stages whose output is a PEFT-BD adapter (the benchmark's PEFT-BD arms draft with them)."""
-OTHER_OFFSETS: dict[BlockOffsets, BlockOffsets] = {"random": "aligned", "aligned": "random"}
-"""`drafter.block_offsets` -> the recipe the offsets ablation trains."""
+
+def training_stage(method_id: str, title: str, *, variant: str = "", reads: tuple[str, ...] = (),
+                   ignores: tuple[str, ...] = (), code: tuple[str, ...] = (), how: str = "") -> StageSpec:
+    """A drafting method's training stage, every name derived from its id by one rule: stage
+    `train_<id>[_<variant>]`, output dir `<id>[_<variant>]`, the section `<id>` (and `reads`),
+    run by `python -m jobs.train --method <id>` (`how`: the `--set` a variant adds). `code`: the
+    modules beyond the package's training code whose source decides it (a plugin: its own)."""
+    suffix = f"_{variant}" if variant else ""
+    return StageSpec(
+        f"train_{method_id}{suffix}", title, f"{method_id}{suffix}",
+        reads=("model", method_id, "training", *reads), ignores=(*ignores, *_PLACEMENT_ONLY),
+        inputs=(GENERATE,), code=(*_TRAIN_CODE, *code), job=f"train_{method_id}" if variant else "",
+        command=f"python -m jobs.train --method {method_id}{' ' + how if how else ''}",
+    )
+
+
+def _methods() -> tuple[Entry, ...]:
+    return entries()
+
+
+def method_sections() -> tuple[str, ...]:
+    """Every registered method's config section (its id)."""
+    return tuple(m.id for m in _methods())
+
+
+def plugin_modules() -> tuple[str, ...]:
+    """The modules of registered methods outside the package (`methods.plugins`): their source
+    decides what the stages that draft with them compute."""
+    found = (m.arms.__module__ for m in _methods())
+    package = __name__.split(".")[0]
+    return tuple(dict.fromkeys(name for name in found if name.split(".")[0] != package))
+
+
+def training_stages() -> tuple[StageSpec, ...]:
+    """Every registered method's training stages, in registration order."""
+    return tuple(s for m in _methods() for s in m.stages)
+
+
+def _cost_reads() -> tuple[str, ...]:
+    """The method keys the cost profile reads (`Method.cost_reads`; None: the whole section)."""
+    return tuple(key for m in _methods()
+                 for key in ((m.id,) if m.cost_reads is None else (f"{m.id}.{k}" for k in m.cost_reads)))
+
+
+def cost_profile_stage() -> StageSpec:
+    """One round of every arm timed at `cost_profile.architecture` (Qwen3-0.6B): the cost facts a
+    tiny model cannot show; the report projects them with the tiny run's acceptance. It reads
+    the keys of each method's section that shape its untrained modules (`Method.cost_reads`)."""
+    return StageSpec(
+        "cost_profile", "cost profile at the paper's architecture", "cost_profile",
+        reads=("cost_profile", "model.attn_implementation", *_cost_reads(), "training.seed",
+               "decoding.synthetic", "decoding.synthetic_seed"),
+        ignores=tuple(f"{m.id}.optim" for m in _methods() if m.cost_reads is None),
+        code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
+              "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.misfit",
+              "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
+              "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
+              "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
+              "peftbd.models", "peftbd.methods", "peftbd.training", "peftbd.data.artifact",
+              "jobs.cost_profile", *plugin_modules()),
+        command="python -m jobs.cost_profile",
+    )
+
+
+def placement_stage() -> StageSpec:
+    """The placement experiment (outside the main job): when its output exists under the same
+    root, the benchmark's report summarises its verdict."""
+    return StageSpec(
+        "placement", "placement experiment", "placement",
+        reads=("preset", "model", "tiny_world", "data.source", *method_sections(), "serving",
+               "decoding", "training.seed"),  # the seed: a random: model's weights
+        inputs=tuple(m.stages[0] for m in _methods() if m.stages),  # each method's main stage
+        code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
+              "peftbd.analysis.placement", "peftbd.analysis.placement_verdict",
+              "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
+              "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
+              "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",
+              "jobs.placement", "jobs.local_cluster", *plugin_modules()),
+        command="python -m jobs.placement",
+    )
+
+
+def recipe_ablation_stage() -> StageSpec:
+    """DFlash with each recipe change reverted in turn (outside the main job): when its output
+    exists under the same root, the benchmark's report shows its table."""
+    known = {m.id: m for m in entries()}
+    head, dflash = known["peftbd_head"], known["dflash"]
+    return StageSpec(
+        "recipe_ablation", "DFlash recipe ablation", "recipe_ablation",
+        reads=("model", head.id, dflash.id, "training", "data.max_new_tokens"),
+        ignores=(f"{head.id}.draft_vocab", f"{dflash.id}.draft_vocab", *_PLACEMENT_ONLY),
+        inputs=(GENERATE, *head.stages[:1], *dflash.stages[:1]),
+        code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.analysis.recipe_ablation",
+              "jobs.recipe_ablation"),
+        command="python -m jobs.recipe_ablation",
+    )
+
+
+def acceptance_study_stage() -> StageSpec:
+    """What decides acceptance: worlds and budgets varied one at a time, each drafter replayed
+    per category (outside the main job: its variants run the main job's stages under their own
+    root)."""
+    return StageSpec(
+        "acceptance_study", "acceptance study", "acceptance_study",
+        reads=("tiny_world", "model", "data", "generate", *method_sections(), "training"),
+        ignores=("tiny_world.shipped", *_PLACEMENT_ONLY),
+        code=(*_TRAIN_CODE, "peftbd.methods", "peftbd.decoding", "peftbd.tiny_world",
+              "peftbd.benchmarking.acceptance_study", "peftbd.benchmarking.replay",
+              "peftbd.benchmarking.arms", "peftbd.analysis.acceptance_study", "jobs.acceptance_study",
+              "jobs.generate", "jobs.pipeline"),
+        command="python -m jobs.acceptance_study",
+    )
+
+
+def experiments() -> tuple[StageSpec, ...]:
+    """Experiments run beside the main job: when one's output sits under its root, the
+    benchmark reads it and the report summarises it."""
+    return (placement_stage(), recipe_ablation_stage(), acceptance_study_stage())
+
+
+def benchmark_stage() -> StageSpec:
+    """The benchmark and report: every registered method's arms (reading each method's section
+    but what trains it), over the main job's artifacts and the experiments beside them."""
+    return StageSpec(
+        "benchmark", "benchmark + report", "benchmark",
+        reads=("preset", "model", "decoding", "data.max_prompt_len", *method_sections()),
+        ignores=tuple(f"{m}.optim" for m in method_sections()),
+        inputs=(GENERATE, *training_stages(), cost_profile_stage(), *experiments()),
+        code=("peftbd.decoding", "peftbd.benchmarking", "peftbd.analysis", "peftbd.models",
+              "peftbd.methods", "peftbd.cost_model", "jobs.benchmark", *plugin_modules()),
+        command="python -m jobs.benchmark",
+    )
+
+
+def stages() -> tuple[StageSpec, ...]:
+    """The main job's stages in run order: the world, generate, every registered method's
+    training stages, the cost profile, the benchmark."""
+    return (WORLD, GENERATE, *training_stages(), cost_profile_stage(), benchmark_stage())
+
+
+BENCHMARK_NAME, PLACEMENT_NAME = "benchmark", "placement"
+"""The stage names (and output dirs) of the benchmark and the placement experiment."""
 
 ENGINE_SPEED = StageSpec(
     "engine_speed", "engine speed check", "engine_speed",
-    reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding", "drafter",
+    reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding", "peftbd",
            "training.seed"),
     code=("peftbd.decoding", "peftbd.models", "peftbd.cost_model", "peftbd.data.sources",
           "peftbd.data.content_hash", "peftbd.data.chat", "peftbd.tiny_world",

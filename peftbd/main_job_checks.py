@@ -25,8 +25,8 @@ def check_main_job(cfg: Config) -> None:
             f"on (they would be published untrained); set data.train_size >= 1, or set {OPT_IN}=true "
             f"to publish them untrained on purpose ({alone})"
         )
-    for key, optim in (("drafter.optim", cfg.drafter.optim), ("mtp.optim", cfg.mtp.optim),
-                       ("head.optim", cfg.head.optim)):
+    for key, optim in (("peftbd.optim", cfg.peftbd.optim), ("fastmtp.optim", cfg.fastmtp.optim),
+                       ("peftbd_head.optim", cfg.peftbd_head.optim)):
         if d.train_size and optim.max_steps and d.train_size < optim.global_batch_size:
             raise ConfigError(
                 f"config key 'data.train_size': value {d.train_size} is below one global batch of "

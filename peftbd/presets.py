@@ -27,10 +27,10 @@ EXTENDS = "extends"
 """A preset file's key naming the preset it changes: its other keys are merged onto that one's."""
 
 
-def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in changes.items():
-        out[key] = (_deep_merge(base[key], value)
+        out[key] = (deep_merge(base[key], value)
                     if isinstance(value, dict) and isinstance(base.get(key), dict) else value)
     return out
 
@@ -44,7 +44,7 @@ def _resolve(files: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             raise ValueError(f"preset {name!r}: extends {base!r}, which is not a complete preset "
                              f"({', '.join(n for n in files if EXTENDS not in files[n])})")
         changes = {k: v for k, v in tree.items() if k != EXTENDS}
-        out[name] = _deep_merge(files[base], changes) if base else changes
+        out[name] = deep_merge(files[base], changes) if base else changes
     return out
 
 

@@ -54,7 +54,7 @@ class StageError(UserError, RuntimeError):
 class StageSpec:
     """What a stage is and what decides its output.
 
-    `reads`: dotted config paths (a section like "model" or a key like "drafter.block_size");
+    `reads`: dotted config paths (a section like "model" or a key like "peftbd.block_size");
     `ignores`: paths under `reads` that only say where or how fast (not what) it computes;
     `inputs`: the upstream stages whose artifacts it consumes;
     `code`: modules or packages whose source decides the output;

@@ -2,15 +2,13 @@
 
 A training job whose optimizer never changes the weights still exits 0 and publishes an
 artifact that looks trained: `*.optim.max_steps = 0` (no step), `*.optim.lr = 0` (steps that
-change nothing), `*.loss_weights` all 0 (no loss: `mtp.loss_weights`) or a train split with no rows
+change nothing), `*.loss_weights` all 0 (no loss: `fastmtp.loss_weights`) or a train split with no rows
 (`data.train_size = 0`). Each is refused, naming the key, the value and the fix, unless
 `training.allow_untrained = true` asks for it; the artifact's manifest then says
 `untrained: true` with these reasons (`untrained_reasons`), and the report names it.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from peftbd.config_merge import ConfigError
 from peftbd.config_sections import Config, OptimConfig
@@ -19,9 +17,9 @@ OPT_IN = "training.allow_untrained"
 
 
 def trained_sections(cfg: Config) -> list[str]:
-    """The config sections that train a drafter: those with an `optim` (drafter, mtp, head, ...)."""
-    return [f.name for f in dataclasses.fields(cfg)
-            if isinstance(getattr(getattr(cfg, f.name), "optim", None), OptimConfig)]
+    """The config sections that train a drafter: those with an `optim` (peftbd, fastmtp, ...)."""
+    return [name for name, section in cfg.sections.items()
+            if isinstance(getattr(section, "optim", None), OptimConfig)]
 
 
 def config_reasons(cfg: Config, section: str) -> list[tuple[str, object, str]]:

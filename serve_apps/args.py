@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from peftbd.config import Config, load_config
-from peftbd.methods import methods
+from peftbd.config import Config, load_config, load_plugins
+from peftbd.methods import methods, renamed
 from peftbd.serving.synthetic import read_references, synthetic_rates
 from peftbd.serving.validation import check_serving_config
 
@@ -28,9 +28,9 @@ MAX_ONGOING = 64
 class AppArgs(BaseModel):
     """What both apps take: the config (preset, YAML file, --set overrides) and trained drafters.
 
-    `drafter_dirs`: {method: its trained output dir} (`python -m jobs.train_<kind>`), for any
-    method of `peftbd.methods`; each method's own argument (`Method.dir_arg`: `adapter_dir` for
-    PEFT-BD, `mtp_dir` for FastMTP, `head_dir` for the block-diffusion head, ...) says the same
+    `drafter_dirs`: {method: its trained output dir} (`python -m jobs.train --method <id>`), for any
+    method of `peftbd.methods`; each method's own argument (`Method.dir_arg`: `peftbd_dir` for
+    PEFT-BD, `fastmtp_dir` for FastMTP, `peftbd_head_dir` for the block-diffusion head, ...) says the same
     (null: untrained). A method without one drafts untrained (exact output, low acceptance).
     `references`: a JSON file of greedy AR outputs ({"references": [{"prompt": ids, "output":
     ids}, ...]}, as `jobs.placement` writes) that the `serving.synthetic` methods' oracle starts
@@ -51,8 +51,13 @@ class AppArgs(BaseModel):
         """Each registered method's `<dir_arg>` into `drafter_dirs` (null: untrained)."""
         if not isinstance(data, dict):
             return data
+        # a methods.plugins method's argument is known once its module is imported
+        load_plugins(data.get("preset", "tiny"), data.get("config"), data.get("overrides") or [])
         dir_args = [m.dir_arg for m in methods()]
         unknown = sorted(set(data) - set(cls.model_fields) - set(dir_args))
+        for name in unknown:
+            if (new := renamed(name)) is not None:
+                raise ValueError(f"argument {name!r} was renamed to {new!r}")
         if unknown:
             raise ValueError(f"unknown argument {unknown[0]!r}; the apps take "
                              f"{', '.join([*cls.model_fields, *dir_args])}")
@@ -72,6 +77,9 @@ class AppArgs(BaseModel):
     def _registered(cls, dirs: dict[str, str]) -> dict[str, str]:
         drafting = [m.serving for m in methods()]
         unknown = sorted(set(dirs) - set(drafting))
+        for name in unknown:
+            if (new := renamed(name)) is not None:
+                raise ValueError(f"drafter_dirs key {name!r} was renamed to {new!r}")
         if unknown:
             raise ValueError(f"{unknown[0]!r} is no drafting method; key it by one of {drafting} "
                              f"(or its own argument: {', '.join(m.dir_arg for m in methods())})")

@@ -1,6 +1,6 @@
 """Acceptance per draft position, and the gamma^j assumption behind the linear-prefix loss.
 
-The loss weighs block position j (1-based) by gamma^(j-1) (`drafter.prefix_gamma`): it assumes a
+The loss weighs block position j (1-based) by gamma^(j-1) (`peftbd.prefix_gamma`): it assumes a
 constant per-token acceptance gamma, so position j is accepted with probability gamma^j and its
 conditional acceptance P(accept j | accepted j - 1) is gamma at every j. The tables set the
 measured rates beside gamma^j and beside the fitted gamma's own powers.
@@ -16,7 +16,7 @@ from peftbd.methods.peft_bd import ID as PEFTBD
 
 
 def prefix_gamma(results: Results) -> float:
-    """The gamma the PEFT-BD adapters were trained with (`drafter.prefix_gamma`)."""
+    """The gamma the PEFT-BD adapters were trained with (`peftbd.prefix_gamma`)."""
     return results.config["drafter"]["prefix_gamma"]
 
 

@@ -25,7 +25,7 @@ from peftbd.analysis.tables import fmt, fmt_ci, fmt_stat, markdown_table
 from peftbd.benchmarking.schema import Arm, Results
 from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
-from peftbd.layout import BENCHMARK
+from peftbd.layout import benchmark_stage
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -143,7 +143,7 @@ def _read_results(path: Path) -> Results:
 
 def update_readme(out_root: Path, readme: Path) -> bool:
     """Write the table of the run under `out_root` into `readme`; True when the file changed."""
-    results = _read_results(out_root / BENCHMARK.subdir / RESULTS)
+    results = _read_results(out_root / benchmark_stage().subdir / RESULTS)
     manifest_path = out_root / PIPELINE_MANIFEST
     manifest = (_read_json(manifest_path, "main job manifest", "rerun the main job")
                 if manifest_path.is_file() else None)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(error_line(err))
         raise
     print(f"{args.readme}: results table {'updated' if changed else 'already current'} "
-          f"from {args.out_root / BENCHMARK.subdir / RESULTS}")
+          f"from {args.out_root / benchmark_stage().subdir / RESULTS}")
 
 
 if __name__ == "__main__":

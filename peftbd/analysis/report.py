@@ -30,7 +30,7 @@ from peftbd.analysis import learning_curves
 from peftbd.analysis.acceptance_study import study_section
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import ACCEPTANCE_STUDY, BENCHMARK, PLACEMENT, RECIPE_ABLATION, STAGES
+from peftbd.layout import acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -40,14 +40,14 @@ FIGURE_2 = "figure2_acceptance_by_position.png"
 FIGURE_3 = "figure3_concurrency.png"
 FIGURE_4 = "figure4_speedup_vs_acceptance.png"
 FIGURE_5 = "figure5_acceptance_vs_temperature.png"
-BENCHMARK_STAGE = BENCHMARK.title
+BENCHMARK_STAGE = benchmark_stage().title
 
 
 def read_stage_manifests(upstream: Mapping[str, str | Path]) -> dict[str, dict[str, Any]]:
     """{stage title: manifest} of the artifacts in `upstream` ({stage name: dir}) and of
     everything they were built from, in the main job's stage order."""
     dirs = lineage(upstream)
-    return {s.title: read_manifest(dirs[s.name]) for s in STAGES if s.name in dirs}
+    return {s.title: read_manifest(dirs[s.name]) for s in stages() if s.name in dirs}
 
 
 MIN_TIMED_S = 3.0
@@ -192,8 +192,8 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *sampling.section(results, FIGURE_5),
         *placement_section(manifests),
         *learning_curves.section(manifests),
-        *ablation_section(manifests.get(RECIPE_ABLATION.title), RECIPE_ABLATION.subdir),
-        *study_section(manifests.get(ACCEPTANCE_STUDY.title), ACCEPTANCE_STUDY.subdir),
+        *ablation_section(manifests.get(recipe_ablation_stage().title), recipe_ablation_stage().subdir),
+        *study_section(manifests.get(acceptance_study_stage().title), acceptance_study_stage().subdir),
     ]
     parts += category_section(results)
     parts += [
@@ -229,12 +229,12 @@ def decode_section(results: Results) -> list[str]:
 def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
     """The placement experiment's verdict, when its output sits beside this run's (its manifest:
     `jobs.placement` records the verdict sentences there)."""
-    placement = manifests.get(PLACEMENT.title)
+    placement = manifests.get(placement_stage().title)
     if not placement:
         return []
     measured = ", ".join(placement.get("placements", [])) or "none"
     return ["## Placement: does splitting draft and verify change the cost asymmetry?",
-            f"From the placement experiment beside this run (`{PLACEMENT.subdir}/placement.md`; "
+            f"From the placement experiment beside this run (`{placement_stage().subdir}/placement.md`; "
             f"placements measured: {measured}; outputs identical across placements: "
             f"{'yes' if placement.get('outputs_identical') else 'NO'}).",
             "\n".join(f"- {line}" for line in placement.get("verdicts", []))

@@ -181,7 +181,7 @@ def training_estimates(results: Results) -> dict[str, float]:
     out: dict[str, float] = {}
     for arm_id, arm in results.arm_items():
         m = registered.get(arm.method)
-        stage = arm.stage or (m.stage.name if m else None)
+        stage = arm.stage or (m.stage.name if m and m.stage else None)
         if stage is None or stage in seen:
             continue
         seen.add(stage)

@@ -73,19 +73,20 @@ class ArmModels:
 
     @property
     def block_size(self) -> int:
-        return self.ctx.cfg.drafter.block_size
+        return self.ctx.cfg.peftbd.block_size
 
     @property
     def device(self):
         return self.ctx.device
 
     def module_for(self, spec: ArmSpec) -> nn.Module:
-        """The draft module of `spec`'s training stage."""
-        if spec.stage not in self.modules:
+        """The draft module of `spec`'s training stage (a model-free method's: under its id)."""
+        key = method(spec.method).module_key(spec)
+        if key not in self.modules:
             raise ValueError(f"arm {spec.id!r} drafts with the output of stage {spec.stage!r}, which "
                              f"is not loaded (loaded: {', '.join(self.modules) or 'none'}); pass "
                              "that stage's output dir")
-        return self.modules[spec.stage]
+        return self.modules[key]
 
     def verifier_for(self, spec: ArmSpec) -> nn.Module:
         """The model that verifies for `spec` (PEFT-BD: its adapter's own copy)."""
@@ -129,7 +130,7 @@ def load_arm_models(cfg: Config, dirs: DrafterDirs) -> ArmModels:
     verifier = load_verifier(cfg, device)
     ctx = DraftContext(cfg, verifier, tokenizer.mask_token_id, tokenizer.pad_token_id,
                        dirs.draft_vocab)
-    modules = {}
+    modules = {m.id: m.load(ctx, None) for m in methods() if not m.trains}
     for m in methods():
         for stage in (s for s in m.stages if s.name in dirs.stages):
             own = dataclasses.replace(ctx, verifier=load_verifier(cfg, device)) if m.wraps_verifier else ctx

@@ -9,7 +9,7 @@ drafter joins by joining the benchmark) and times their rounds with the engine's
 
 - one backbone serves every arm (`peftbd.benchmarking.cost_profile_models`): the PEFT-BD adapters
   are named adapters of one peft model (rank and alpha `cost_profile.lora_r` / `lora_alpha`, the
-  paper's 16 / 32, on the run's `drafter.target_modules` plus the mask row; the early-exit one
+  paper's 16 / 32, on the run's `peftbd.target_modules` plus the mask row; the early-exit one
   adapts the first `cost_profile.early_exit_layers` layers), AR and FastMTP verify with the
   adapters off, the MTP head and the block-diffusion head (`head.layers`, three feature layers
   spread over the depth, DFlash's choice; its draft-vocabulary arm over `cost_profile.draft_vocab`
@@ -70,16 +70,16 @@ from peftbd.benchmarking.environment import hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
 from peftbd.benchmarking.shape_decode import decode_at_shape
-from peftbd.config import Config
+from peftbd.config import Config, import_plugins
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.ragged import RowCache
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import prefill, unwrap
-from peftbd.layout import TRAIN_PEFTBD
+
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.methods import ArmSpec
-from peftbd.methods.peft_bd import WHOLE_ADAPTER
+from peftbd.methods.peft_bd import TRAIN_PEFTBD, WHOLE_ADAPTER
 from peftbd.models.loading import DTYPES, resolve_device
 from peftbd.models.peft_bd import (
     adapter_on,
@@ -205,6 +205,7 @@ def _time_arms(arms: Sequence[_Arm], models: ArmModels, repeats: int) -> None:
 @torch.inference_mode()
 def run_profile(cfg: Config) -> CostProfile:
     """Profile every arm at `cfg.cost_profile`'s architecture, KV length and dtypes."""
+    import_plugins(cfg.methods.plugins)  # a Ray task: the methods its arms name
     cp, started = cfg.cost_profile, time.perf_counter()
     if cp.threads > 0:
         torch.set_num_threads(cp.threads)
@@ -243,8 +244,8 @@ def run_profile(cfg: Config) -> CostProfile:
             hidden_size=c.hidden_size, vocab_size=c.vocab_size,
             parameters=backbone_parameters(models.verifier), draft_parameters=draft_parameters(models)),
         device=str(device), hardware=hardware_description(device), threads=torch.get_num_threads(),
-        kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.drafter.block_size,
-        early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.mtp.num_steps,
+        kv_len=cp.kv_len, repeats=cp.repeats, block_size=cfg.peftbd.block_size,
+        early_exit_layers=cp.early_exit_layers, mtp_steps=cfg.fastmtp.num_steps,
         roofline=Roofline(GPUS[cp.roofline_gpu], per_spec(work, lambda w, spec, first: w)),
     )
     for i, name in enumerate(dtypes):

@@ -7,7 +7,6 @@ local (`peftbd.models.architecture`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -21,12 +20,12 @@ from peftbd.models.peft_bd import count_parameters
 
 def profiled_specs(cfg: Config, vocab_size: int | None = None) -> list[ArmSpec]:
     """The arms the profile times (each method's `cost_arms`: the benchmark's, DFlash at several
-    depths), with the early-exit arm at `cost_profile.early_exit_layers`, the head's draft
-    vocabulary at `cost_profile.draft_vocab` (at most `vocab_size`) and the synthetic arms."""
-    cp = cfg.cost_profile
-    drafter = dataclasses.replace(cfg.drafter, early_exit_layers=cp.early_exit_layers)
-    head = dataclasses.replace(cfg.head, draft_vocab=min(cp.draft_vocab, vocab_size or cp.draft_vocab))
-    cfg = dataclasses.replace(cfg, drafter=drafter, head=head)
+    depths) with each method's section as the profile runs it (`Method.profile_section`: the
+    early-exit arm at `cost_profile.early_exit_layers`, the head's draft vocabulary at
+    `cost_profile.draft_vocab`, at most `vocab_size`) and the synthetic arms."""
+    for m in methods():
+        if m.profile_section is not None:
+            cfg = cfg.with_section(m.id, m.profile_section(cfg, vocab_size))
     real = [AR_ARM, *(arm for m in methods() for arm in m.cost_arms(cfg))]
     return real + synthetic_specs(cfg, real)
 
@@ -58,7 +57,7 @@ def profile_models(cfg: Config, arch: Architecture, dtype: torch.dtype,
     mask_id = verifier.config.vocab_size - 1  # any row: a draft's cost does not depend on it
     ctx = DraftContext(cfg, verifier, mask_id, pad_id=0,  # nothing is padded: one row is timed
                        draft_vocab=list(range(verifier.config.vocab_size)))
-    modules = {key: module.eval() for m in methods() for key, module in m.profile(ctx).items()}
+    modules = {key: module.eval() for m in methods() for key, module in m.cost_modules(ctx).items()}
     return ArmModels(verifier=verifier, eos_ids=[], ctx=ctx, modules=modules)
 
 

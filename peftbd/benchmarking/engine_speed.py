@@ -67,13 +67,13 @@ def run(cfg: Config) -> dict[str, Any]:
     verifier = load_verifier(cfg)
     eos = eos_token_ids(verifier, tokenizer)
     torch.manual_seed(cfg.training.seed)
-    peft_model = attach_drafter_adapter(load_verifier(cfg), cfg.drafter, tokenizer.mask_token_id)
+    peft_model = attach_drafter_adapter(load_verifier(cfg), cfg.peftbd, tokenizer.mask_token_id)
     prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), cfg.decoding.num_prompts,
                             cfg.data.max_prompt_len)
     budget, clock = cfg.decoding.max_new_tokens, Clock(model_device(verifier))
     engine_ar = SpeculativeDecoder(verifier, None, eos, budget)
-    drafter = PeftBDDrafter(peft_model, tokenizer.mask_token_id, cfg.drafter.block_size,
-                            cfg.drafter.denoise_steps, cfg.drafter.anchored)
+    drafter = PeftBDDrafter(peft_model, tokenizer.mask_token_id, cfg.peftbd.block_size,
+                            cfg.peftbd.denoise_steps, cfg.peftbd.anchored)
     engine_bd = SpeculativeDecoder(peft_model, drafter, eos, budget)
     bd_results = []
 

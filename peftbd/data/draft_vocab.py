@@ -32,7 +32,7 @@ def draft_vocabulary(artifact_dir: str | Path, size: int, vocab_size: int) -> Dr
     """The `size` most frequent continuation tokens of the train split of `artifact_dir` (all of
     `vocab_size` when it is smaller; see module doc)."""
     if size < 1:
-        raise ValueError(f"head.draft_vocab={size}: a draft vocabulary needs >= 1 token (0 = none)")
+        raise ValueError(f"peftbd_head.draft_vocab={size}: a draft vocabulary needs >= 1 token (0 = none)")
     tokens = pc.list_flatten(read_split(artifact_dir, "train")["continuation_ids"]).to_numpy()
     counts = np.bincount(tokens, minlength=vocab_size)
     order = np.lexsort((np.arange(counts.size), -counts))[: min(size, vocab_size)]

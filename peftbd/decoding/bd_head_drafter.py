@@ -40,7 +40,7 @@ class BDHeadDrafter:
     def __init__(self, head: BDHead, verifier: PreTrainedModel, block_size: int,
                  vocab_ids: torch.Tensor | None = None) -> None:
         if block_size < 1:
-            raise ValueError(f"block_size={block_size}; drafter.block_size must be >= 1 (paper: 16)")
+            raise ValueError(f"block_size={block_size}; peftbd.block_size must be >= 1 (paper: 16)")
         head.bind(verifier)  # share this verifier's embeddings and LM head
         self.head = head.eval()
         self.vocab = None if vocab_ids is None else head.draft_vocabulary(vocab_ids)

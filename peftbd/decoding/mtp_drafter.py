@@ -33,7 +33,7 @@ class MTPDrafter:
 
     def __init__(self, head: MTPHead, verifier: PreTrainedModel, num_steps: int = 3) -> None:
         if num_steps < 1:
-            raise ValueError(f"num_steps={num_steps}; mtp.num_steps must be >= 1 (paper: 3)")
+            raise ValueError(f"num_steps={num_steps}; fastmtp.num_steps must be >= 1 (paper: 3)")
         head.bind(verifier)  # share this verifier's embeddings, final norm and LM head
         self.head = head.eval()
         self.num_steps = num_steps

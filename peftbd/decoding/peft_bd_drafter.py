@@ -52,10 +52,10 @@ class PeftBDDrafter:
     def __init__(self, peft_model: PeftModel, mask_id: int, block_size: int,
                  denoise_steps: int = 1, anchored: bool = False) -> None:
         if block_size < 1:
-            raise ValueError(f"block_size={block_size}; drafter.block_size must be >= 1 (paper: 16)")
+            raise ValueError(f"block_size={block_size}; peftbd.block_size must be >= 1 (paper: 16)")
         if not 1 <= denoise_steps <= block_size:
             raise ValueError(
-                f"denoise_steps={denoise_steps}; drafter.denoise_steps must be in 1..block_size "
+                f"denoise_steps={denoise_steps}; peftbd.denoise_steps must be in 1..block_size "
                 f"({block_size})"
             )
         self.model = peft_model

@@ -14,19 +14,21 @@ from pathlib import Path
 from torch import nn
 
 from peftbd.config_sections import Config, HeadConfig
-from peftbd.layout import TRAIN_DFLASH
+from peftbd.layout import training_stage
+from peftbd.methods.bd_head import ID as HEAD_ID
 from peftbd.methods.bd_head import drafter, feature_layers as head_features, load as load_head, replay
 from peftbd.methods.arm import ArmSpec
-from peftbd.methods.registry import DraftContext, Method, register
+from peftbd.methods.registry import DraftContext, Method, defaults_beside, register
 from peftbd.models.bd_head import HEAD_SUBDIR, drafted
 from peftbd.training.head_task import HeadTask
 
 ID = "dflash"
-SECTION = "dflash"
+TRAIN_DFLASH = training_stage(ID, "train DFlash head", reads=("data.max_new_tokens",),
+                              ignores=(f"{ID}.draft_vocab",))
 
 
 def _label(cfg: Config, layers: int) -> str:
-    return f"DFlash head D={cfg.drafter.block_size}, {layers} layer{'s' * (layers != 1)}"
+    return f"DFlash head D={cfg.dflash.block_size}, {layers} layer{'s' * (layers != 1)}"
 
 
 def arms(cfg: Config) -> list[ArmSpec]:
@@ -48,8 +50,8 @@ def profile_arms(cfg: Config) -> list[ArmSpec]:
 
 
 def _as_head(ctx: DraftContext, section: HeadConfig) -> DraftContext:
-    """`ctx` with `section` as its `head`: the block-diffusion head's code builds from it."""
-    return dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, head=section))
+    """`ctx` with `section` as the block-diffusion head's: that method's code builds from it."""
+    return dataclasses.replace(ctx, cfg=ctx.cfg.with_section(HEAD_ID, section))
 
 
 def load(ctx: DraftContext, path: Path | None) -> nn.Module:
@@ -73,10 +75,11 @@ def profile(ctx: DraftContext) -> dict[str, nn.Module]:
 
 
 METHOD = register(Method(
-    id=ID, serving="dflash", kind="dflash", label="DFlash head", what="DFlash head",
-    section=SECTION, stages=(TRAIN_DFLASH,), task=functools.partial(HeadTask, section=SECTION),
-    export_subdir=HEAD_SUBDIR, arms=arms, profile_arms=profile_arms,
-    positions=lambda cfg: drafted(cfg.dflash.block_masks, cfg.drafter.block_size), load=load,
-    drafter=drafter, profile=profile, dir_arg="dflash_dir", ships="features",
-    feature_layers=feature_layers, replay=replay,
+    id=ID, label="DFlash head", what="DFlash head", config=HeadConfig,
+    defaults=defaults_beside(__file__, ID), stages=(TRAIN_DFLASH,),
+    task=functools.partial(HeadTask, section=ID), export_subdir=HEAD_SUBDIR, arms=arms,
+    profile_arms=profile_arms, positions=lambda cfg: drafted(cfg.dflash.block_masks, cfg.dflash.block_size),
+    load=load, drafter=drafter, profile=profile, ships="features", feature_layers=feature_layers,
+    replay=replay,
+    cost_reads=("block_size", "intermediate_size", "feature_rule", "block_masks"),
 ))

@@ -1,5 +1,5 @@
 """FastMTP (the paper's fast baseline): one shared MTP block on the verifier's final hidden
-states drafts `mtp.num_steps` tokens a round, one step at a time."""
+states drafts `fastmtp.num_steps` tokens a round, one step at a time."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from peftbd.config_sections import Config
+from peftbd.config_sections import Config, MTPConfig
 from peftbd.decoding.drafter import Drafter
 from peftbd.decoding.mtp_drafter import MTPDrafter
-from peftbd.layout import TRAIN_MTP
+from peftbd.layout import training_stage
 from peftbd.methods.arm import ArmSpec
-from peftbd.methods.registry import DraftContext, Method, register
+from peftbd.methods.registry import DraftContext, Former, Method, defaults_beside, register
 from peftbd.models.mtp_head import HEAD_SUBDIR, MTPHead
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.mtp_objective import mtp_drafts
@@ -21,10 +21,11 @@ from peftbd.training.rounds import Drafts
 from peftbd.training.tasks import MTPTask
 
 ID = "fastmtp"
+TRAIN_MTP = training_stage(ID, "train FastMTP head")
 
 
 def arms(cfg: Config) -> list[ArmSpec]:
-    k = cfg.mtp.num_steps
+    k = cfg.fastmtp.num_steps
     return [ArmSpec(ID, f"FastMTP ({k} steps)", ID, stage=TRAIN_MTP.name, mtp_steps=k)]
 
 
@@ -39,7 +40,7 @@ def load(ctx: DraftContext, path: Path | None) -> nn.Module:
 def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> MTPDrafter:
     if not isinstance(module, MTPHead):
         raise TypeError(f"FastMTP drafts with an MTPHead, not a {type(module).__name__}")
-    return MTPDrafter(module, ctx.verifier, num_steps=spec.mtp_steps or ctx.cfg.mtp.num_steps)
+    return MTPDrafter(module, ctx.verifier, num_steps=spec.mtp_steps or ctx.cfg.fastmtp.num_steps)
 
 
 def replay(drafter: Drafter, ctx: DraftContext, batch: SequenceBatch) -> tuple[Drafts, int]:
@@ -48,9 +49,10 @@ def replay(drafter: Drafter, ctx: DraftContext, batch: SequenceBatch) -> tuple[D
 
 
 METHOD = register(Method(
-    id=ID, serving="fastmtp", kind="mtp", label="FastMTP", what="FastMTP head", section="mtp",
-    stages=(TRAIN_MTP,), task=MTPTask, export_subdir=HEAD_SUBDIR, arms=arms,
-    positions=lambda cfg: cfg.mtp.num_steps, load=load, drafter=drafter,
-    profile=lambda ctx: {TRAIN_MTP.name: load(ctx, None)}, dir_arg="mtp_dir", ships="hidden",
-    replay=replay,
+    id=ID, label="FastMTP", what="FastMTP head", config=MTPConfig,
+    defaults=defaults_beside(__file__, ID), stages=(TRAIN_MTP,), task=MTPTask,
+    export_subdir=HEAD_SUBDIR, arms=arms, positions=lambda cfg: cfg.fastmtp.num_steps, load=load,
+    drafter=drafter, ships="hidden", replay=replay,
+    former=Former(section="mtp", dir_arg="mtp_dir"),
+    cost_reads=("num_steps",),
 ))

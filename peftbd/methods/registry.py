@@ -2,21 +2,27 @@
 benchmarks, costs, reports or serves drafters iterates it.
 
 A method is one module that builds a `Method` and calls `register` (the built-in ones are
-imported by `peftbd.methods`; another module joins with `register` too, e.g. a test's). Its names (arm id,
-serving name, training kind) appear in its module and here only.
+imported by `peftbd.methods`; any other module joins through `methods.plugins` in the config).
+It has one name, its id: its config section, its serving name (the OpenAI `model` suffix), its
+training stage `train_<id>` (`peftbd.layout.training_stage`), output dir `<id>`, Serve argument
+`<id>_dir` and `python -m jobs.train --method <id>` all derive from it. A name it went by before
+(`Former`) is refused with a one-line "renamed to".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import yaml
 
 import torch
 from torch import nn
 
 from peftbd.config_sections import Config
+from peftbd.method_catalog import _ENTRIES, Former, renamed
 from peftbd.decoding.drafter import Drafter
 from peftbd.methods.arm import AR, ArmSpec
 from peftbd.stage import StageSpec
@@ -55,45 +61,60 @@ def _no_activation(module: nn.Module, spec: ArmSpec) -> None:
     return None
 
 
+def defaults_beside(module_file: str, method_id: str) -> dict[str, Any]:
+    """A method's section values from the YAML file beside its module (`<module>.yaml`, keyed by
+    its id, commented as a preset is)."""
+    path = Path(module_file).with_suffix(".yaml")
+    return dict(yaml.safe_load(path.read_text())[method_id])
+
+
+def _no_module(ctx: DraftContext, path: Path | None) -> nn.Module:
+    return nn.Module()
+
+
 @dataclass(frozen=True)
 class Method:
     """A drafting method, declared once.
 
-    Names: `id` (results.json's `method`, its main arm's id), `serving` (the OpenAI `model` of
-    both Serve apps), `kind` (`python -m jobs.train_<kind>`, the training task), `label` and
-    `what` (report and messages). Training: `section` (the config section whose `optim` trains
-    it), `stages` (the main job's training stages; the first is `jobs.train_<kind>`'s),
-    `stage_configs` (the config each of those stages trains with), `task` (the
-    `DistillTask`), `export_subdir` (where the stage puts the weights). Drafting: `arms` (its
-    benchmark arms), `positions` (draft positions per round), `load` (its draft module from a
-    stage's output dir, or untrained and seeded when None), `drafter` (the engine `Drafter` of an
-    arm over that module), `verifier` (the model that verifies for it; PEFT-BD: its own adapter's
-    model), `wraps_verifier` (`load` wraps the verifier it is given: the benchmark gives it a copy
-    of its own), `activate` (before an arm runs on a module shared by several arms), `profile`
-    (untrained modules at the cost profile's architecture, by stage key) and `profile_arms` (the
-    arms timed there; None: `arms`), `replay` (the drafter's drafts of a batch's replayed rounds
-    with the most tokens a round proposes, `peftbd.training.rounds`; None: no offline estimate).
-    Serving: `dir_arg` (the Serve
-    app argument naming its trained output dir), `ships` (what a split verifier ships it) and
-    `feature_layers` (required when `ships` is "features": the verifier hidden states the drafter
-    `load(ctx, path)` builds would read, from its saved config or the section, building nothing).
+    Name: `id`, from which every other name derives (the properties `section`, `serving`,
+    `dir_arg`; stages by `peftbd.layout.training_stage`); `label` and `what` (report and
+    messages); `former` (names refused as renamed). Config: `config` (its section's frozen
+    dataclass, at `cfg.<id>`) and `defaults` (the section's values; a preset, file or --set
+    changes any). Training (none for a model-free method: `task` None, `stages` ()): `stages`
+    (its training stages; the first is `jobs.train --method <id>`'s), `stage_configs` (the config
+    each of those stages trains with), `task` (the `DistillTask`), `export_subdir` (where the
+    stage puts the weights). Drafting: `arms` (its benchmark arms), `positions` (draft positions
+    per round), `load` (its draft module from a stage's output dir, or untrained and seeded when
+    None; a model-free method's, an empty module), `drafter` (the engine `Drafter` of an arm over
+    that module), `verifier` (the model that verifies for it; PEFT-BD: its own adapter's model),
+    `wraps_verifier` (`load` wraps the verifier it is given: the benchmark gives it a copy of its
+    own), `activate` (before an arm runs on a module shared by several arms), `profile`
+    (untrained modules at the cost profile's architecture, by stage key; default: its `load`
+    untrained, keyed by its id) and `profile_arms` (the arms timed there; None: `arms`), `replay`
+    (the drafter's drafts of a batch's replayed rounds with the most tokens a round proposes,
+    `peftbd.training.rounds`; None: no offline estimate), `draft_vocab` (how many of the
+    artifact's most frequent tokens its arms draft over: `DraftContext.draft_vocab`), `cost_reads`
+    (the keys of its section its cost profile reads; None: all but `optim`), `profile_section`
+    (its section as the cost profile runs it, given the profiled vocabulary size; None: as
+    configured). Serving: `ships` (what a split verifier
+    ships it; None: nothing, it reads only tokens) and `feature_layers` (required when `ships` is
+    "features": the verifier hidden states the drafter `load(ctx, path)` builds would read, from
+    its saved config or the section, building nothing).
     """
 
     id: str
-    serving: str
-    kind: str
     label: str
     what: str
-    section: str
-    stages: tuple[StageSpec, ...]
-    task: Callable[[Config], DistillTask]
-    export_subdir: str
+    config: type
+    defaults: Mapping[str, Any]
     arms: Callable[[Config], list[ArmSpec]]
     positions: Callable[[Config], int]
-    load: Callable[[DraftContext, Path | None], nn.Module]
     drafter: Callable[[nn.Module, DraftContext, ArmSpec], Drafter]
-    profile: Callable[[DraftContext], dict[str, nn.Module]]
-    dir_arg: str
+    load: Callable[[DraftContext, Path | None], nn.Module] = _no_module
+    stages: tuple[StageSpec, ...] = ()
+    task: Callable[[Config], DistillTask] | None = None
+    export_subdir: str = ""
+    profile: Callable[[DraftContext], dict[str, nn.Module]] | None = None
     ships: Shipped | None = None
     verifier: Callable[[nn.Module, DraftContext], nn.Module] = _plain_verifier
     wraps_verifier: bool = False
@@ -102,48 +123,86 @@ class Method:
     profile_arms: Callable[[Config], list[ArmSpec]] | None = None
     replay: Callable[[Drafter, DraftContext, SequenceBatch], tuple[Drafts, int] | None] | None = None
     feature_layers: Callable[[DraftContext, Path | None], tuple[int, ...]] | None = None
+    draft_vocab: Callable[[Config], int] | None = None
+    cost_reads: tuple[str, ...] | None = None
+    profile_section: Callable[[Config, int | None], Any] | None = None
+    former: Former = field(default_factory=Former)
+
+    @property
+    def section(self) -> str:
+        """Its config section: `cfg.<id>`."""
+        return self.id
+
+    @property
+    def serving(self) -> str:
+        """What both Serve apps serve it as (the OpenAI `model` suffix): its id."""
+        return self.id
+
+    @property
+    def dir_arg(self) -> str:
+        """The Serve apps' and placement's argument naming its trained output dir."""
+        return f"{self.id}_dir"
+
+    @property
+    def trains(self) -> bool:
+        """Whether it has a training stage (a model-free method has none)."""
+        return self.task is not None and bool(self.stages)
 
     @property
     def recipe(self) -> TrainingRecipe:
         """What the training job needs of this method (`peftbd.training.recipe`)."""
-        return TrainingRecipe(self.kind, self.what, self.section, self.stages, self.task,
-                              self.stage_configs)
+        if self.task is None or not self.stages:
+            raise ValueError(f"method {self.id!r} has nothing to train (no task, no stage)")
+        return TrainingRecipe(self.id, self.what, self.id, self.stages, self.task, self.stage_configs)
 
     @property
-    def stage(self) -> StageSpec:
-        """The stage `jobs.train_<kind>` runs (the method's main training stage)."""
-        return self.stages[0]
+    def stage(self) -> StageSpec | None:
+        """The stage `jobs.train --method <id>` runs (its main training stage; None: none)."""
+        return self.stages[0] if self.stages else None
+
+    def module_key(self, spec: ArmSpec) -> str:
+        """Where an arm's draft module is kept: its training stage's name, else the method id."""
+        return spec.stage or self.id
 
     def cost_arms(self, cfg: Config) -> list[ArmSpec]:
         """The arms the cost profile times (`profile_arms`, else `arms`)."""
         return (self.profile_arms or self.arms)(cfg)
 
+    def cost_modules(self, ctx: DraftContext) -> dict[str, nn.Module]:
+        """Its untrained modules at the cost profile's architecture (`profile`, else `load`'s
+        untrained module under its main stage's name, or its id)."""
+        if self.profile is not None:
+            return self.profile(ctx)
+        return {self.stage.name if self.stage else self.id: self.load(ctx, None)}
+
     def training_stages(self, cfg: Config) -> list[tuple[StageSpec, Config]]:
         """The training stages `cfg` asks of the main job, each with the config it trains with."""
-        return self.recipe.training_stages(cfg)
+        return self.recipe.training_stages(cfg) if self.trains else []
 
 
-_REGISTRY: dict[str, Method] = {}
+_REGISTRY = _ENTRIES  # every registered Method, by id (peftbd.method_catalog)
 
 
 def register(method: Method) -> Method:
-    """Add `method` (its id, serving name, kind, stages and Serve argument must be new; one that
-    ships features must declare `feature_layers`; registering the same declaration twice is a
-    no-op). Returns it."""
+    """Add `method` (its id must be new and a valid section name; one that ships features must
+    declare `feature_layers`; registering the same declaration twice is a no-op). Returns it."""
+    if not method.id.isidentifier() or method.id != method.id.lower():
+        raise ValueError(f"method id {method.id!r}: use lower_snake_case (it names a config "
+                         "section, a stage and a Serve argument)")
     if method.ships == "features" and method.feature_layers is None:
         raise ValueError(f"method {method.id!r} ships features but sets no Method.feature_layers: "
                          "give it (DraftContext, output dir or None) -> the verifier hidden-state "
                          "indices its drafter reads, which a split verifier keeps")
+    if (method.task is None) != (not method.stages):
+        raise ValueError(f"method {method.id!r}: give both a training task and its stages "
+                         "(peftbd.layout.training_stage), or neither (a model-free method)")
     if _REGISTRY.get(method.id) is method:
         return method
-    for other in _REGISTRY.values():
-        clash = [what for what, a, b in (
-            ("id", method.id, other.id), ("serving name", method.serving, other.serving),
-            ("training kind", method.kind, other.kind), ("Serve argument", method.dir_arg, other.dir_arg),
-        ) if a == b] + [f"stage {s.name}" for s in method.stages if s.name in {t.name for t in other.stages}]
-        if clash or method.serving == AR or method.id == AR:
-            raise ValueError(f"method {method.id!r}: its {', '.join(clash) or 'name'} is taken by "
-                             f"{other.id if clash else 'greedy AR'}; choose another")
+    taken = {AR, *_REGISTRY, *(s.name for m in _REGISTRY.values() for s in m.stages)}
+    clash = [n for n in (method.id, *(s.name for s in method.stages)) if n in taken]
+    if clash or method.id in {n for m in _REGISTRY.values() for n in (m.former.section, m.former.serving)}:
+        raise ValueError(f"method {method.id!r}: the name {(clash or [method.id])[0]!r} is taken; "
+                         "choose another id")
     _REGISTRY[method.id] = method
     return method
 
@@ -158,33 +217,25 @@ def methods() -> tuple[Method, ...]:
     return tuple(_REGISTRY.values())
 
 
+__all__ = ["DraftContext", "Former", "Method", "Shipped", "by_serving", "defaults_beside", "method",
+           "methods", "register", "renamed", "serving_names", "unregister"]
+
+
 def method(method_id: str) -> Method:
-    """The method with id `method_id`; an unknown one names those registered."""
+    """The method with id `method_id`; an unknown one names those registered (or its new name)."""
     if method_id not in _REGISTRY:
+        new = renamed(method_id) if method_id else None
+        if new is not None:
+            raise ValueError(f"drafting method {method_id!r} was renamed to {new!r}")
         raise ValueError(f"no drafting method {method_id!r} is registered; registered: "
-                         f"{', '.join(_REGISTRY) or 'none'}")
+                         f"{', '.join(_REGISTRY) or 'none'} (another needs its module in methods.plugins)")
     return _REGISTRY[method_id]
 
 
-def _find(what: str, value: str, key: Callable[[Method], str]) -> Method:
-    for m in _REGISTRY.values():
-        if key(m) == value:
-            return m
-    raise ValueError(f"no drafting method has the {what} {value!r}; registered: "
-                     f"{', '.join(key(m) for m in _REGISTRY.values()) or 'none'}")
-
-
-def by_serving(name: str) -> Method:
-    """The method served as `name` (e.g. "peft-bd")."""
-    return _find("serving name", name, lambda m: m.serving)
-
-
-def by_kind(kind: str) -> Method:
-    """The method `python -m jobs.train_<kind>` trains."""
-    return _find("training kind", kind, lambda m: m.kind)
+by_serving = method
+"""The method served as `name` (its id)."""
 
 
 def serving_names() -> tuple[str, ...]:
-    """What both Serve apps can serve: greedy AR, then every method's serving name."""
-    return (AR, *(m.serving for m in _REGISTRY.values()))
-
+    """What both Serve apps can serve: greedy AR, then every method's id."""
+    return (AR, *_REGISTRY)

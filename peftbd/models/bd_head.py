@@ -52,7 +52,7 @@ WEIGHTS_FILE = "bd_head.safetensors"
 CONFIG_FILE = "bd_head.json"
 FORMAT = "peftbd-bd-head-v1"
 HEAD_SUBDIR = "bd_head"
-"""Where a head training run (jobs.train_head) puts the head under its output dir."""
+"""Where a head training run (jobs.train --method peftbd_head) puts the head under its output dir."""
 SHAPE_KEYS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
               "head_dim", "num_hidden_layers")
 
@@ -83,7 +83,7 @@ class HeadShape:
                    meta.get("block_masks", "block"))
 
     def drafted(self, block_size: int) -> int:
-        """Tokens this head drafts a round at `drafter.block_size` (`drafted`)."""
+        """Tokens this head drafts a round at its section's `block_size` (`drafted`)."""
         return drafted(self.block_masks, block_size)
 
 
@@ -92,37 +92,37 @@ def drafted(block_masks: str, block_size: int) -> int:
     `block_minus_one` (DFlash's block of D positions, b's included)."""
     count = block_size - (block_masks == "block_minus_one")
     if count < 1:
-        raise ValueError(f"drafter.block_size={block_size} leaves a {block_masks} head no token to "
-                         "draft; set drafter.block_size >= 2")
+        raise ValueError(f"block_size={block_size} leaves a {block_masks} head no token to "
+                         "draft; set its section's block_size >= 2")
     return count
 
 
-def saved_head(head_dir: str | Path) -> tuple[Path, dict]:
+def saved_head(peftbd_head_dir: str | Path) -> tuple[Path, dict]:
     """(the directory holding a saved head's files, its parsed json) of a directory written by
     `save_pretrained` or of a head training run's output dir (which holds it in `bd_head/`)."""
-    head_dir = Path(head_dir)
-    if not (head_dir / CONFIG_FILE).is_file():
-        head_dir = head_dir / HEAD_SUBDIR
-    if not (head_dir / CONFIG_FILE).is_file():
+    peftbd_head_dir = Path(peftbd_head_dir)
+    if not (peftbd_head_dir / CONFIG_FILE).is_file():
+        peftbd_head_dir = peftbd_head_dir / HEAD_SUBDIR
+    if not (peftbd_head_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(
-            f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
-            f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_head or a directory written "
+            f"peftbd_head_dir={str(peftbd_head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
+            f"{HEAD_SUBDIR}/; pass the output dir of jobs.train --method peftbd_head or a directory written "
             "by BDHead.save_pretrained"
         )
-    return head_dir, json.loads((head_dir / CONFIG_FILE).read_text())
+    return peftbd_head_dir, json.loads((peftbd_head_dir / CONFIG_FILE).read_text())
 
 
-def saved_shape(head_dir: str | Path, verifier_config) -> tuple[Path, HeadShape]:
+def saved_shape(peftbd_head_dir: str | Path, verifier_config) -> tuple[Path, HeadShape]:
     """(the directory holding a saved head's files, `saved_head`, its shape): read from its json
     alone (no module, no weights) and checked against the config of the verifier it will run on."""
-    head_dir, meta = saved_head(head_dir)
+    peftbd_head_dir, meta = saved_head(peftbd_head_dir)
     expected = _verifier_shape(verifier_config)
     if meta.get("verifier") != expected:
         raise ValueError(
-            f"the head in {str(head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
+            f"the head in {str(peftbd_head_dir)!r} was trained for verifier shape {meta.get('verifier')}, "
             f"but the verifier has {expected}; load it with the verifier it was trained on"
         )
-    return head_dir, HeadShape.saved(meta)
+    return peftbd_head_dir, HeadShape.saved(meta)
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
     layers = list(cfg.feature_layers) or rule
     bad = [k for k in layers if not 0 <= k <= depth]
     if bad:
-        raise ValueError(f"head.feature_layers={layers}: {bad} outside 0..{depth} (the verifier has "
+        raise ValueError(f"peftbd_head.feature_layers={layers}: {bad} outside 0..{depth} (the verifier has "
                          f"{depth} layers; 0 = embeddings, {depth} = the final hidden state)")
     return layers
 
@@ -284,11 +284,11 @@ class BDHead(nn.Module):
         return out_dir
 
     @classmethod
-    def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> BDHead:
+    def from_pretrained(cls, peftbd_head_dir: str | Path, verifier: PreTrainedModel) -> BDHead:
         """Load a head saved by `save_pretrained` (or the output dir of a head training run, which
         holds it in `bd_head/`) onto `verifier` (its shape must match)."""
-        head_dir, shape = saved_shape(head_dir, verifier.config)
+        peftbd_head_dir, shape = saved_shape(peftbd_head_dir, verifier.config)
         head = cls(verifier, shape)
-        state = load_file(str(head_dir / WEIGHTS_FILE), device=str(head.mask_embedding.device))
+        state = load_file(str(peftbd_head_dir / WEIGHTS_FILE), device=str(head.mask_embedding.device))
         head.load_state_dict(state)
         return head

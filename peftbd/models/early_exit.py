@@ -1,7 +1,7 @@
 """Early-exit PEFT-BD: a drafter that runs only the first k layers of the shared backbone.
 
 Beyond the paper. PEFT-BD is slow because a draft forward runs the whole backbone, as expensive
-as a verify forward. An early-exit adapter (`drafter.draft_layers = k`) has its LoRA in layers
+as a verify forward. An early-exit adapter (`peftbd.draft_layers = k`) has its LoRA in layers
 0..k-1 only (peft's `layers_to_transform`, saved with the adapter), and drafting runs the chunk
 through those k layers against their verifier (adapter-off) KV, then the backbone's final norm
 and the tied LM head. Layers k..L-1 are skipped and their KV is never touched, so a draft costs
@@ -19,7 +19,7 @@ from transformers import Cache, PretrainedConfig
 
 
 def early_exit_layers(draft_layers: int) -> list[int] | None:
-    """peft's `layers_to_transform` for `drafter.draft_layers` (None: every layer)."""
+    """peft's `layers_to_transform` for `peftbd.draft_layers` (None: every layer)."""
     return list(range(draft_layers)) if draft_layers > 0 else None
 
 
@@ -34,7 +34,7 @@ def adapter_depth(peft_model: PeftModel) -> int:
     if layers != list(range(len(layers))) or len(layers) > total:
         raise ValueError(
             f"adapter layers_to_transform={layers}: an early-exit drafter adapts the first k "
-            f"layers (0..k-1 of {total}); train it with --set drafter.draft_layers=k"
+            f"layers (0..k-1 of {total}); train it with --set peftbd.draft_layers=k"
         )
     return len(layers)
 

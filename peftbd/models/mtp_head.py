@@ -38,7 +38,7 @@ WEIGHTS_FILE = "mtp_head.safetensors"
 CONFIG_FILE = "mtp_head.json"
 FORMAT = "peftbd-mtp-head-v1"
 HEAD_SUBDIR = "mtp_head"
-"""Where a FastMTP training run (jobs.train_mtp) puts the head under its output dir."""
+"""Where a FastMTP training run (jobs.train --method fastmtp) puts the head under its output dir."""
 
 
 @dataclass
@@ -137,17 +137,17 @@ class MTPHead(nn.Module):
         return out_dir
 
     @classmethod
-    def from_pretrained(cls, head_dir: str | Path, verifier: PreTrainedModel) -> MTPHead:
+    def from_pretrained(cls, peftbd_head_dir: str | Path, verifier: PreTrainedModel) -> MTPHead:
         """Load a head saved by `save_pretrained` (or the output dir of a FastMTP training run,
         which holds it in `mtp_head/`) onto `verifier` (shapes must match)."""
-        head_dir = Path(head_dir)
-        if not (head_dir / CONFIG_FILE).is_file():
-            head_dir = head_dir / HEAD_SUBDIR
-        meta_path = head_dir / CONFIG_FILE
+        peftbd_head_dir = Path(peftbd_head_dir)
+        if not (peftbd_head_dir / CONFIG_FILE).is_file():
+            peftbd_head_dir = peftbd_head_dir / HEAD_SUBDIR
+        meta_path = peftbd_head_dir / CONFIG_FILE
         if not meta_path.is_file():
             raise FileNotFoundError(
-                f"head_dir={str(head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
-                f"{HEAD_SUBDIR}/; pass the output dir of jobs.train_mtp or a directory written by "
+                f"peftbd_head_dir={str(peftbd_head_dir.parent)!r} holds no {CONFIG_FILE}, nor does its "
+                f"{HEAD_SUBDIR}/; pass the output dir of jobs.train --method fastmtp or a directory written by "
                 "MTPHead.save_pretrained"
             )
         meta = json.loads(meta_path.read_text())
@@ -155,12 +155,12 @@ class MTPHead(nn.Module):
         saved = {k: meta.get(k) for k in expected}
         if saved != expected:
             raise ValueError(
-                f"MTP head in {str(head_dir)!r} was trained for verifier shape {saved}, but the "
+                f"MTP head in {str(peftbd_head_dir)!r} was trained for verifier shape {saved}, but the "
                 f"verifier has {expected}; load the head with the verifier it was trained on"
             )
         head = cls(verifier)
         ref = next(verifier.parameters())
-        state = load_file(str(head_dir / WEIGHTS_FILE), device=str(ref.device))
+        state = load_file(str(peftbd_head_dir / WEIGHTS_FILE), device=str(ref.device))
         head.load_state_dict(state)
         return head
 

@@ -40,7 +40,7 @@ from peftbd.models.lean_lora import forget
 
 _TOGGLES = "_peftbd_adapter_toggles"
 ADAPTER_SUBDIR = "adapter"
-"""Where a PEFT-BD training run (jobs.train_peftbd) puts the adapter under its output dir."""
+"""Where a PEFT-BD training run (jobs.train --method peftbd) puts the adapter under its output dir."""
 
 
 def draft_visibility(cache_len: int, block_size: int, anchored: bool, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -94,7 +94,7 @@ def draft_position_ids(cache_len: int, block_size: int, device: torch.device | s
 
 
 def lora_config(drafter_cfg: DrafterConfig, mask_token_id: int) -> LoraConfig:
-    """The drafter's LoRA config: r/alpha/dropout/targets from `cfg.drafter`, trainable mask row."""
+    """The drafter's LoRA config: r/alpha/dropout/targets from `cfg.peftbd`, trainable mask row."""
     return LoraConfig(
         r=drafter_cfg.lora_r,
         lora_alpha=drafter_cfg.lora_alpha,
@@ -121,7 +121,7 @@ def attach_drafter_adapter(
     vocab, depth = model.get_input_embeddings().num_embeddings, model.config.num_hidden_layers
     if not 0 <= drafter_cfg.draft_layers <= depth:
         raise ValueError(
-            f"drafter.draft_layers={drafter_cfg.draft_layers}: the verifier has {depth} layers; "
+            f"peftbd.draft_layers={drafter_cfg.draft_layers}: the verifier has {depth} layers; "
             f"use 0 (the whole backbone drafts) or 1..{depth} (early exit after that many)"
         )
     if not 0 <= mask_token_id < vocab:
@@ -135,20 +135,20 @@ def attach_drafter_adapter(
     return peft_model
 
 
-def load_drafter_adapter(model: PreTrainedModel, adapter_dir: str | Path, is_trainable: bool = False) -> PeftModel:
+def load_drafter_adapter(model: PreTrainedModel, peftbd_dir: str | Path, is_trainable: bool = False) -> PeftModel:
     """Load a saved drafter adapter (`PeftModel.save_pretrained` output, or the output dir of a
     PEFT-BD training run, which holds it in `adapter/`) onto the verifier, switched off (the
     model rests as the verifier; drafting switches it on)."""
-    adapter_dir = Path(adapter_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        adapter_dir = adapter_dir / ADAPTER_SUBDIR
-    if not (adapter_dir / "adapter_config.json").is_file():
+    peftbd_dir = Path(peftbd_dir)
+    if not (peftbd_dir / "adapter_config.json").is_file():
+        peftbd_dir = peftbd_dir / ADAPTER_SUBDIR
+    if not (peftbd_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(
-            f"adapter_dir={str(adapter_dir.parent)!r} holds no adapter_config.json, nor does its "
-            f"{ADAPTER_SUBDIR}/; pass the output dir of jobs.train_peftbd or a directory saved "
+            f"peftbd_dir={str(peftbd_dir.parent)!r} holds no adapter_config.json, nor does its "
+            f"{ADAPTER_SUBDIR}/; pass the output dir of jobs.train --method peftbd or a directory saved "
             "with PeftModel.save_pretrained"
         )
-    peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=is_trainable)
+    peft_model = PeftModel.from_pretrained(model, str(peftbd_dir), is_trainable=is_trainable)
     _register_toggles(peft_model)
     set_adapter_enabled(peft_model, False)  # at rest the model is the verifier; drafting opts in
     return peft_model

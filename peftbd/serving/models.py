@@ -70,7 +70,7 @@ def _build_drafter(m: Method, ctx: DraftContext, path: str | Path | None
                    ) -> tuple[torch.nn.Module, Drafter]:
     """`m`'s draft module (trained from `path`, else untrained and seeded, logged) and the drafter
     of its first arm over it."""
-    if not path:
+    if not path and m.trains:
         log.info("no %s: serving an untrained %s (low acceptance)", m.dir_arg, m.what)
     module = m.load(ctx, Path(path) if path else None)
     return module, m.drafter(module, ctx, m.arms(ctx.cfg)[0])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from peftbd.config import Config, ConfigError
 from peftbd.decoding.controlled import AcceptanceProfile
+from peftbd.method_catalog import rename_hint
 from peftbd.methods import by_serving, methods
 from peftbd.serving.validation import GenerationSpec, RequestError
 
@@ -32,7 +33,7 @@ def synthetic_rates(cfg: Config) -> dict[str, float]:
         method, _, tokens = entry.partition("=")
         if method not in drafting:
             raise ConfigError(f"config key 'serving.synthetic': entry {entry!r} names no drafting "
-                              f"method; use one of {', '.join(drafting)}")
+                              f"method{rename_hint(method)}; use one of {', '.join(drafting)}")
         if method in rates:
             raise ConfigError(f"config key 'serving.synthetic': {method!r} is named twice; keep one")
         positions = draft_positions(cfg, method)

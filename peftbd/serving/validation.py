@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from peftbd.config import ConfigError, ServingConfig
 from peftbd.data.chat import encode_plain, encode_prompt
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.method_catalog import rename_hint
 from peftbd.methods import serving_names
 from peftbd.serving.schemas import (
     ChatCompletionRequest,
@@ -80,7 +81,7 @@ def check_serving_config(serving: ServingConfig) -> None:
         unknown = [n for n in names if n not in serving_names()]
         if unknown:
             raise ConfigError(f"config key 'serving.{key}': {unknown[0]!r} is not one of "
-                              f"{list(serving_names())}")
+                              f"{list(serving_names())}{rename_hint(unknown[0])}")
     if ":" in serving.model_name or not serving.model_name:
         raise ConfigError(
             f"config key 'serving.model_name': {serving.model_name!r} must be non-empty and "
@@ -187,8 +188,8 @@ def resolve_method(model: str, method: str | None, served_name: str, default: st
     """The decoding method from the model id (`<served>` or `<served>:<method>`) and `method`."""
     if model not in served_model_ids(served_name):
         raise RequestError(
-            f"model {model!r} is not served here; use one of {served_model_ids(served_name)} "
-            "(GET /v1/models lists them)", param="model", status=404, type="not_found_error",
+            f"model {model!r} is not served here{rename_hint(model.partition(':')[2])}; use one "
+            f"of {served_model_ids(served_name)} (GET /v1/models lists them)", param="model", status=404, type="not_found_error",
         )
     from_model = model.partition(":")[2] or None
     if from_model and method and from_model != method:

@@ -1,7 +1,7 @@
 """The PEFT-BD block-diffusion objective, trained exactly as the engine drafts.
 
 Cutting a sequence into blocks. A sequence y_0..y_{n-1} (0-based) has prompt length P and a
-continuation y_P..y_{n-1}; block k starting at s covers y_s..y_{s+D-1}. `drafter.block_offsets`:
+continuation y_P..y_{n-1}; block k starting at s covers y_s..y_{s+D-1}. `peftbd.block_offsets`:
 
 - `random` (default): the starts are s = P+1+o, P+1+o+D, ... < n with o in [0, D) drawn per
   (seed, epoch, row id) (`block_offset`). The engine never drafts y_P (prefill commits it), its
@@ -43,7 +43,7 @@ query sequence whose 4D mask over [clean KV | chunks] gives chunk k the columns 
 y_0..y_{s_k-2} and its own chunk (with `draft_visibility`'s pattern), nothing else. A test shows
 the logits equal the plain per-block draft forward.
 
-An early-exit adapter (`drafter.draft_layers = k`, `peftbd.models.early_exit`) runs both forwards
+An early-exit adapter (`peftbd.draft_layers = k`, `peftbd.models.early_exit`) runs both forwards
 through its first k layers only, exactly as it drafts.
 """
 

@@ -1,6 +1,6 @@
 """The block-diffusion head's training task (`peftbd.training.distill_task.DistillTask`): the head
 trains on the frozen verifier's features (`peftbd.training.head_objective`); `bd_head/` is
-exported. One task trains any `HeadConfig` section: `head`, or `dflash` (DFlash's recipe): its
+exported. One task trains any `HeadConfig` section: `peftbd_head`, or `dflash` (DFlash's recipe): its
 `block_masks` sets the drafted block (D or D - 1 tokens), `anchors` its blocks' starts (every
 `block_stride`, or random: `block_diffusion.random_starts`), `loss_decay` the loss weights.
 
@@ -40,15 +40,15 @@ from peftbd.training.rounds import accepted_prefix_ci95, replay_rounds, round_su
 
 class HeadTask:
     """The block-diffusion head on the frozen verifier, as config section `section` (a
-    `HeadConfig`: "head" or "dflash") asks (see module doc)."""
+    `HeadConfig`: "peftbd_head" or "dflash") asks (see module doc)."""
 
     export_subdir = HEAD_SUBDIR
 
-    def __init__(self, cfg: Config, section: str = "head") -> None:
+    def __init__(self, cfg: Config, section: str) -> None:
         self.cfg = cfg
         self.head_cfg: HeadConfig = getattr(cfg, section)
         self.optim = self.head_cfg.optim
-        self.draft_len = drafted(self.head_cfg.block_masks, cfg.drafter.block_size)  # D or D - 1
+        self.draft_len = drafted(self.head_cfg.block_masks, self.head_cfg.block_size)  # D or D - 1
         self.block_size: int | None = self.draft_len
         tokenizer = load_tokenizer(cfg)
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id

@@ -149,16 +149,17 @@ def step_memory(kind: str, cfg: Config, model_config: Any, trainable: int, total
     """`estimate_step_memory` of a `kind` training job with `cfg`: sequences of up to
     `data.max_prompt_len + data.max_new_tokens` tokens, `plan.micro_batch` per forward,
     `training.logits_chunk_rows` logits per chunk; `trainable` / `total` parameters as built; a
-    head's shape from `head` (default `cfg.head`) reading `head_features` verifier layers."""
-    d, head = cfg.drafter, head or cfg.head
+    head's shape from `head` (default `cfg.peftbd_head`) reading `head_features` verifier layers."""
+    d, head = cfg.peftbd, head or cfg.peftbd_head
     return estimate_step_memory(
         kind, ModelShape.of(model_config), trainable=trainable, total=total, dtype=dtype,
         micro_batch=plan.micro_batch,
         sequence_tokens=cfg.data.max_prompt_len + cfg.data.max_new_tokens,
         continuation_tokens=cfg.data.max_new_tokens, chunk_rows=cfg.training.logits_chunk_rows,
-        world_size=plan.world_size, zero_stage=cfg.training.zero_stage, block_size=d.block_size,
+        world_size=plan.world_size, zero_stage=cfg.training.zero_stage,
+        block_size=head.block_size if kind == "head" else d.block_size,
         draft_layers=d.draft_layers, lora_r=d.lora_r if kind == "adapter" else 0,
-        mtp_steps=cfg.mtp.num_steps, head_layers=head.layers,
+        mtp_steps=cfg.fastmtp.num_steps, head_layers=head.layers,
         head_anchors=head.anchors if kind == "head" else 0,
         head_features=head_features,
     )

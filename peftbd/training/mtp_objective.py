@@ -9,7 +9,7 @@ tokens it embeds (i + k).
 
 Loss: per step k, the mean cross-entropy over the positions whose target y_{i+k+1} is a
 continuation token (P <= i+k+1 < n for prompt length P and length n); the total is
-sum_k w_k * CE_k with w = `cfg.mtp.loss_weights` ([0.51, 0.31, 0.18]).
+sum_k w_k * CE_k with w = `cfg.fastmtp.loss_weights` ([0.51, 0.31, 0.18]).
 
 A draft round after the verifier commits y_{i+1} proposes y_{i+2}..y_{i+K+1}: steps 1..K at
 index i. Under teacher forcing the inputs equal the drafting inputs as long as every earlier

@@ -1,5 +1,5 @@
-"""What the training job needs of a drafting method (`TrainingRecipe`): its training kind, task,
-config section, stages and the config each stage trains with. A method's declaration
+"""What the training job needs of a drafting method (`TrainingRecipe`): its id, task, config
+section, stages and the config each stage trains with. A method's declaration
 (`peftbd.methods.Method.recipe`) hands it over, so training depends on no other part of it."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from peftbd.training.distill_task import DistillTask
 
 @dataclass(frozen=True)
 class TrainingRecipe:
-    """`kind` (`python -m jobs.train_<kind>`), `what` (messages), `section` (the config section
-    whose `optim` trains it), `stages` (the first is `jobs.train_<kind>`'s), `task`, and
+    """`kind` (the method id: `python -m jobs.train --method <kind>`), `what` (messages),
+    `section` (the config section whose `optim` trains it), `stages` (the first is that job's),
+    `task`, and
     `stage_configs` (each stage's config; None: the first stage with the run's config)."""
 
     kind: str
@@ -27,7 +28,7 @@ class TrainingRecipe:
 
     @property
     def stage(self) -> StageSpec:
-        """The stage `jobs.train_<kind>` runs (the method's main training stage)."""
+        """The stage `jobs.train --method <kind>` runs (the method's main training stage)."""
         return self.stages[0]
 
     def training_stages(self, cfg: Config) -> list[tuple[StageSpec, Config]]:

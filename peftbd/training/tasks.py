@@ -60,22 +60,22 @@ class PeftBDTask:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.optim = cfg.drafter.optim
-        self.block_size: int | None = cfg.drafter.block_size
+        self.optim = cfg.peftbd.optim
+        self.block_size: int | None = cfg.peftbd.block_size
         tokenizer = load_tokenizer(cfg)
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
 
     def build(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.training.seed)  # LoRA A init draws from the global RNG
         verifier = load_verifier(self.cfg, device, DTYPES[training_dtype(self.cfg.training)])
-        model = attach_drafter_adapter(verifier, self.cfg.drafter, self.mask_id)
+        model = attach_drafter_adapter(verifier, self.cfg.peftbd, self.mask_id)
         set_adapter_enabled(model, False)
         return model
 
     def _stats(
         self, module: nn.Module, batch: SequenceBatch, epoch: int, t_range: tuple[float, float]
     ) -> BlockStats:
-        d, seed = self.cfg.drafter, self.cfg.training.seed
+        d, seed = self.cfg.peftbd, self.cfg.training.seed
         draft = build_draft_batch(
             batch, block_starts(batch, d.block_size, d.block_offsets, seed, epoch),
             block_size=d.block_size, mask_id=self.mask_id, pad_id=self.pad_id,
@@ -86,7 +86,7 @@ class PeftBDTask:
                                      self.cfg.training.logits_chunk_rows)
 
     def _t_range(self) -> tuple[float, float]:
-        return self.cfg.drafter.mask_ratio_min, self.cfg.drafter.mask_ratio_max
+        return self.cfg.peftbd.mask_ratio_min, self.cfg.peftbd.mask_ratio_max
 
     def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor:
         return self._stats(module, batch, epoch, self._t_range()).loss
@@ -94,7 +94,7 @@ class PeftBDTask:
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         noised = self._stats(module, batch, EVAL_EPOCH, self._t_range())
         full = self._stats(module, batch, EVAL_EPOCH, (1.0, 1.0))
-        d = self.cfg.drafter
+        d = self.cfg.peftbd
         drafts = peftbd_drafts(module, batch, block_size=d.block_size, mask_id=self.mask_id,
                                pad_id=self.pad_id, anchored=d.anchored)
         # the continuations' budget is the engine's (data.max_new_tokens)
@@ -145,7 +145,7 @@ class MTPTask:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.optim = cfg.mtp.optim
+        self.optim = cfg.fastmtp.optim
         self.verifier: PreTrainedModel | None = None
 
     def build(self, device: torch.device) -> nn.Module:
@@ -157,20 +157,20 @@ class MTPTask:
         return self._stats(module, batch)["loss"]
 
     def _stats(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
-        return mtp_stats(module, self.verifier, batch, self.cfg.mtp.loss_weights,
+        return mtp_stats(module, self.verifier, batch, self.cfg.fastmtp.loss_weights,
                          self.cfg.training.logits_chunk_rows)
 
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         sums = self._stats(module, batch)
         del sums["loss"]
-        k = self.cfg.mtp.num_steps
+        k = self.cfg.fastmtp.num_steps
         rounds = replay_rounds(mtp_drafts(module, self.verifier, batch, k), batch,
                                budget=self.cfg.data.max_new_tokens, block_size=k)
         return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()}}
 
     def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float] | None]:
         per_step = sums["ce_sum"] / sums["targets"].clamp_min(1)
-        weights = torch.tensor(self.cfg.mtp.loss_weights, dtype=per_step.dtype)
+        weights = torch.tensor(self.cfg.fastmtp.loss_weights, dtype=per_step.dtype)
         return {
             "eval_loss": float((weights * per_step).sum()),
             "eval_step_accuracy": [

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "tiny_world.train_steps=10", "tiny_world.corpus_rows=60", "data.train_size=40",
     "data.val_size=10", "data.test_size=10", "data.max_new_tokens=32", "generate.batch_size=8",
-    "mtp.optim.max_steps=4", "mtp.optim.eval_every=2", "mtp.optim.checkpoint_every=2",
+    "fastmtp.optim.max_steps=4", "fastmtp.optim.eval_every=2", "fastmtp.optim.checkpoint_every=2",
 ]
 
 
@@ -36,14 +36,14 @@ def test_the_study_varies_each_factor_and_replays_every_category(tmp_path):
     assert names == ["base", "depth4", "budget2x"]
     depth4 = study["variants"][1]
     assert depth4["layers"] == 4 and depth4["world_steps"] <= 20  # capped at 2x the base's 10
-    assert study["variants"][2]["drafter_steps"] == {"train_mtp": 8}
+    assert study["variants"][2]["drafter_steps"] == {"train_fastmtp": 8}
     cells = {(c["variant"], c["category"]) for c in study["cells"] if c["arm"] == "fastmtp"}
     assert cells == {(n, c) for n in names for c in ("mix", *CATEGORIES)}
     assert all(c["ci95"][0] <= c["tokens_per_round"] <= c["ci95"][1] for c in study["cells"])
     text = (tmp_path / "study" / "study.md").read_text()
     assert "The deciding factor is" in text and text in proc.stdout
     assert (tmp_path / "study" / "study.png").read_bytes()[:4] == b"\x89PNG"
-    assert (tmp_path / "base" / "mtp_head" / "manifest.json").is_file()  # the base is the main job's root
+    assert (tmp_path / "base" / "fastmtp" / "manifest.json").is_file()  # the base is the main job's root
     again = _study(tmp_path, "--depths", "2,4", "--budgets", "1,2")
     assert again.returncode == 0 and "current" in again.stdout + again.stderr  # nothing retrained
 

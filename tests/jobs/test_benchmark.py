@@ -109,18 +109,18 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
             f, rnd = arm.forward.draft, arm.round
             assert f.mean_ms is not None
             assert rnd.draft_ms * len(rounds) >= 2 * f.calls * f.mean_ms
-    assert len(arms["fastmtp"].per_position.proposed) == small_cfg.mtp.num_steps
+    assert len(arms["fastmtp"].per_position.proposed) == small_cfg.fastmtp.num_steps
     first_cap = small_cfg.decoding.max_new_tokens - 2  # prefill commits 1, rounds propose <= remaining - 1
-    assert len(arms["peftbd"].per_position.proposed) == min(small_cfg.drafter.block_size, first_cap)
+    assert len(arms["peftbd"].per_position.proposed) == min(small_cfg.peftbd.block_size, first_cap)
     assert arms["peftbd_2step"].settings == {"denoise_steps": 2, "anchored": False,
                                                 "block_offsets": "random"}
     assert arms["peftbd_early_exit"].settings == {
         "denoise_steps": 1, "anchored": False, "block_offsets": "random",
-        "draft_layers": small_cfg.drafter.early_exit_layers}
+        "draft_layers": small_cfg.peftbd.early_exit_layers}
     assert arms["peftbd_offsets"].settings == {"denoise_steps": 1, "anchored": False,
                                                   "block_offsets": "aligned"}
     assert arms["peftbd_head"].settings == {}
-    assert arms["peftbd_head_vocab"].settings == {"draft_vocab": small_cfg.head.draft_vocab}
+    assert arms["peftbd_head_vocab"].settings == {"draft_vocab": small_cfg.peftbd_head.draft_vocab}
     drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
     assert arms["peftbd_head"].forward.draft.calls == len(drafting)  # one forward a round
     # the offline replay on the same prompts: every one-step drafter, the engine's rounds exactly
@@ -203,10 +203,10 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert all(len(arm.repeats) == 1 for arm in results.arms.values())
     assert all(arm.audit is not None and arm.audit.exact_pct == 100.0
                for arm in results.arms.values() if arm.speculative)
-    assert results.drafters["peftbd_adapter"].untrained is True
-    vocab = results.drafters["bd_head"].draft_vocab
+    assert results.drafters["peftbd"].untrained is True
+    vocab = results.drafters["peftbd_head"].draft_vocab
     assert vocab is not None
-    assert vocab["size"] == small_cfg.head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
+    assert vocab["size"] == small_cfg.peftbd_head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
     report = (out / REPORT).read_text()
     assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
     assert mpimg.imread(out / FIGURE_1).shape[0] > 200
@@ -255,11 +255,11 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
                                                           tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(artifacts / "continuations", root / "continuations")
-    with pytest.raises(StageError, match="no finished train_peftbd artifact.*jobs.train_peftbd"):
+    with pytest.raises(StageError, match="no finished train_peftbd artifact.*jobs.train --method peftbd"):
         run_benchmark(small_cfg, root, root / "out")
-    for sub in ("peftbd_adapter", "mtp_head", "bd_head"):
+    for sub in ("peftbd", "fastmtp", "peftbd_head"):
         shutil.copytree(artifacts / sub, root / sub)
-    with pytest.raises(StageError, match="train_early_exit.*draft_layers=<drafter.early_exit_layers>"):
+    with pytest.raises(StageError, match="train_peftbd_early_exit.*draft_layers=<peftbd.early_exit_layers>"):
         run_benchmark(small_cfg, root, root / "out")
     (root / "peftbd_early_exit").mkdir()
     write_manifest(root / "peftbd_early_exit", {"stage": "train_peftbd"})  # an older layout
@@ -268,11 +268,11 @@ def test_missing_or_unvouched_artifacts_fail_with_the_fix(small_cfg: Config, art
 
 
 def test_early_exit_adapter_of_another_depth_is_rejected(small_cfg: Config, artifacts: Path) -> None:
-    k = small_cfg.drafter.early_exit_layers
-    cfg = apply_override(small_cfg, f"drafter.early_exit_layers={k + 1}")
+    k = small_cfg.peftbd.early_exit_layers
+    cfg = apply_override(small_cfg, f"peftbd.early_exit_layers={k + 1}")
     models = load_arm_models(cfg, _dirs(cfg, artifacts))
     early_exit = next(s for s in arm_specs(cfg) if s.draft_layers)  # built before any timing
-    with pytest.raises(ValueError, match=f"drafts from {k} layers but drafter.early_exit_layers={k + 1}"):
+    with pytest.raises(ValueError, match=f"drafts from {k} layers but peftbd.early_exit_layers={k + 1}"):
         models.drafter_for(early_exit)
 
 

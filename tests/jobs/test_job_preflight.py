@@ -13,8 +13,7 @@ import pytest
 import ray
 
 from jobs.generate import main as generate_main
-from jobs.train_common import main as train_main
-from peftbd.methods import by_kind
+from jobs.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +26,7 @@ def _refusal(argv: list[str], main=generate_main) -> tuple[str, float]:
     return str(err.value), time.monotonic() - start
 
 
-@pytest.mark.parametrize("main", [generate_main, lambda argv: train_main(by_kind("peftbd").recipe, argv)])
+@pytest.mark.parametrize("main", [generate_main, lambda argv: train_main(["--method", "peftbd", *argv])])
 def test_an_unwritable_out_is_refused_in_one_line(tmp_path, main):
     (tmp_path / "a-file").touch()
     out = tmp_path / "a-file" / "out"

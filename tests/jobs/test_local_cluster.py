@@ -21,7 +21,7 @@ def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_wo
 
     cfg = load_config("tiny", overrides=[
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
-        "serving.client_concurrency=[1]", "serving.placement_methods=[ar, peft-bd]",
+        "serving.client_concurrency=[1]", "serving.placement_methods=[ar, peftbd]",
         "serving.placements=[split-cross-node]"])
     with local_cluster(dashboard=True) as cluster:  # the state API below needs the dashboard
         try:
@@ -39,7 +39,7 @@ def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_wo
             ray.shutdown()
     result = json.loads((out / "placement.json").read_text())
     assert set(result["summary"]) == {"split-cross-node"} and result["skipped"] == {}
-    assert set(result["summary"]["split-cross-node"]) == {"ar", "peft-bd"}
+    assert set(result["summary"]["split-cross-node"]) == {"ar", "peftbd"}
     assert result["devices"] == {"split-cross-node": {"total": 2, "verifiers": 1}}
     assert len(result["requests"]) == 4 and result["outputs_identical"] is True  # AR's text
     assert nodes[replicas["Drafter"]].get("drafter") == 1, replicas  # cross-node: the worker

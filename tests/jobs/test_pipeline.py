@@ -21,11 +21,11 @@ def test_help_lists_presets_and_options():
 
 def test_bad_override_exits_with_the_key_named():
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.pipeline", "--set", "drafter.blok_size=8"], cwd=REPO,
+        [sys.executable, "-m", "jobs.pipeline", "--set", "peftbd.blok_size=8"], cwd=REPO,
         capture_output=True, text=True,
     )
     assert proc.returncode == 2
-    assert "drafter.blok_size" in proc.stderr and "drafter.block_size" in proc.stderr
+    assert "peftbd.blok_size" in proc.stderr and "peftbd.block_size" in proc.stderr
 
 
 def _stand_in_outputs(cfg, root):
@@ -45,9 +45,9 @@ def _reruns(overrides, root, force=(), start=None):
     return {c.spec.name for c, d in zip(calls, decisions) if d.run}
 
 
-PEFTBD_STAGES = {"train_peftbd", "train_early_exit", "train_offsets", "benchmark"}
-AFTER_WORLD = {"generate", "train_peftbd", "train_early_exit", "train_offsets", "train_mtp",
-               "train_head", "train_dflash", "benchmark"}
+PEFTBD_STAGES = {"train_peftbd", "train_peftbd_early_exit", "train_peftbd_offsets", "benchmark"}
+AFTER_WORLD = {"generate", "train_peftbd", "train_peftbd_early_exit", "train_peftbd_offsets", "train_fastmtp",
+               "train_peftbd_head", "train_dflash", "benchmark"}
 
 
 def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_path, monkeypatch):
@@ -55,26 +55,26 @@ def test_a_changed_value_reruns_the_stages_that_read_it_and_what_follows(tmp_pat
     root = tmp_path / "run"
     _stand_in_outputs(load_config("tiny-full"), root)  # every stage, the ablations' too
     assert _reruns([], root) == set()
-    assert _reruns(["drafter.lora_r=4"], root) == PEFTBD_STAGES
+    assert _reruns(["peftbd.lora_r=4"], root) == PEFTBD_STAGES
     assert _reruns(["data.max_new_tokens=32"], root) == AFTER_WORLD
     assert _reruns(["decoding.max_new_tokens=32"], root) == {"benchmark"}
-    assert _reruns(["mtp.optim.lr=1e-3"], root) == {"train_mtp", "benchmark"}
-    assert _reruns(["head.optim.lr=1e-3"], root) == {"train_head", "benchmark"}
-    assert _reruns(["head.layers=2"], root) == {"train_head", "cost_profile", "benchmark"}
-    assert _reruns(["head.draft_vocab=256"], root) == {"benchmark"}  # drafting, not training
+    assert _reruns(["fastmtp.optim.lr=1e-3"], root) == {"train_fastmtp", "benchmark"}
+    assert _reruns(["peftbd_head.optim.lr=1e-3"], root) == {"train_peftbd_head", "benchmark"}
+    assert _reruns(["peftbd_head.layers=2"], root) == {"train_peftbd_head", "cost_profile", "benchmark"}
+    assert _reruns(["peftbd_head.draft_vocab=256"], root) == {"benchmark"}  # drafting, not training
     assert _reruns(["dflash.anchors=64"], root) == {"train_dflash", "benchmark"}
     assert _reruns(["dflash.block_masks=block"], root) == {"train_dflash", "cost_profile", "benchmark"}
-    assert _reruns(["drafter.early_exit_layers=2"], root) == {"train_early_exit", "benchmark"}
+    assert _reruns(["peftbd.early_exit_layers=2"], root) == {"train_peftbd_early_exit", "benchmark"}
     # the main recipe flips to aligned: both adapters retrain (each the other's ablation)
-    assert _reruns(["drafter.block_offsets=aligned"], root) == PEFTBD_STAGES
-    assert _reruns(["drafter.offsets_ablation=false"], root) == {"cost_profile", "benchmark"}
+    assert _reruns(["peftbd.block_offsets=aligned"], root) == PEFTBD_STAGES
+    assert _reruns(["peftbd.offsets_ablation=false"], root) == {"cost_profile", "benchmark"}
     assert _reruns(["cost_profile.kv_len=256"], root) == {"cost_profile", "benchmark"}
-    assert _reruns(["drafter.block_size=8"], root) == PEFTBD_STAGES | {"cost_profile", "train_head",
-                                                                      "train_dflash"}
+    assert _reruns(["peftbd.block_size=8"], root) == PEFTBD_STAGES | {"cost_profile"}
+    assert _reruns(["peftbd_head.block_size=8"], root) == {"train_peftbd_head", "cost_profile", "benchmark"}
     assert _reruns(["tiny_world.seed=1"], root) == {"world"} | AFTER_WORLD
     assert _reruns(["training.storage_path=/elsewhere", "generate.num_actors=1"], root) == set()
     assert _reruns([], root, force=["generate"]) == AFTER_WORLD
-    assert _reruns([], root, start="train_mtp") == {"train_mtp", "train_head", "train_dflash",
+    assert _reruns([], root, start="train_fastmtp") == {"train_fastmtp", "train_peftbd_head", "train_dflash",
                                                     "cost_profile", "benchmark"}
 
 
@@ -85,28 +85,28 @@ def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monk
     monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
     _stand_in_outputs(load_config("tiny-full"), root)
-    write_manifest(root / "mtp_head", {"stage": "train_mtp", "wall_seconds": 3.0})
-    with pytest.raises(StageError, match=r"mtp_head was written by an older peftbd.*--force train_mtp"):
+    write_manifest(root / "fastmtp", {"stage": "train_fastmtp", "wall_seconds": 3.0})
+    with pytest.raises(StageError, match=r"fastmtp was written by an older peftbd.*--force train_fastmtp"):
         _reruns([], root)
-    assert _reruns([], root, force=["train_mtp"]) == {"train_mtp", "benchmark"}
+    assert _reruns([], root, force=["train_fastmtp"]) == {"train_fastmtp", "benchmark"}
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
     _stand_in_outputs(load_config("tiny"), root)
-    before = (root / "peftbd_adapter" / "manifest.json").read_text()
+    before = (root / "peftbd" / "manifest.json").read_text()
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.pipeline", "--out", str(root), "--dry-run",
-         "--set", "drafter.lora_r=4"], cwd=REPO, capture_output=True, text=True,
+         "--set", "peftbd.lora_r=4"], cwd=REPO, capture_output=True, text=True,
         env={**os.environ, "PEFTBD_CACHE": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
-    assert "RUN" in lines["train_peftbd"] and "drafter.lora_r 8 -> 4" in lines["train_peftbd"]
+    assert "RUN" in lines["train_peftbd"] and "peftbd.lora_r 8 -> 4" in lines["train_peftbd"]
     assert "input train_peftbd reruns" in lines["benchmark"]
-    assert "skip" in lines["generate"] and "skip" in lines["train_mtp"]
-    assert (root / "peftbd_adapter" / "manifest.json").read_text() == before
+    assert "skip" in lines["generate"] and "skip" in lines["train_fastmtp"]
+    assert (root / "peftbd" / "manifest.json").read_text() == before
     assert not (root / "manifest.json").exists()
 
 
@@ -128,8 +128,8 @@ def test_an_empty_source_stops_the_main_job_in_one_line_before_any_stage(tiny_wo
      "or set training.allow_untrained=true to publish them untrained on purpose (for a "
      "benchmark-only artifact run python -m jobs.generate alone)"),
     (["data.train_size=7"], "error: config key 'data.train_size': value 7 is below one global batch "
-     "of drafter.optim.global_batch_size=8; raise data.train_size or lower "
-     "drafter.optim.global_batch_size"),
+     "of peftbd.optim.global_batch_size=8; raise data.train_size or lower "
+     "peftbd.optim.global_batch_size"),
     (["data.val_size=1"], "error: config key 'data.val_size': value 1 is below "
      "training.num_workers=2 (each training worker evaluates val rows); set data.val_size >= 2"),
     (["data.test_size=0"], "error: config key 'data.test_size': value 0 leaves the main job's "

@@ -11,10 +11,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TRIM = [
     "data.train_size=240", "data.val_size=16", "data.test_size=16",
-    "drafter.optim.max_steps=20", "mtp.optim.max_steps=20",
-    "drafter.optim.eval_every=10", "drafter.optim.checkpoint_every=10",
-    "mtp.optim.eval_every=10", "mtp.optim.checkpoint_every=10",
-    "head.optim.max_steps=20", "head.optim.eval_every=10", "head.optim.checkpoint_every=10",
+    "peftbd.optim.max_steps=20", "fastmtp.optim.max_steps=20",
+    "peftbd.optim.eval_every=10", "peftbd.optim.checkpoint_every=10",
+    "fastmtp.optim.eval_every=10", "fastmtp.optim.checkpoint_every=10",
+    "peftbd_head.optim.max_steps=20", "peftbd_head.optim.eval_every=10", "peftbd_head.optim.checkpoint_every=10",
     "dflash.optim.max_steps=10", "dflash.optim.eval_every=10", "dflash.optim.checkpoint_every=10",
     "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
     "decoding.max_new_tokens=24",
@@ -22,9 +22,9 @@ TRIM = [
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
-STAGES = ("continuations", "peftbd_adapter", "mtp_head", "bd_head", "dflash_head", "cost_profile",
+STAGES = ("continuations", "peftbd", "fastmtp", "peftbd_head", "dflash", "cost_profile",
           "benchmark")
-NAMES = ("world", "generate", "train_peftbd", "train_mtp", "train_head", "train_dflash", "cost_profile",
+NAMES = ("world", "generate", "train_peftbd", "train_fastmtp", "train_peftbd_head", "train_dflash", "cost_profile",
          "benchmark")
 """The default main job's stages (the ablations' own trainings run only with --preset tiny-full)."""
 
@@ -74,18 +74,18 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
         assert (out / "logs" / f"{name}.log").stat().st_size > 0, name
     assert "Ray" in (out / "logs" / "generate.log").read_text()
 
-    mtp_before = (out / "mtp_head" / "manifest.json").read_text()
-    changed = _pipeline(out, "--set", "drafter.lora_r=4")
+    mtp_before = (out / "fastmtp" / "manifest.json").read_text()
+    changed = _pipeline(out, "--set", "peftbd.lora_r=4")
     runs = {name for name, verdict in _plan(changed).items() if verdict == "RUN"}
     assert runs == {"train_peftbd", "benchmark"}, changed
-    assert "drafter.lora_r 8 -> 4" in changed
-    assert json.loads((out / "peftbd_adapter" / "adapter" / "adapter_config.json").read_text())["r"] == 4
-    assert (out / "mtp_head" / "manifest.json").read_text() == mtp_before  # untouched
+    assert "peftbd.lora_r 8 -> 4" in changed
+    assert json.loads((out / "peftbd" / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert (out / "fastmtp" / "manifest.json").read_text() == mtp_before  # untouched
 
-    dry = _pipeline(out, "--set", "drafter.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")
+    dry = _pipeline(out, "--set", "peftbd.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")
     assert {n for n, v in _plan(dry).items() if v == "RUN"} == set(NAMES[1:]) - {"cost_profile"}
 
-    again = _pipeline(out, "--set", "drafter.lora_r=4")
+    again = _pipeline(out, "--set", "peftbd.lora_r=4")
     assert set(_plan(again).values()) == {"skip"}
     assert again.count("current, skipped") == len(NAMES)
 
@@ -93,6 +93,6 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     # next run only rebuilds the benchmark, whose report now shows the ablation table
     ablation = _pipeline(out / "recipe_ablation", "--artifacts", str(out), job="jobs.recipe_ablation")
     assert "| DFlash without its anchors |" in ablation, ablation[-3000:]
-    beside = _pipeline(out, "--set", "drafter.lora_r=4")
+    beside = _pipeline(out, "--set", "peftbd.lora_r=4")
     assert {n for n, v in _plan(beside).items() if v == "RUN"} == {"benchmark"}, beside
     assert "DFlash recipe ablation" in (out / "benchmark" / "report.md").read_text()

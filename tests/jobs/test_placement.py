@@ -26,12 +26,12 @@ def test_cluster_placements_need_the_cluster_yaml_resources():
 
 def test_every_drafter_dir_is_an_upstream_of_the_experiment(tmp_path):
     from jobs.placement import placement_call
-    from peftbd.layout import PLACEMENT
+    from peftbd.layout import placement_stage
     from peftbd.methods import methods
 
-    assert {m.stage.name for m in methods()} == {s.name for s in PLACEMENT.inputs}
-    call = placement_call(load_config("tiny"), tmp_path / "out", {"peft-bd-head": str(tmp_path / "h")})
-    assert call.upstream == {"train_head": tmp_path / "h"}
+    assert {m.stage.name for m in methods() if m.stage} == {s.name for s in placement_stage().inputs}
+    call = placement_call(load_config("tiny"), tmp_path / "out", {"peftbd_head": str(tmp_path / "h")})
+    assert call.upstream == {"train_peftbd_head": tmp_path / "h"}
 
 
 def test_each_registered_method_has_its_dir_flag(tmp_path, monkeypatch):
@@ -47,8 +47,8 @@ def test_each_registered_method_has_its_dir_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(placement, "placement_call", call)
     monkeypatch.setattr(placement, "run_stage_job", lambda stage, out, call, *a, **k: call())
     with pytest.raises(SystemExit):
-        placement.main(["--head-dir", "h", "--mtp-dir", "m", "--out", str(tmp_path)])
-    assert seen == {m.serving: None for m in methods()} | {"fastmtp": "m", "peft-bd-head": "h"}
+        placement.main(["--peftbd-head-dir", "h", "--fastmtp-dir", "m", "--out", str(tmp_path)])
+    assert seen == {m.serving: None for m in methods()} | {"fastmtp": "m", "peftbd_head": "h"}
 
 
 def test_overrides_rebuild_the_config_from_its_preset():
@@ -63,7 +63,7 @@ def test_placement_job_on_this_machine(tmp_path):
 
     cfg = load_config("tiny", overrides=[
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
-        "serving.client_concurrency=[1, 2]", "serving.synthetic=[peft-bd=3]",
+        "serving.client_concurrency=[1, 2]", "serving.synthetic=[peftbd=3]",
         "serving.placements=[colocated, split, split-cross-node]"])
     import ray
 
@@ -73,14 +73,14 @@ def test_placement_job_on_this_machine(tmp_path):
         ray.shutdown()  # leave no Ray (and no Serve) behind for later test modules
     result = json.loads((out / "placement.json").read_text())
     assert set(result["summary"]) == {"colocated", "split"}
-    synthetic = "peft-bd [synthetic: 3/round]"
+    synthetic = "peftbd [synthetic: 3/round]"
     for methods in result["summary"].values():
-        assert set(methods) == {"ar", synthetic, "fastmtp", "peft-bd-head"}
+        assert set(methods) == {"ar", synthetic, "fastmtp", "peftbd_head"}
         assert all(m["requests"] == 2 and m["transport_ms_per_round"] is not None
                    for m in methods.values())
     # a split drafter is shipped what it reads (KV, hidden states, features); colocated: nothing
     split, colocated = result["summary"]["split"], result["summary"]["colocated"]
-    assert all(split[m]["feature_bytes_per_token"] > 0 for m in (synthetic, "fastmtp", "peft-bd-head"))
+    assert all(split[m]["feature_bytes_per_token"] > 0 for m in (synthetic, "fastmtp", "peftbd_head"))
     assert all(m["feature_bytes_per_token"] == 0 for m in colocated.values())
     assert result["devices"] == {"colocated": {"total": 2, "verifiers": 2},
                                  "split": {"total": 2, "verifiers": 1}}
@@ -90,7 +90,7 @@ def test_placement_job_on_this_machine(tmp_path):
         assert all(0 <= f <= 1.05 for f in row["busy"].values()), row  # AR: an idle drafter
         assert row["busy"].get("engine", row["busy"].get("verifier")) > 0, row
     assert {(v["method"], v["placement"]) for v in result["verdicts"]} == {
-        (synthetic, "split"), ("fastmtp", "split"), ("peft-bd-head", "split")}
+        (synthetic, "split"), ("fastmtp", "split"), ("peftbd_head", "split")}
     assert all(r["spec"]["synthetic"] == 3.0 for r in result["requests"] if r["method"] == synthetic)
     assert "split-cross-node" in result["skipped"]
     assert result["outputs_identical"] is True

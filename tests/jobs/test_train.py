@@ -18,7 +18,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from jobs.ray_env import init_ray
-from jobs.train_common import main, run_train
+from jobs.train import main
+from jobs.train_common import run_train
 from jobs.train_failures import NOT_RETRIED
 from peftbd.config import load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, ArtifactError, read_split, write_split
@@ -35,11 +36,11 @@ from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import load_drafter_adapter, set_adapter_enabled
 from peftbd.training.evaluate import evaluate
 from peftbd.training.examples import collate_sequences, load_training_split
-from peftbd.methods import by_kind
+from peftbd.methods import method
 
 TRAIN_ROWS, VAL_ROWS = 64, 8
 OPTIM = ["global_batch_size=8", "max_steps=12", "eval_every=3", "checkpoint_every=3", "eval_batches=1"]
-OVERRIDES = [f"{section}.optim.{o}" for section in ("drafter", "mtp") for o in OPTIM] + [
+OVERRIDES = [f"{section}.optim.{o}" for section in ("peftbd", "fastmtp") for o in OPTIM] + [
     "training.max_failures=1", "data.max_new_tokens=24",
     "training.logits_chunk_rows=16"]  # several checkpointed logits chunks per micro-batch
 
@@ -85,9 +86,9 @@ def local_ray(tiny_world):
 
 def _untrained_eval(kind: str, cfg, artifact) -> dict:
     """The eval metrics of the freshly initialised drafter on the same val rows, in-process."""
-    task = by_kind(kind).task(cfg)
+    task = method(kind).task(cfg)
     module = task.build(torch.device("cpu"))
-    val, _ = load_training_split(artifact, "val", cfg.drafter.block_size, cfg.training.seed)
+    val, _ = load_training_split(artifact, "val", cfg.peftbd.block_size, cfg.training.seed)
     batch = collate_sequences(val.to_pydict(), load_tokenizer(cfg).pad_token_id)
     return evaluate(task, module, [batch])
 
@@ -102,7 +103,7 @@ def _decode_check(cfg, model, drafter, artifact) -> dict:
 
 @pytest.fixture(scope="module")
 def peftbd_run(local_ray, cfg, artifact, tmp_path_factory):
-    return run_train(by_kind("peftbd").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd", resume=False)
+    return run_train(method("peftbd").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd", resume=False)
 
 
 @pytest.mark.integration
@@ -125,7 +126,7 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
     assert 0 < tokens[0] < tokens[1] < tokens[2] < tokens[3] == manifest["training"]["train_tokens"]
     # 8 rows a step, 8 steps an epoch: by step 12 the whole first epoch (every row once) and half
     # of the next are read; one worker's count alone would be 3/4 of an epoch
-    train, _ = load_training_split(artifact, "train", cfg.drafter.block_size, cfg.training.seed)
+    train, _ = load_training_split(artifact, "train", cfg.peftbd.block_size, cfg.training.seed)
     epoch = sum(train["prompt_len"].to_pylist()) + sum(train["continuation_len"].to_pylist())
     assert epoch < tokens[3] < 2 * epoch
     lo, hi = curve[-1]["ci95"]
@@ -140,7 +141,7 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
     set_adapter_enabled(model, False)  # peft loads it enabled; the engine verifies with it off
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
     mask_id = load_tokenizer(cfg).mask_token_id
-    check = _decode_check(cfg, model, PeftBDDrafter(model, mask_id, cfg.drafter.block_size), artifact)
+    check = _decode_check(cfg, model, PeftBDDrafter(model, mask_id, cfg.peftbd.block_size), artifact)
     assert check["audit"]["exact"] == check["audit"]["prompts"] == 4
     assert check["rounds"] > 0
 
@@ -150,7 +151,7 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
 def test_interrupted_run_resumes_to_the_same_adapter(peftbd_run, cfg, artifact, tmp_path_factory):
     # 64 rows / 2 workers / 4 per micro-batch = 8 steps per epoch: the failure after step 6's
     # checkpoint resumes mid-epoch, skips the consumed batches, then crosses into epoch 1.
-    out = run_train(by_kind("peftbd").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd_failed",
+    out = run_train(method("peftbd").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "peftbd_failed",
                     resume=False, fail_once_at_step=6)
     manifest = read_manifest(out)
     assert manifest["training"]["steps"] == 12 and manifest["training"]["steps_run_last_attempt"] == 6
@@ -166,18 +167,18 @@ def test_interrupted_run_resumes_to_the_same_adapter(peftbd_run, cfg, artifact, 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, tmp_path_factory):
-    out = run_train(by_kind("mtp").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "mtp", resume=False)
+    out = run_train(method("fastmtp").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "mtp", resume=False)
     manifest = read_manifest(out)
-    before = _untrained_eval("mtp", cfg, artifact)
+    before = _untrained_eval("fastmtp", cfg, artifact)
     assert manifest["metrics"]["eval_loss"] < before["eval_loss"] - 0.5
     assert len(manifest["metrics"]["eval_step_accuracy"]) == 3
     assert json.loads((out / "mtp_head" / "mtp_head.json").read_text())["hidden_size"] == cfg.tiny_world.hidden_size
     verifier = load_verifier(cfg)
     head = MTPHead.from_pretrained(out / "mtp_head", verifier)
-    check = _decode_check(cfg, verifier, MTPDrafter(head, verifier, cfg.mtp.num_steps), artifact)
+    check = _decode_check(cfg, verifier, MTPDrafter(head, verifier, cfg.fastmtp.num_steps), artifact)
     assert check["audit"]["exact"] == check["audit"]["prompts"] == 4
     # A rerun of a finished run is a no-op (same fingerprint).
-    assert run_train(by_kind("mtp").recipe, cfg, artifact, out) == out
+    assert run_train(method("fastmtp").recipe, cfg, artifact, out) == out
     assert read_manifest(out) == manifest
 
 
@@ -200,7 +201,7 @@ def test_a_worker_error_that_cannot_heal_is_raised_at_once_not_retried(local_ray
                                                pa.array([0] * val.num_rows, pa.int32())))))
     retries_before = _log_count("[FailurePolicy] RETRY")
     with pytest.raises(ArtifactError, match="prompt_len must be >= 1"):
-        run_train(by_kind("peftbd").recipe, cfg, broken, tmp_path / "out")
+        run_train(method("peftbd").recipe, cfg, broken, tmp_path / "out")
     time.sleep(3)  # log lines are flushed asynchronously
     assert _log_count(NOT_RETRIED) >= 1
     assert _log_count("[FailurePolicy] RETRY") == retries_before
@@ -213,11 +214,11 @@ def test_bad_artifacts_fail_before_training_with_the_problem_named(cfg, artifact
     broken = make_artifact(tmp_path / "broken", lambda tmp: pq.write_table(
         train.drop_columns(["prompt_len"]), tmp / "train.parquet"))
     with pytest.raises(ArtifactError, match="prompt_len"):
-        run_train(by_kind("peftbd").recipe, cfg, broken, tmp_path / "out")
+        run_train(method("peftbd").recipe, cfg, broken, tmp_path / "out")
     empty = make_artifact(tmp_path / "empty", lambda tmp: write_split(
         tmp, "train", pa.Table.from_pylist([], schema=ARTIFACT_SCHEMA)))
     with pytest.raises(ArtifactError, match="no row with a non-empty continuation"):
-        run_train(by_kind("mtp").recipe, cfg, empty, tmp_path / "out")
+        run_train(method("fastmtp").recipe, cfg, empty, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing published, not even a partial output
 
 
@@ -234,7 +235,7 @@ def test_empty_continuations_are_skipped_and_counted(cfg, artifact, tmp_path):
 
 def test_cli_names_a_missing_artifact(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(by_kind("peftbd").recipe, ["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+        main(["--method", "peftbd", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     assert "nowhere" in str(exc.value) and "jobs.generate" in str(exc.value)
 
 
@@ -251,15 +252,15 @@ def test_no_train_rows_publishes_an_untrained_drafter_only_when_asked_for(local_
         write_split(tmp, "val", val)))
     with pytest.raises(ArtifactError, match="no row with a non-empty continuation .* or set "
                        "training.allow_untrained=true to publish the drafter untrained on purpose"):
-        run_train(by_kind("mtp").recipe, cfg, no_train, tmp_path / "refused")
+        run_train(method("fastmtp").recipe, cfg, no_train, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     allowed = load_config("tiny", overrides=[*OVERRIDES, "training.allow_untrained=true"])
-    out = run_train(by_kind("mtp").recipe, allowed, no_train, tmp_path / "out")
+    out = run_train(method("fastmtp").recipe, allowed, no_train, tmp_path / "out")
     manifest = read_manifest(out)
     assert manifest["untrained"] is True
     assert manifest["untrained_reasons"] == [
         f"the train split has no usable rows (data.train_size={allowed.data.train_size})"]
     assert manifest["training"]["steps"] == 0 and manifest["training"]["steps_per_epoch"] is None
-    before = _untrained_eval("mtp", allowed, artifact)
+    before = _untrained_eval("fastmtp", allowed, artifact)
     assert manifest["metrics"]["eval_loss"] == pytest.approx(before["eval_loss"], rel=1e-5)
     assert (out / "mtp_head").is_dir()

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from peftbd.errors import USER_ERRORS, UserError, error_line, one_line, user_error
-from peftbd.methods import by_kind
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("peftbd", "jobs", "serve_apps")
@@ -34,10 +33,6 @@ def _main(mod: Any, argv: list[str]) -> None:
     mod.main(argv)
 
 
-def _train(kind: str) -> Callable[[Any, list[str]], None]:
-    return lambda mod, argv: mod.main(by_kind(kind).recipe, argv)
-
-
 def _out(tmp: Path) -> list[str]:
     return ["--out", str(tmp / "out"), "-v"]
 
@@ -47,14 +42,8 @@ COMMANDS: dict[str, Runner] = {
     "jobs.pipeline": ("jobs.pipeline", "run_pipeline", _main,
                       lambda tmp: ["--out", str(tmp / "root"), "-v"]),
     "jobs.generate": ("jobs.generate", "generate_call", _main, _out),
-    "jobs.train_peftbd": ("jobs.train_common", "train_call", _train("peftbd"),
-                          lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
-    "jobs.train_mtp": ("jobs.train_common", "train_call", _train("mtp"),
-                       lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
-    "jobs.train_head": ("jobs.train_common", "train_call", _train("head"),
-                        lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
-    "jobs.train_dflash": ("jobs.train_common", "train_call", _train("dflash"),
-                          lambda tmp: [*_out(tmp), "--data", str(tmp / "data")]),
+    "jobs.train": ("jobs.train", "train_call", _main,
+                   lambda tmp: ["--method", "peftbd", *_out(tmp), "--data", str(tmp / "data")]),
     "jobs.recipe_ablation": ("jobs.recipe_ablation", "ablation_call", _main,
                              lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "root")]),
     "jobs.acceptance_study": ("jobs.acceptance_study", "study_call", _main,

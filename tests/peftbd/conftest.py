@@ -23,7 +23,7 @@ def perturbed_drafter(tiny_cfg: Config) -> Callable[..., PeftModel]:
 
     def make(draft_layers: int = 0, seed: int = 1) -> PeftModel:
         torch.manual_seed(0)
-        drafter_cfg = dataclasses.replace(tiny_cfg.drafter, draft_layers=draft_layers)
+        drafter_cfg = dataclasses.replace(tiny_cfg.peftbd, draft_layers=draft_layers)
         model = attach_drafter_adapter(load_verifier(tiny_cfg), drafter_cfg, mask_id)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():

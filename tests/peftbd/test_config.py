@@ -20,14 +20,14 @@ def test_presets_load_with_the_papers_values():
     assert q.data.source == "allenai/tulu-3-sft-mixture"
     assert (q.data.max_prompt_len, q.data.max_new_tokens) == (512, 256)
     assert (q.data.train_size, q.data.val_size, q.data.test_size) == (50_000, 1_000, 1_000)
-    assert (q.drafter.block_size, q.drafter.denoise_steps) == (16, 1)
-    assert (q.drafter.lora_r, q.drafter.lora_alpha, q.drafter.lora_dropout) == (16, 32, 0.0)
-    assert len(q.drafter.target_modules) == 7
-    assert (q.drafter.mask_ratio_min, q.drafter.mask_ratio_max, q.drafter.prefix_gamma) == (0.3, 1.0, 0.9)
-    o = q.drafter.optim
+    assert (q.peftbd.block_size, q.peftbd.denoise_steps) == (16, 1)
+    assert (q.peftbd.lora_r, q.peftbd.lora_alpha, q.peftbd.lora_dropout) == (16, 32, 0.0)
+    assert len(q.peftbd.target_modules) == 7
+    assert (q.peftbd.mask_ratio_min, q.peftbd.mask_ratio_max, q.peftbd.prefix_gamma) == (0.3, 1.0, 0.9)
+    o = q.peftbd.optim
     assert (o.lr, o.warmup_ratio, o.scheduler, o.global_batch_size, o.max_steps) == (2e-4, 0.03, "cosine", 64, 10_000)
-    assert q.mtp.num_steps == 3 and q.mtp.loss_weights == (0.51, 0.31, 0.18)
-    m = q.mtp.optim
+    assert q.fastmtp.num_steps == 3 and q.fastmtp.loss_weights == (0.51, 0.31, 0.18)
+    m = q.fastmtp.optim
     assert (m.lr, m.warmup_ratio, m.weight_decay, m.global_batch_size, m.max_steps) == (5e-5, 0.05, 0.1, 64, 10_000)
     assert q.model.dtype == "bfloat16"
     t = load_config("tiny")
@@ -37,31 +37,32 @@ def test_presets_load_with_the_papers_values():
 
 def test_overrides_apply_and_parse_yaml_values():
     cfg = load_config("tiny", overrides=[
-        "drafter.block_size=4", "mtp.loss_weights=[0.5, 0.5]", "mtp.num_steps=2", "drafter.optim.lr=1e-3",
+        "peftbd.block_size=4", "fastmtp.loss_weights=[0.5, 0.5]", "fastmtp.num_steps=2", "peftbd.optim.lr=1e-3",
         "training.use_gpu=true", "model.name_or_path=/models/qwen", "model.device=cuda",
     ])  # (tiny's model.device=cpu would imply training.use_gpu=false: cpu_only)
-    assert cfg.drafter.block_size == 4
-    assert cfg.mtp.loss_weights == (0.5, 0.5)
-    assert cfg.drafter.optim.lr == 1e-3
+    assert cfg.peftbd.block_size == 4
+    assert cfg.fastmtp.loss_weights == (0.5, 0.5)
+    assert cfg.peftbd.optim.lr == 1e-3
     assert cfg.training.use_gpu is True
     assert cfg.model.name_or_path == "/models/qwen"
-    assert load_config("tiny").drafter.block_size != 4  # presets are not mutated
+    assert load_config("tiny").peftbd.block_size != 4  # presets are not mutated
 
 
 def test_int_is_accepted_where_a_float_is_expected():
-    assert load_config("tiny", overrides=["drafter.optim.lr=1"]).drafter.optim.lr == 1.0
+    assert load_config("tiny", overrides=["peftbd.optim.lr=1"]).peftbd.optim.lr == 1.0
 
 
 @pytest.mark.parametrize(
     ("override", "fragments"),
     [
-        ("drafter.blok_size=3", ["unknown config key 'drafter.blok_size'", "drafter.block_size", "keys under drafter"]),
+        ("peftbd.blok_size=3", ["unknown config key 'peftbd.blok_size'", "peftbd.block_size", "keys under peftbd"]),
+        ("drafter.block_size=3", ["config section 'drafter' was renamed to 'peftbd'"]),
         ("nosuch.key=1", ["unknown config key 'nosuch'"]),
-        ("drafter.block_size=abc", ["'drafter.block_size'", "'abc'", "expected an integer"]),
+        ("peftbd.block_size=abc", ["'peftbd.block_size'", "'abc'", "expected an integer"]),
         ("training.use_gpu=3", ["'training.use_gpu'", "3", "true or false"]),
-        ("mtp.loss_weights=[a, 1]", ["'mtp.loss_weights[0]'", "'a'", "a number"]),
-        ("drafter=3", ["'drafter' is a section", "drafter.block_size="]),
-        ("drafter.block_size", ["not of the form a.b=value"]),
+        ("fastmtp.loss_weights=[a, 1]", ["'fastmtp.loss_weights[0]'", "'a'", "a number"]),
+        ("peftbd=3", ["'peftbd' is a section", "peftbd.block_size="]),
+        ("peftbd.block_size", ["not of the form a.b=value"]),
     ],
 )
 def test_bad_keys_and_types_name_key_value_and_form(override, fragments):
@@ -83,8 +84,8 @@ def test_yaml_file_round_trips_and_layers_under_overrides(tmp_path: Path):
     again = load_config("tiny", config_file=path)
     assert again == cfg
     assert load_config("tiny", config_file=path, overrides=["data.seed=9"]).data.seed == 9
-    (tmp_path / "bad.yaml").write_text("drafter:\n  block_sise: 3\n")
-    with pytest.raises(ConfigError, match="drafter.block_sise"):
+    (tmp_path / "bad.yaml").write_text("peftbd:\n  block_sise: 3\n")
+    with pytest.raises(ConfigError, match="peftbd.block_sise"):
         load_config("tiny", config_file=tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("tiny", config_file=tmp_path / "missing.yaml")
@@ -93,12 +94,12 @@ def test_yaml_file_round_trips_and_layers_under_overrides(tmp_path: Path):
 ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "model.dtype": ("fp8", "'float32', 'bfloat16', 'float16'"),
     "model.attn_implementation": ("flash_attention_2", "'sdpa', 'eager'"),
-    "drafter.block_offsets": ("shifted", "'random', 'aligned'"),
-    "drafter.optim.scheduler": ("linear", "'cosine', 'constant'"),
-    "mtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
-    "head.optim.scheduler": ("linear", "'cosine', 'constant'"),
-    "head.feature_rule": ("two", "'three', 'per_layer'"),
-    "head.block_masks": ("half", "'block', 'block_minus_one'"),
+    "peftbd.block_offsets": ("shifted", "'random', 'aligned'"),
+    "peftbd.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "fastmtp.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "peftbd_head.optim.scheduler": ("linear", "'cosine', 'constant'"),
+    "peftbd_head.feature_rule": ("two", "'three', 'per_layer'"),
+    "peftbd_head.block_masks": ("half", "'block', 'block_minus_one'"),
     "dflash.optim.scheduler": ("linear", "'cosine', 'constant'"),
     "dflash.feature_rule": ("two", "'three', 'per_layer'"),
     "dflash.block_masks": ("half", "'block', 'block_minus_one'"),
@@ -129,8 +130,15 @@ def test_precision_message_and_zero_stage_values_of_the_wrong_type():
 
 
 def _field_types(section: type, prefix=""):
-    """(dotted key, annotation) of every field of the class tree under `section`."""
-    for name, tp in typing.get_type_hints(section).items():
+    """(dotted key, annotation) of every field of the class tree under `section` (`Config`: its
+    core sections and every registered method's, under the method's id)."""
+    from peftbd.methods import methods
+
+    hints = {f.name: typing.get_type_hints(section)[f.name] for f in dataclasses.fields(section)}
+    if section is Config:
+        del hints["sections"]
+        hints.update({m.id: m.config for m in methods()})
+    for name, tp in hints.items():
         if dataclasses.is_dataclass(tp):
             yield from _field_types(tp, f"{prefix}{name}.")
         else:
@@ -175,7 +183,7 @@ def test_consumers_derive_their_sets_from_the_config():
     from peftbd.methods import serving_names
     from peftbd.models.loading import DTYPES
 
-    assert serving_names()[:4] == ("ar", "peft-bd", "fastmtp", "peft-bd-head")  # the registry's
+    assert serving_names()[:4] == ("ar", "peftbd", "fastmtp", "peftbd_head")  # the registry's
     assert tuple(DTYPES) == ("float32", "bfloat16", "float16")
 
 
@@ -193,39 +201,39 @@ def test_device_pattern_rejects(device):
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("drafter.block_size=0", "config key 'drafter.block_size': value 0 is out of range; expected >= 1"),
-    ("drafter.lora_r=0", "'drafter.lora_r': value 0 is out of range; expected >= 1"),
-    ("drafter.optim.checkpoint_every=0", "'drafter.optim.checkpoint_every': value 0 is out of range"),
-    ("mtp.optim.eval_every=-5", "'mtp.optim.eval_every': value -5 is out of range; expected >= 1"),
+    ("peftbd.block_size=0", "config key 'peftbd.block_size': value 0 is out of range; expected >= 1"),
+    ("peftbd.lora_r=0", "'peftbd.lora_r': value 0 is out of range; expected >= 1"),
+    ("peftbd.optim.checkpoint_every=0", "'peftbd.optim.checkpoint_every': value 0 is out of range"),
+    ("fastmtp.optim.eval_every=-5", "'fastmtp.optim.eval_every': value -5 is out of range; expected >= 1"),
     ("training.num_workers=0", "'training.num_workers': value 0 is out of range; expected >= 1"),
-    ("drafter.mask_ratio_min=-0.1", "'drafter.mask_ratio_min': value -0.1 is out of range; expected in [0, 1]"),
-    ("drafter.mask_ratio_max=1.5", "'drafter.mask_ratio_max': value 1.5 is out of range; expected in [0, 1]"),
-    ("drafter.mask_ratio_min=0.8", "config key 'drafter.mask_ratio_min': value 0.8 exceeds "
-     "'drafter.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
-    ("drafter.denoise_steps=17", "'drafter.denoise_steps': value 17 exceeds 'drafter.block_size' (16)"),
+    ("peftbd.mask_ratio_min=-0.1", "'peftbd.mask_ratio_min': value -0.1 is out of range; expected in [0, 1]"),
+    ("peftbd.mask_ratio_max=1.5", "'peftbd.mask_ratio_max': value 1.5 is out of range; expected in [0, 1]"),
+    ("peftbd.mask_ratio_min=0.8", "config key 'peftbd.mask_ratio_min': value 0.8 exceeds "
+     "'peftbd.mask_ratio_max' (0.5); expected mask_ratio_min <= mask_ratio_max"),
+    ("peftbd.denoise_steps=17", "'peftbd.denoise_steps': value 17 exceeds 'peftbd.block_size' (16)"),
     ("data.train_size=-1", "'data.train_size': value -1 is out of range; expected >= 0"),
     ("decoding.sweep_repeats=0", "'decoding.sweep_repeats': value 0 is out of range; expected >= 1"),
     # the issue's list: each failed late (inside a Ray worker, retried) or was silently accepted
     ("data.train_size=-5", "config key 'data.train_size': value -5 is out of range; expected >= 0"),
-    ("drafter.block_size=-1", "config key 'drafter.block_size': value -1 is out of range; expected >= 1"),
+    ("peftbd.block_size=-1", "config key 'peftbd.block_size': value -1 is out of range; expected >= 1"),
     ("generate.num_actors=0", "config key 'generate.num_actors': value 0 is out of range; expected >= 1"),
     ("generate.batch_size=0", "config key 'generate.batch_size': value 0 is out of range; expected >= 1"),
     ("data.max_new_tokens=0", "config key 'data.max_new_tokens': value 0 is out of range; expected >= 1"),
-    ("drafter.optim.max_steps=0", "config key 'drafter.optim.max_steps': value 0 would publish "
+    ("peftbd.optim.max_steps=0", "config key 'peftbd.optim.max_steps': value 0 would publish "
      "an untrained drafter (no optimizer step); set a value that trains, or set "
      "training.allow_untrained=true to publish it untrained on purpose (its manifest then says "
      "untrained)"),
-    ("mtp.optim.max_steps=0", "config key 'mtp.optim.max_steps': value 0 would publish an untrained "
+    ("fastmtp.optim.max_steps=0", "config key 'fastmtp.optim.max_steps': value 0 would publish an untrained "
      "drafter"),
-    ("drafter.optim.max_steps=-1", "config key 'drafter.optim.max_steps': value -1 is out of range; "
+    ("peftbd.optim.max_steps=-1", "config key 'peftbd.optim.max_steps': value -1 is out of range; "
      "expected >= 0"),
     # their neighbours: settings under which the steps change nothing
-    ("drafter.optim.lr=0", "config key 'drafter.optim.lr': value 0.0 would publish an untrained "
+    ("peftbd.optim.lr=0", "config key 'peftbd.optim.lr': value 0.0 would publish an untrained "
      "drafter (every step leaves the weights as they are)"),
-    ("mtp.optim.lr=0.0", "config key 'mtp.optim.lr': value 0.0 would publish an untrained drafter"),
-    ("mtp.loss_weights=[0, 0, 0]", "config key 'mtp.loss_weights': value [0.0, 0.0, 0.0] would publish "
+    ("fastmtp.optim.lr=0.0", "config key 'fastmtp.optim.lr': value 0.0 would publish an untrained drafter"),
+    ("fastmtp.loss_weights=[0, 0, 0]", "config key 'fastmtp.loss_weights': value [0.0, 0.0, 0.0] would publish "
      "an untrained drafter (no step has a loss)"),
-    ("mtp.loss_weights=[0.5, -0.1, 0.2]", "config key 'mtp.loss_weights': value [0.5, -0.1, 0.2] "
+    ("fastmtp.loss_weights=[0.5, -0.1, 0.2]", "config key 'fastmtp.loss_weights': value [0.5, -0.1, 0.2] "
      "holds -0.1; expected every entry >= 0"),
     ("training.zero_stage=7", "config key 'training.zero_stage': value 7 is not valid; "
      "expected one of: 0, 1, 2, 3"),
@@ -236,9 +244,9 @@ def test_device_pattern_rejects(device):
     # neighbours
     ("training.max_failures=-2", "config key 'training.max_failures': value -2 is out of range; "
      "expected >= -1"),
-    ("drafter.lora_alpha=0", "config key 'drafter.lora_alpha': value 0 is out of range; expected >= 1"),
-    ("mtp.loss_weights=[1.0]", "config key 'mtp.loss_weights': value [1.0] has 1 entries; "
-     "expected one per 'mtp.num_steps' (3)"),
+    ("peftbd.lora_alpha=0", "config key 'peftbd.lora_alpha': value 0 is out of range; expected >= 1"),
+    ("fastmtp.loss_weights=[1.0]", "config key 'fastmtp.loss_weights': value [1.0] has 1 entries; "
+     "expected one per 'fastmtp.num_steps' (3)"),
     ("decoding.batch_sizes=[1, 0, 4]", "config key 'decoding.batch_sizes': value [1, 0, 4] holds 0; "
      "expected every entry >= 1"),
     ("decoding.batch_sizes=[]", "config key 'decoding.batch_sizes': value [] must hold at least one "
@@ -248,7 +256,7 @@ def test_device_pattern_rejects(device):
      "expected an integer"),
 ])
 def test_ranges_name_key_value_and_range(override, message):
-    overrides = [override] + (["drafter.mask_ratio_max=0.5"] if "0.8" in override else [])
+    overrides = [override] + (["peftbd.mask_ratio_max=0.5"] if "0.8" in override else [])
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides=overrides)
     assert message in str(err.value)
@@ -262,11 +270,11 @@ def test_batch_sizes_are_a_list_override() -> None:
 
 def test_ranges_accept_bounds_and_are_checked_once_at_the_end(tmp_path: Path):
     cfg = load_config("tiny", overrides=[
-        "drafter.mask_ratio_min=0", "drafter.mask_ratio_max=0", "data.train_size=0",
-        "drafter.block_size=1", "drafter.optim.checkpoint_every=1",
-        "drafter.denoise_steps=16", "drafter.block_size=16",  # 16 > 1 on the way is fine
+        "peftbd.mask_ratio_min=0", "peftbd.mask_ratio_max=0", "data.train_size=0",
+        "peftbd.block_size=1", "peftbd.optim.checkpoint_every=1",
+        "peftbd.denoise_steps=16", "peftbd.block_size=16",  # 16 > 1 on the way is fine
     ])
-    assert (cfg.drafter.mask_ratio_min, cfg.drafter.denoise_steps, cfg.drafter.block_size) == (0, 16, 16)
+    assert (cfg.peftbd.mask_ratio_min, cfg.peftbd.denoise_steps, cfg.peftbd.block_size) == (0, 16, 16)
     (tmp_path / "bad.yaml").write_text("training:\n  num_workers: 0\n")
     with pytest.raises(ConfigError, match="'training.num_workers': value 0 is out of range"):
         load_config("tiny", config_file=tmp_path / "bad.yaml")
@@ -282,9 +290,15 @@ def _keys(tree, prefix=""):
 
 @pytest.mark.parametrize("name", ["tiny", "qwen3-0.6b"])
 def test_preset_files_are_complete_commented_and_equal_the_presets(name):
+    from peftbd.methods import methods
+
     path = CONFIGS / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
-    assert _keys(data) == {key for key, _ in _field_types(Config)}  # every knob, none unknown
+    ids = {m.id for m in methods()}
+    core = {key for key, _ in _field_types(Config) if key.split(".")[0] not in ids}
+    assert _keys({k: v for k, v in data.items() if k not in ids}) == core  # every core knob
+    assert _keys({k: v for k, v in data.items() if k in ids}) <= {  # method keys: known ones only
+        key for key, _ in _field_types(Config) if key.split(".")[0] in ids}
     assert data["preset"] == name
     header = path.read_text().splitlines()[:4]
     assert all(line.startswith("#") for line in header)  # the header says how to run and copy it
@@ -294,22 +308,44 @@ def test_preset_files_are_complete_commented_and_equal_the_presets(name):
     assert load_config("tiny", config_file=path) == load_config(name) == load_config(name, config_file=path)
 
 
+def test_a_methods_values_live_beside_its_module_and_the_tiny_preset_names_none():
+    """Each method's section comes from its own module's file; the tiny preset sets only the
+    core sections, so a method added (or a plugin) needs no preset edit."""
+    from peftbd.methods import methods
+    from peftbd.presets import PRESETS
+
+    from peftbd.config_merge import build
+
+    assert not {m.id for m in methods()} & set(PRESETS["tiny"])
+    cfg = load_config("tiny")
+    for m in methods():
+        assert set(m.defaults) == {f.name for f in dataclasses.fields(m.config)}, m.id  # complete
+        assert getattr(cfg, m.id) == build(m.config, dict(m.defaults), f"{m.id}."), m.id
+
+
 def test_the_presets_are_the_only_values():
-    """No field has a default: a config is a preset's tree, never a bare `Config()`, and a preset
-    without some key does not load."""
-    with pytest.raises(TypeError, match="missing 14 required"):
+    """No core field has a default: a config is a preset's tree, never a bare `Config()`, and a
+    preset (or a method's defaults) without some key does not load."""
+    from peftbd.config import build_config
+    from peftbd.methods import methods
+
+    with pytest.raises(TypeError, match="missing 11 required"):
         Config()
-    sections = {Config, typing.get_type_hints(DrafterConfig)["optim"],
+    sections = {Config, typing.get_type_hints(DrafterConfig)["optim"], *(m.config for m in methods()),
                 *(s for s in typing.get_type_hints(Config).values() if dataclasses.is_dataclass(s))}
     assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               for s in sections for f in dataclasses.fields(s))
+               for s in sections for f in dataclasses.fields(s) if f.name != "sections")
     from peftbd.config_merge import build
     from peftbd.presets import PRESETS
 
-    tree = {**PRESETS["tiny"], "head": {k: v for k, v in PRESETS["tiny"]["head"].items()
-                                        if k != "block_stride"}}
-    with pytest.raises(ConfigError, match="config key 'head.block_stride' is missing"):
-        build(Config, tree)
+    with pytest.raises(ConfigError, match="config key 'serving.max_batch' is missing"):
+        build(Config, {**PRESETS["tiny"], "serving": {k: v for k, v in PRESETS["tiny"]["serving"].items()
+                                                      if k != "max_batch"}})
+    head = next(m for m in methods() if m.id == "peftbd_head")
+    trimmed = {k: v for k, v in head.defaults.items() if k != "block_stride"}
+    with pytest.raises(ConfigError, match="config key 'peftbd_head.block_stride' is missing"):
+        build(head.config, trimmed, "peftbd_head.")
+    assert build_config(PRESETS["tiny"]).peftbd_head.block_stride == head.defaults["block_stride"]
 
 
 def test_each_fields_rule_is_in_its_annotation():
@@ -331,12 +367,12 @@ def test_embedded_tiny_is_importable_from_both_modules():
 
 
 @pytest.mark.parametrize(("override", "section", "reason"), [
-    ("drafter.optim.max_steps=0", "drafter", "drafter.optim.max_steps=0 (no optimizer step)"),
-    ("mtp.optim.max_steps=0", "mtp", "mtp.optim.max_steps=0 (no optimizer step)"),
-    ("drafter.optim.lr=0", "drafter", "drafter.optim.lr=0.0 (every step leaves the weights as they are)"),
-    ("mtp.optim.lr=0.0", "mtp", "mtp.optim.lr=0.0 (every step leaves the weights as they are)"),
-    ("mtp.loss_weights=[0, 0, 0]", "mtp", "mtp.loss_weights=[0.0, 0.0, 0.0] (no step has a loss)"),
-    ("head.optim.max_steps=0", "head", "head.optim.max_steps=0 (no optimizer step)"),
+    ("peftbd.optim.max_steps=0", "peftbd", "peftbd.optim.max_steps=0 (no optimizer step)"),
+    ("fastmtp.optim.max_steps=0", "fastmtp", "fastmtp.optim.max_steps=0 (no optimizer step)"),
+    ("peftbd.optim.lr=0", "peftbd", "peftbd.optim.lr=0.0 (every step leaves the weights as they are)"),
+    ("fastmtp.optim.lr=0.0", "fastmtp", "fastmtp.optim.lr=0.0 (every step leaves the weights as they are)"),
+    ("fastmtp.loss_weights=[0, 0, 0]", "fastmtp", "fastmtp.loss_weights=[0.0, 0.0, 0.0] (no step has a loss)"),
+    ("peftbd_head.optim.max_steps=0", "peftbd_head", "peftbd_head.optim.max_steps=0 (no optimizer step)"),
 ])
 def test_untrained_settings_pass_when_asked_for_explicitly(override, section, reason):
     from peftbd.untrained import trained_sections, untrained_reasons
@@ -344,7 +380,7 @@ def test_untrained_settings_pass_when_asked_for_explicitly(override, section, re
     cfg = load_config("tiny", overrides=[override, "training.allow_untrained=true"])
     assert untrained_reasons(cfg, section, "drafter", train_rows=100) == [reason]
     others = [s for s in trained_sections(cfg) if s != section]
-    assert {"drafter", "mtp", "head"} <= {section, *others}  # every section with an optimizer
+    assert {"peftbd", "fastmtp", "peftbd_head", "dflash"} <= {section, *others}  # every section with an optimizer
     assert all(untrained_reasons(cfg, s, "drafter", train_rows=100) == [] for s in others)
     assert not load_config("tiny").training.allow_untrained  # off by default
 
@@ -354,17 +390,17 @@ def test_no_train_rows_is_an_untrained_reason_refused_unless_asked_for():
 
     cfg = load_config("tiny", overrides=["data.train_size=0"])  # a benchmark-only artifact: fine
     with pytest.raises(ConfigError) as err:
-        untrained_reasons(cfg, "mtp", "FastMTP head", train_rows=0)
+        untrained_reasons(cfg, "fastmtp", "FastMTP head", train_rows=0)
     assert str(err.value) == (
         "the FastMTP head would be published untrained: the train split has no usable rows "
         "(data.train_size=0); fix the setting, or set training.allow_untrained=true to publish it "
         "untrained on purpose (its manifest then says untrained)")
     allowed = load_config("tiny", overrides=["data.train_size=0", "training.allow_untrained=true",
-                                             "drafter.optim.max_steps=0"])
-    assert untrained_reasons(allowed, "drafter", "PEFT-BD adapter", train_rows=0) == [
-        "drafter.optim.max_steps=0 (no optimizer step)",
+                                             "peftbd.optim.max_steps=0"])
+    assert untrained_reasons(allowed, "peftbd", "PEFT-BD adapter", train_rows=0) == [
+        "peftbd.optim.max_steps=0 (no optimizer step)",
         "the train split has no usable rows (data.train_size=0)"]
-    assert untrained_reasons(load_config("tiny"), "drafter", "PEFT-BD adapter", train_rows=5) == []
+    assert untrained_reasons(load_config("tiny"), "peftbd", "PEFT-BD adapter", train_rows=5) == []
 
 
 def test_device_cpu_implies_no_gpu_request_anywhere():

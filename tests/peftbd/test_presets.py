@@ -12,10 +12,10 @@ def test_tiny_full_is_tiny_plus_the_two_ablations() -> None:
     differ = {(section, key) for section in tiny for key in (tiny[section] if isinstance(
         tiny[section], dict) else [None]) if (tiny[section].get(key) if key else tiny[section])
         != (full[section].get(key) if key else full[section])}
-    assert differ == {("preset", None), ("drafter", "early_exit_layers"),
-                      ("drafter", "offsets_ablation")}
-    assert (tiny["drafter"]["early_exit_layers"], tiny["drafter"]["offsets_ablation"]) == (0, False)
-    assert (full["drafter"]["early_exit_layers"], full["drafter"]["offsets_ablation"]) == (1, True)
+    assert differ == {("preset", None), ("peftbd", "early_exit_layers"),
+                      ("peftbd", "offsets_ablation")}
+    assert (tiny["peftbd"]["early_exit_layers"], tiny["peftbd"]["offsets_ablation"]) == (0, False)
+    assert (full["peftbd"]["early_exit_layers"], full["peftbd"]["offsets_ablation"]) == (1, True)
 
 
 def test_a_preset_extends_only_a_complete_preset() -> None:

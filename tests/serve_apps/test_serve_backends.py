@@ -99,7 +99,7 @@ def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
     return [t for e in events for t in e.tokens], sum(e.resumes for e in events)
 
 
-@pytest.mark.parametrize("method", ["peft-bd", "fastmtp", "peft-bd-head"])
+@pytest.mark.parametrize("method", ["peftbd", "fastmtp", "peftbd_head"])
 def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
     models, prompt, expected = setup
     drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose_batch", deaths=1)
@@ -118,7 +118,7 @@ def test_split_rounds_hand_the_verifier_features_to_the_head_drafter(tiny_cfg, s
                            tiny_cfg.serving)
 
     async def run() -> list:
-        return [e async for e in backend.rounds(_spec(prompt, "peft-bd-head"))]
+        return [e async for e in backend.rounds(_spec(prompt, "peftbd_head"))]
 
     events = asyncio.run(run())
     assert [t for e in events for t in e.tokens] == expected
@@ -138,7 +138,7 @@ def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
     verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify_batch", deaths=99)
     backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
     with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
-        _collect(backend, _spec(prompt, "peft-bd"))
+        _collect(backend, _spec(prompt, "peftbd"))
 
 
 def test_closing_split_rounds_early_releases_both_sessions(tiny_cfg, setup):
@@ -169,7 +169,7 @@ def _concurrent(backend: Any, specs: list[GenerationSpec]) -> list[list]:
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("method", ["ar", "peft-bd", "fastmtp", "peft-bd-head"])
+@pytest.mark.parametrize("method", ["ar", "peftbd", "fastmtp", "peftbd_head"])
 def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, setup, method):
     """8 concurrent requests: the ingress gathers their rounds into batched Drafter / Verifier
     calls (fewer calls than requests x rounds), each request's transport is its share, and every
@@ -189,7 +189,7 @@ def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, 
     assert len(drafter.sessions) == len(verifier.sessions) == 0
 
 
-@pytest.mark.parametrize("method", ["peft-bd", "peft-bd-head"])
+@pytest.mark.parametrize("method", ["peftbd", "peftbd_head"])
 def test_a_drafter_killed_under_concurrent_load_leaves_every_answer_exact(tiny_cfg, setup, method):
     models, prompt, expected = setup
     drafter = FakeHandle(ReplicaDecoder(models, 16), dies_on="propose_batch", deaths=1)
@@ -253,7 +253,7 @@ def test_split_groups_overlap_drafting_with_verifying_and_stay_exact(tiny_cfg, s
     drafter = ThreadedHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
     verifier = ThreadedHandle(ReplicaDecoder(models, 16))
     backend = SplitBackend(drafter, verifier, serving)
-    results = _concurrent(backend, [_spec(prompt, "peft-bd", f"r{i}") for i in range(8)])
+    results = _concurrent(backend, [_spec(prompt, "peftbd", f"r{i}") for i in range(8)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
     overlap = _overlap_s(drafter.spans, verifier.spans)
     busy = sum(e - s for s, e in verifier.spans)

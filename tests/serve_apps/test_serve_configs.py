@@ -37,7 +37,7 @@ def test_yaml_is_a_valid_serve_config_of_the_apps(name):
     for app in schema.applications:
         assert app.import_path == f"serve_apps.{app.name}:app_builder"
         args = AppArgs.model_validate(app.args)  # the builder accepts the args
-        assert {"adapter_dir", "mtp_dir", "head_dir"} <= set(app.args)  # the paper's drafters
+        assert {"peftbd_dir", "fastmtp_dir", "peftbd_head_dir"} <= set(app.args)  # the paper's drafters
         assert args.drafter_dirs == {}  # untrained unless set (any registered method's too)
         assert {d.name for d in app.deployments} == DEPLOYMENTS[app.name]
         for d in app.deployments:

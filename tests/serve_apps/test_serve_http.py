@@ -60,7 +60,7 @@ def test_both_apps_answer_with_the_engine_output(served, engine, app):
     from peftbd.data.chat import encode_prompt
 
     ids = encode_prompt(tok, [{"role": "user", "content": PROMPTS[2]}])
-    comp = client.completions.create(model=f"{served.model}:peft-bd", prompt=ids, max_tokens=MAX_TOKENS)
+    comp = client.completions.create(model=f"{served.model}:peftbd", prompt=ids, max_tokens=MAX_TOKENS)
     assert comp.choices[0].text == greedy(PROMPTS[2], MAX_TOKENS)
 
 
@@ -113,7 +113,7 @@ def test_seeded_sampling_is_the_same_answer_on_both_apps(served):
     for app in ("colocated", "split"):
         for _ in range(2):
             resp = served.client(app).chat.completions.create(
-                model=f"{served.model}:peft-bd", messages=messages, temperature=0.7, top_p=0.9,
+                model=f"{served.model}:peftbd", messages=messages, temperature=0.7, top_p=0.9,
                 seed=11, max_tokens=12)
             texts.append(resp.choices[0].message.content)
             assert resp.usage.model_extra["speculative"]["temperature"] == 0.7

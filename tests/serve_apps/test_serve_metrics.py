@@ -37,7 +37,7 @@ class Recorder:
 ROUNDS = {  # (placement, method) -> rounds: (tokens, draft_ms, verify_ms, sync_ms, transport_ms)
     ("colocated", "ar"): [(1, 0.0, 3.0, 0.0, 0.4)] * 5,
     ("split", "fastmtp"): [(2, 1.0, 4.0, 0.5, 2.0), (3, 2.0, 5.0, 0.5, 3.0), (4, 3.0, 6.0, 0.5, 4.0)],
-    ("split", "peft-bd-head"): [(1, 1.0, 4.0, 0.1, 2.0), (4, 1.0, 5.0, 0.1, 3.0)],
+    ("split", "peftbd_head"): [(1, 1.0, 4.0, 0.1, 2.0), (4, 1.0, 5.0, 0.1, 3.0)],
 }
 ROW = 2 * 192 * 4  # feature bytes per position (tiny: 2 layers x 192 x float32)
 PROMPT = 30
@@ -45,7 +45,7 @@ PROMPT = 30
 
 def _feature_bytes(method: str, positions: int) -> int:
     """What the verifier sends a split head drafter: features of every newly cached position."""
-    return positions * ROW if method == "peft-bd-head" else 0
+    return positions * ROW if method == "peftbd_head" else 0
 
 
 @pytest.fixture
@@ -113,6 +113,6 @@ def test_feature_panels_give_bytes_per_round_and_per_token(recorded):
         want = _feature_bytes(method, sum(tokens))
         assert _evaluate(per_round, recorded, placement, method) == pytest.approx(want / len(rounds))
         assert _evaluate(per_token, recorded, placement, method) == pytest.approx(want / sum(tokens))
-    assert recorded[("ray_peftbd_prefill_feature_bytes_total", "split", "peft-bd-head")] == PROMPT * ROW
-    assert not any(name.endswith("feature_bytes_total") and method != "peft-bd-head"
+    assert recorded[("ray_peftbd_prefill_feature_bytes_total", "split", "peftbd_head")] == PROMPT * ROW
+    assert not any(name.endswith("feature_bytes_total") and method != "peftbd_head"
                    for name, _, method in recorded)  # other methods: no series (read as 0)

@@ -66,7 +66,7 @@ def _replica_stats(served) -> dict[str, list[dict]]:
 def test_disconnected_clients_are_released_at_once_without_a_traceback(served):
     before = _serve_logs(served)
     for app in ("split", "colocated"):
-        for method in ("fastmtp", "peft-bd", "ar", "peft-bd-head"):
+        for method in ("fastmtp", "peftbd", "ar", "peftbd_head"):
             body = {"model": f"{served.model}:{method}", "max_tokens": LONG_TOKENS, "stream": True,
                     "messages": [{"role": "user", "content": LONG_PROMPT}]}
             with requests.post(served.urls[app] + "/chat/completions", json=body, stream=True,

@@ -22,8 +22,8 @@ def _record(placement: str, method: str, prompt: int, text: str = "t") -> Reques
 
 
 def test_summary_separates_transport_from_compute():
-    records = [_record("split", "peft-bd", i) for i in range(2)] + [_record("colocated", "ar", 0)]
-    row = summarize(records)["split"]["peft-bd"]
+    records = [_record("split", "peftbd", i) for i in range(2)] + [_record("colocated", "ar", 0)]
+    row = summarize(records)["split"]["peftbd"]
     assert (row.requests, row.rounds, row.completion_tokens) == (2, 8, 14)
     assert row.tokens_per_s == pytest.approx(14 / 0.2)
     assert row.tokens_per_round == pytest.approx((14 - 2) / 8)
@@ -31,23 +31,23 @@ def test_summary_separates_transport_from_compute():
     assert row.draft_ms_per_round == pytest.approx(16 / 8)
     assert row.draft_over_verify == pytest.approx((16 + 4) / 20)
     assert row.ingress_http_ms_per_request == pytest.approx(100 - 46)
-    assert "| split | peft-bd |" in markdown(summarize(records), {"x": "why"}, ["note"])
+    assert "| split | peftbd |" in markdown(summarize(records), {"x": "why"}, ["note"])
 
 
 def test_outputs_identical_compares_each_prompt_across_placements():
     same = [_record("split", "ar", 0, "a"), _record("colocated", "fastmtp", 0, "a")]
     assert outputs_identical(same)
-    assert not outputs_identical(same + [_record("split", "peft-bd", 0, "b")])
+    assert not outputs_identical(same + [_record("split", "peftbd", 0, "b")])
 
 
 def test_head_rows_report_the_feature_bytes_per_token():
-    head = _record("split", "peft-bd-head", 0)
+    head = _record("split", "peftbd_head", 0)
     head.spec.feature_bytes = 7 * 1536
     summary = summarize([head, _record("split", "fastmtp", 0)])
-    assert summary["split"]["peft-bd-head"].feature_bytes_per_token == pytest.approx(1536)
+    assert summary["split"]["peftbd_head"].feature_bytes_per_token == pytest.approx(1536)
     assert summary["split"]["fastmtp"].feature_bytes_per_token == 0  # none sent
     table = markdown(summary, {}, [])
-    assert "| split | peft-bd-head |" in table and "shipped bytes/token" in table
+    assert "| split | peftbd_head |" in table and "shipped bytes/token" in table
 
 
 def test_concurrency_rows_use_the_runs_wall_time_and_latency_quantiles():

@@ -29,7 +29,7 @@ def _one(draft: float, sync: float, verify: float, per_round: float = 3.0) -> Pl
 
 def _row(placement: str, clients: int, client_tps: float, tps: float, transport: float = 0.0,
          batch: float = 1.0, busy: dict[str, float | None] | None = None) -> LoadRow:
-    return LoadRow(placement=placement, method="peft-bd", concurrency=clients, requests=1,
+    return LoadRow(placement=placement, method="peftbd", concurrency=clients, requests=1,
                    requests_per_s=None, tokens_per_s=tps, tokens_per_s_per_device=tps / 2,
                    client_tokens_per_s=client_tps, p50_ms=0.0, p95_ms=0.0,
                    transport_ms_per_token=transport, mean_batch=batch, busy=busy or {})
@@ -44,8 +44,8 @@ def test_capacity_is_the_last_level_above_the_fraction_and_says_when_it_is_a_bou
 
 
 def _measured(split_client_tps: tuple[float, ...]) -> list:
-    summary = {"colocated": {"ar": _one(0, 0, 10, 1), "peft-bd": _one(10, 0, 10)},
-               "split": {"ar": _one(0, 0, 10, 1), "peft-bd": _one(10, 5, 10)}}
+    summary = {"colocated": {"ar": _one(0, 0, 10, 1), "peftbd": _one(10, 0, 10)},
+               "split": {"ar": _one(0, 0, 10, 1), "peftbd": _one(10, 5, 10)}}
     rows = [_row("colocated", c, t, 100 * c ** 0.5) for c, t in ((1, 100), (4, 60), (16, 30))]
     rows += [_row("split", c, t, 60 * c ** 0.5, transport=4.0, batch=8.0,
                   busy={"drafter": 0.9, "verifier": 0.5})
@@ -55,7 +55,7 @@ def _measured(split_client_tps: tuple[float, ...]) -> list:
 
 def test_the_verdict_names_the_largest_split_only_cost_and_the_prediction():
     [v] = _measured((90, 80, 70))
-    assert v.method == "peft-bd" and v.clients == 16
+    assert v.method == "peftbd" and v.clients == 16
     assert v.draft_ms_per_token == pytest.approx((10 / 3, 15 / 3))
     assert v.predicted_capacity == pytest.approx(2.0)  # 1 + 10 / 10
     # colocated's round 10 + 10 on each device; split's paced by its drafter's 10 + 5, over 2
@@ -79,7 +79,7 @@ def test_a_capacity_that_no_level_bounded_is_undecided_not_a_number():
     [v] = _measured((90, 60, 10))  # split's capacity 4 on 1 verifier, colocated's 4 on 2
     assert capacity_gain(v) == (pytest.approx(2.0), "")
     assert "capacity per verifier device >= 1.5x colocated: met (2.00x)" in sentence(v)
-    summary = {"colocated": {"peft-bd": _one(10, 0, 10)}, "split": {"peft-bd": _one(10, 5, 10)}}
+    summary = {"colocated": {"peftbd": _one(10, 0, 10)}, "split": {"peftbd": _one(10, 5, 10)}}
     rows = [_row(p, c, 100, 100) for p in ("colocated", "split") for c in (1, 4)]
     [both] = verdicts(summary, rows, DEVICES, 0.5)
     assert capacity_gain(both) == (pytest.approx(2.0), "unknown")
@@ -89,7 +89,7 @@ def test_a_capacity_that_no_level_bounded_is_undecided_not_a_number():
 def test_a_capacity_at_the_lowest_level_gives_no_ratio():
     rows = [_row("split", c, t, 0) for c, t in ((1, 100), (4, 40), (16, 20))]
     assert capacity(rows, 0.5) == Capacity(1, censored=False, baseline=True)
-    summary = {"colocated": {"peft-bd": _one(10, 0, 10)}, "split": {"peft-bd": _one(10, 5, 10)}}
+    summary = {"colocated": {"peftbd": _one(10, 0, 10)}, "split": {"peftbd": _one(10, 5, 10)}}
     rows = [_row(p, c, t, 100) for p in ("colocated", "split") for c, t in ((1, 100), (4, 40))]
     [v] = verdicts(summary, rows, DEVICES, 0.5)
     assert capacity_gain(v) == (None, "unknown") and "undecided" in sentence(v)

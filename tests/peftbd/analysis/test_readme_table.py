@@ -69,7 +69,7 @@ def test_single_repeat_shows_the_mean_and_a_missing_ar_leaves_no_speedup(arm, re
 
 def test_untrained_drafters_are_named_in_the_caption(sample_results):
     sample_results.drafters = {"mtp_head": DrafterInfo(
-        path="/a/mtp_head", untrained=True, untrained_reasons=["mtp.optim.max_steps=0"])}
+        path="/a/mtp_head", untrained=True, untrained_reasons=["fastmtp.optim.max_steps=0"])}
     assert "Untrained drafters" in render(sample_results).split("\n\n")[1]
 
 

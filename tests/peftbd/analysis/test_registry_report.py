@@ -17,19 +17,19 @@ from peftbd.analysis.figures import throughput_vs_accepted
 from peftbd.analysis.head_goals import head_arms
 from peftbd.analysis.readme_table import render
 from peftbd.benchmarking.schema import Arm, DrafterInfo
-from peftbd.layout import TRAIN_EARLY_EXIT, TRAIN_MTP, TRAIN_PEFTBD
-from peftbd.methods import Method, method, register, unregister
+from peftbd.methods.fastmtp import TRAIN_MTP
+from peftbd.methods.peft_bd import TRAIN_EARLY_EXIT, TRAIN_PEFTBD
+from peftbd.layout import training_stage
+from peftbd.methods import Former, Method, method, register, unregister
 from peftbd.methods.fastmtp import ID as FASTMTP
-from peftbd.stage import StageSpec
 
 
 @pytest.fixture
 def toy() -> Iterator[Method]:
     """FastMTP's declaration under a new name and training stage, registered for one test."""
-    stage = StageSpec("train_toy", "train toy head", "toy_head", reads=("mtp",))
-    toy = register(dataclasses.replace(method(FASTMTP), id="toy", serving="toy", kind="toy",
-                                       label="Toy", what="toy head", stages=(stage,),
-                                       dir_arg="toy_dir"))
+    stage = training_stage("toy", "train toy head")
+    toy = register(dataclasses.replace(method(FASTMTP), id="toy", label="Toy", what="toy head",
+                                       stages=(stage,), former=Former()))
     try:
         yield toy
     finally:
@@ -44,7 +44,7 @@ def test_a_registered_methods_arms_appear_in_every_per_arm_table_and_figure(
     results.arms["toy_wide"] = Arm.model_validate(arm("Toy wide", "toy", [90.0, 91.0], 1.9,
                                                       draft_call_ms=0.9,
                                                       accepted_per_position=[60, 30]))
-    results.drafters = {"toy_head": DrafterInfo(path="/a/toy_head",
+    results.drafters = {"toy": DrafterInfo(path="/a/toy",
                                                 metrics={"eval_accepted_prefix_mean": 0.45})}
     assert [a for a, _ in results.arm_items()] == ["ar", "peftbd", "fastmtp", "toy", "toy_wide"]
     for text in (tables.forward_table(results), tables.acceptance_table(results),

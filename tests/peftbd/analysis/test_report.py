@@ -21,8 +21,8 @@ from peftbd.benchmarking.schema import DrafterInfo, Replay, Speedup, Throughput,
 from peftbd.manifest import write_manifest
 
 
-STAGE_DIRS = {"generate": "continuations", "train_peftbd": "peftbd_adapter",
-              "train_early_exit": "peftbd_early_exit", "train_mtp": "mtp_head"}
+STAGE_DIRS = {"generate": "continuations", "train_peftbd": "peftbd",
+              "train_peftbd_early_exit": "peftbd_early_exit", "train_fastmtp": "fastmtp"}
 
 
 def _stage_manifests(root: Path) -> dict[str, Path]:
@@ -78,8 +78,8 @@ def test_changing_an_artifact_changes_the_report(tmp_path: Path, sample_results)
     assert "778.00 ± 1.41" in after and "778.00" not in before
     assert "93.8% (15/16)" in after and "93.8%" not in before
 
-    m = json.loads((tmp_path / "artifacts/mtp_head/manifest.json").read_text())
-    write_manifest(tmp_path / "artifacts/mtp_head", {**m, "wall_seconds": 1234.5})
+    m = json.loads((tmp_path / "artifacts/fastmtp/manifest.json").read_text())
+    write_manifest(tmp_path / "artifacts/fastmtp", {**m, "wall_seconds": 1234.5})
     again = build_report(results, read_stage_manifests(inputs),
                          tmp_path / "c").read_text()
     assert "1234.5" in again and "1234.5" not in before
@@ -123,9 +123,9 @@ def test_offline_estimates_sit_beside_the_engine_and_short_runs_are_flagged(tmp_
     results.arms["peftbd"].replay = replay(engine / 1.25)
     results.arms["fastmtp"].replay = replay(0.0)
     results.drafters = {
-        "peftbd_adapter": DrafterInfo(path="/a/peftbd_adapter",
+        "peftbd": DrafterInfo(path="/a/peftbd",
                                       metrics={"eval_accepted_prefix_mean": engine / 1.5}),
-        "mtp_head": DrafterInfo(path="/a/mtp_head", metrics={"eval_accepted_prefix_mean": 0.4})}
+        "fastmtp": DrafterInfo(path="/a/fastmtp", metrics={"eval_accepted_prefix_mean": 0.4})}
     text = build_report(results, {}, tmp_path).read_text()
     assert (f"| PEFT-BD 1 step | {engine:.3f} | {engine / 1.25:.3f} | +25% | no | "
             f"{engine / 1.5:.3f} | -17% |") in text
@@ -144,12 +144,12 @@ def test_drafters_published_untrained_on_purpose_are_named(tmp_path, sample_resu
     results = copy.deepcopy(sample_results)
     assert "Untrained drafters" not in build_report(results, {}, tmp_path).read_text()
     results.drafters = {
-        "peftbd_adapter": DrafterInfo(path="/a/peftbd_adapter"),
-        "mtp_head": DrafterInfo(path="/a/mtp_head", untrained=True,
-                                untrained_reasons=["mtp.optim.max_steps=0 (no optimizer step)"])}
+        "peftbd": DrafterInfo(path="/a/peftbd"),
+        "fastmtp": DrafterInfo(path="/a/fastmtp", untrained=True,
+                                untrained_reasons=["fastmtp.optim.max_steps=0 (no optimizer step)"])}
     text = build_report(results, {}, tmp_path / "untrained").read_text()
-    assert ("**Untrained drafters** (published on purpose, training.allow_untrained): `mtp_head` "
-            "(mtp.optim.max_steps=0 (no optimizer step)); their acceptance is not a trained "
+    assert ("**Untrained drafters** (published on purpose, training.allow_untrained): `fastmtp` "
+            "(fastmtp.optim.max_steps=0 (no optimizer step)); their acceptance is not a trained "
             "drafter's.") in text
     assert "`peftbd_adapter`" not in text
 
@@ -204,12 +204,12 @@ def test_summary_lines_give_the_interval_and_speedup_when_measured(sample_result
 
 def test_the_report_summarises_a_placement_experiment_beside_the_run():
     from peftbd.analysis.report import placement_section
-    from peftbd.layout import PLACEMENT
+    from peftbd.layout import placement_stage
 
     assert placement_section({}) == []
-    lines = placement_section({PLACEMENT.title: {
+    lines = placement_section({placement_stage().title: {
         "placements": ["colocated", "split"], "outputs_identical": True,
-        "verdicts": ["**peft-bd, split:** drafting costs 1.00 ms per generated token split"]}})
+        "verdicts": ["**peftbd, split:** drafting costs 1.00 ms per generated token split"]}})
     assert lines[0].startswith("## Placement") and "colocated, split" in lines[1]
-    assert "**peft-bd, split:**" in lines[2]
-    assert "no verdict" in placement_section({PLACEMENT.title: {"placements": ["colocated"]}})[2]
+    assert "**peftbd, split:**" in lines[2]
+    assert "no verdict" in placement_section({placement_stage().title: {"placements": ["colocated"]}})[2]

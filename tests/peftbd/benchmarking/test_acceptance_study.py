@@ -28,8 +28,8 @@ def test_variants_vary_one_factor_each():
                       "tiny_world.head_dim": "24", "tiny_world.intermediate_size": "384"}
     assert all(k.startswith("tiny_world.") for k in depth8)  # nothing but the verifier's shape
     budget = dict(o.split("=") for o in found[3].overrides)
-    assert budget["drafter.optim.max_steps"] == str(4 * cfg.drafter.optim.max_steps)
-    assert budget["mtp.optim.max_steps"] == str(4 * cfg.mtp.optim.max_steps)
+    assert budget["peftbd.optim.max_steps"] == str(4 * cfg.peftbd.optim.max_steps)
+    assert budget["fastmtp.optim.max_steps"] == str(4 * cfg.fastmtp.optim.max_steps)
     assert not any(k.startswith(("tiny_world.", "head.")) for k in budget)
     with pytest.raises(ConfigError, match="--depths 3"):
         variants(cfg, [], depths=[3], budgets=[])

@@ -45,8 +45,8 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     assert prof["device"] == "cpu" and prof["architecture"]["layers"] == 2
     tiny_params = sum(p.numel() for p in load_verifier(cfg).parameters())
     assert prof["architecture"]["parameters"] == tiny_params  # the backbone, no adapter counted
-    assert 0 < prof["architecture"]["draft_parameters"]["train_head"] < tiny_params
-    d, steps = cfg.drafter.block_size, cfg.mtp.num_steps
+    assert 0 < prof["architecture"]["draft_parameters"]["train_peftbd_head"] < tiny_params
+    d, steps = cfg.peftbd.block_size, cfg.fastmtp.num_steps
     for run in prof["profiles"].values():
         arms = run["arms"]
         assert list(arms) == ids

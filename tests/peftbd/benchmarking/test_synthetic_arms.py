@@ -17,8 +17,8 @@ def test_each_entry_adds_a_labelled_synthetic_twin_of_its_arm():
     assert twin.method == real.method and twin.stage == real.stage
     assert "[synthetic: 2.881/round]" in twin.label and twin.settings()["synthetic"] == 2.881
     assert twin.profile().expected_emitted() == pytest.approx(2.881)
-    assert len(twin.profile().conditional) == cfg.drafter.block_size
-    assert len(specs["fastmtp_synthetic"].profile().conditional) == cfg.mtp.num_steps
+    assert len(twin.profile().conditional) == cfg.peftbd.block_size
+    assert len(specs["fastmtp_synthetic"].profile().conditional) == cfg.fastmtp.num_steps
     assert real.profile() is None
 
 

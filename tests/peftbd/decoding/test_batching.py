@@ -54,11 +54,11 @@ def drafters(tiny_cfg, tokenizer, verifier, rows, eos):
     from peftbd.models.loading import load_verifier
 
     torch.manual_seed(0)
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
     early = attach_drafter_adapter(load_verifier(tiny_cfg), dataclasses.replace(
-        tiny_cfg.drafter, draft_layers=1), tokenizer.mask_token_id)  # drafts through layer 0 only
+        tiny_cfg.peftbd, draft_layers=1), tokenizer.mask_token_id)  # drafts through layer 0 only
     mask = tokenizer.mask_token_id
-    head = BDHead(model, HeadShape.of(tiny_cfg.head, model.config, mask))
+    head = BDHead(model, HeadShape.of(tiny_cfg.peftbd_head, model.config, mask))
     ar = SpeculativeDecoder(verifier, None, eos, 64)
     truth = {tuple(p): ar.decode(p, 64).tokens for p in rows}
     return model, {

@@ -29,7 +29,7 @@ def setup(tiny_cfg, tokenizer, verifier, rows, eos):
     from peftbd.models.loading import load_verifier
 
     torch.manual_seed(0)
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
     ar = SpeculativeDecoder(model, None, eos, BUDGET)
     refs = {tuple(p): r.tokens for p, r in zip(rows, ar.decode_many(rows, 4))}
     inner = {"peftbd": PeftBDDrafter(model, tokenizer.mask_token_id, 8),

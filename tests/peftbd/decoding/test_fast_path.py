@@ -22,7 +22,7 @@ BUDGETS = [20, 7, 16, 12]
 def model(tiny_cfg, tokenizer):
     """The verifier with an untrained PEFT-BD adapter: every arm's model."""
     torch.manual_seed(0)
-    return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
 
 
 def _drafter(name: str, model, tiny_cfg, mask: int):
@@ -31,7 +31,7 @@ def _drafter(name: str, model, tiny_cfg, mask: int):
     if name == "fastmtp":
         return MTPDrafter(MTPHead(model), model, num_steps=3)
     if name == "peftbd_head":  # keeps verifier features: its verify stays eager
-        return BDHeadDrafter(BDHead(model, HeadShape.of(tiny_cfg.head, model.config, mask)), model, 8)
+        return BDHeadDrafter(BDHead(model, HeadShape.of(tiny_cfg.peftbd_head, model.config, mask)), model, 8)
     return None
 
 

@@ -24,7 +24,7 @@ def peft_verifier(tiny_cfg, tokenizer):
     from peftbd.models.loading import load_verifier
 
     torch.manual_seed(0)
-    return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
 
 
 @pytest.mark.parametrize("steps,anchored", [(1, False), (2, False), (1, True)])

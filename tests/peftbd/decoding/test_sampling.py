@@ -40,8 +40,8 @@ def micro(tiny_cfg):
                          max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.4,
                          pad_token_id=0, bos_token_id=None, eos_token_id=None)
     model = attach_drafter_adapter(Qwen3ForCausalLM(config).eval().requires_grad_(False),
-                                   tiny_cfg.drafter, MASK)
-    head = BDHead(model, HeadShape.of(tiny_cfg.head, model.config, MASK))
+                                   tiny_cfg.peftbd, MASK)
+    head = BDHead(model, HeadShape.of(tiny_cfg.peftbd_head, model.config, MASK))
     return model, {"ar": None, "peftbd": PeftBDDrafter(model, MASK, 8),
                    "fastmtp": MTPDrafter(MTPHead(model), model, num_steps=3),
                    "peftbd_head": BDHeadDrafter(head, model, 8)}

@@ -43,7 +43,7 @@ def drafters(tiny_cfg, tokenizer):
     from peftbd.models.loading import load_verifier
 
     torch.manual_seed(0)
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, tokenizer.mask_token_id)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
     return model, [PeftBDDrafter(model, tokenizer.mask_token_id, 6),
                    MTPDrafter(MTPHead(model), model, num_steps=3)]
 

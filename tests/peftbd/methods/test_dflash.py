@@ -9,8 +9,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from peftbd.config import load_config
 from peftbd.decoding import BDHeadDrafter
-from peftbd.layout import BENCHMARK, STAGES, TRAIN_DFLASH, TRAIN_HEAD
-from peftbd.methods import DraftContext, by_kind, by_serving, method, methods
+from peftbd.layout import benchmark_stage, stages
+from peftbd.methods.bd_head import TRAIN_HEAD
+from peftbd.methods.dflash import TRAIN_DFLASH
+from peftbd.methods import DraftContext, method, by_serving, method, methods
 from peftbd.methods import dflash
 from peftbd.models.bd_head import BDHead
 from peftbd.models.loading import load_tokenizer, load_verifier
@@ -22,12 +24,12 @@ DFLASH = dflash.METHOD
 def test_dflash_is_registered_after_the_head_with_its_stage():
     ids = [m.id for m in methods()]
     assert ids.index("dflash") == ids.index("peftbd_head") + 1
-    assert method("dflash") is by_serving("dflash") is by_kind("dflash") is DFLASH
+    assert method("dflash") is by_serving("dflash") is method("dflash") is DFLASH
     assert (DFLASH.section, DFLASH.dir_arg, DFLASH.ships) == ("dflash", "dflash_dir", "features")
-    assert DFLASH.stage is TRAIN_DFLASH and TRAIN_DFLASH.subdir == "dflash_head"
-    assert TRAIN_DFLASH.command == "python -m jobs.train_dflash"
-    assert STAGES.index(TRAIN_DFLASH) == STAGES.index(TRAIN_HEAD) + 1
-    assert TRAIN_DFLASH in BENCHMARK.inputs
+    assert DFLASH.stage is TRAIN_DFLASH and TRAIN_DFLASH.subdir == "dflash"
+    assert TRAIN_DFLASH.command == "python -m jobs.train --method dflash"
+    assert stages().index(TRAIN_DFLASH) == stages().index(TRAIN_HEAD) + 1
+    assert TRAIN_DFLASH in benchmark_stage().inputs
 
 
 def test_its_arm_and_positions_follow_the_dflash_section():

@@ -2,11 +2,10 @@
 other file of the library, the jobs or the Serve apps may hold one as a string literal, so a
 renamed or newly registered method needs no edit elsewhere.
 
-A method's names: its id, serving name and arm ids (at PRESETS), and its training kind as
-`train_<kind>` (the job and stage that train it). A kind is also checked bare unless it is a
-config section's name too (FastMTP's "mtp", the head's "head"): a literal of the section cannot
-be told from one of the kind. A literal is a string constant, an f-string's constant parts
-included; docstrings (a string constant as a bare statement) are prose and not checked.
+A method's names: its id (also its config section and serving name), its arm ids (at PRESETS),
+its training stages' names and output dirs, and its Serve argument. A literal is a string
+constant, an f-string's constant parts included; docstrings (a string constant as a bare
+statement) are prose and not checked.
 """
 
 from __future__ import annotations
@@ -29,12 +28,9 @@ SCANNED = ("peftbd", "jobs", "serve_apps")
 PRESETS = ("tiny", "tiny-full")  # tiny-full: tiny with the ablations' arms too
 
 ALLOWED: dict[str, set[str]] = {
-    # the main job's stages are declared here (name, output subdir, config read) and the methods
-    # take their StageSpecs from it: a stage's name spells the job that trains it, two PEFT-BD
-    # stages' output subdirs spell the arms they draft, and DFlash's stage reads its config
-    # section, named as its id
-    "peftbd/layout.py": {"train_peftbd", "train_mtp", "train_head", "train_dflash",
-                         "peftbd_early_exit", "peftbd_offsets", "dflash"},
+    # two experiments about named methods: the engine speed check times PEFT-BD (its section is
+    # the check's input) and the DFlash recipe ablation compares DFlash with the head it reverts to
+    "peftbd/layout.py": {"peftbd", "peftbd_head", "dflash"},
     # the paper's published values, keyed by the paper's arm names (test_paper_arms_are_our_arms)
     "peftbd/analysis/paper.py": {"peftbd", "fastmtp", "peftbd_2step", "peftbd_anchored"},
     # the Python package's name (importlib.resources), not PEFT-BD's id
@@ -59,8 +55,8 @@ def section_names() -> set[str]:
 def names(m: Method) -> set[str]:
     """The names of `m` no other file may spell (module doc)."""
     arms = {a.id for cfg in configs() for a in m.arms(cfg)}
-    kind = set() if m.kind in section_names() else {m.kind}
-    return {m.id, m.serving, f"train_{m.kind}", *kind, *arms}
+    stages = {n for s in m.stages for n in (s.name, s.subdir)}
+    return {m.id, m.serving, m.dir_arg, *stages, *arms}
 
 
 def own_module(m: Method) -> str:

@@ -22,7 +22,7 @@ QWEN3_06B = Qwen3Config(num_hidden_layers=28)
 
 
 def _rule(layers: int, rule: str = "per_layer"):
-    return dataclasses.replace(load_config("tiny").head, layers=layers, feature_layers=(),
+    return dataclasses.replace(load_config("tiny").peftbd_head, layers=layers, feature_layers=(),
                                feature_rule=rule)
 
 
@@ -55,7 +55,7 @@ def test_three_is_todays_spread():
 
 def test_a_block_minus_one_head_drafts_one_token_less():
     assert (drafted("block", 16), drafted("block_minus_one", 16)) == (16, 15)
-    with pytest.raises(ValueError, match="drafter.block_size >= 2"):
+    with pytest.raises(ValueError, match="block_size >= 2"):
         drafted("block_minus_one", 1)
 
 

@@ -43,16 +43,16 @@ def test_lora_lives_only_in_the_first_k_layers_and_the_depth_survives_saving(
               for n, p in drafter.named_parameters() if p.requires_grad and ".layers." in n}
     assert layers == set(range(K))
     assert adapter_depth(drafter) == K
-    whole = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, mask_id)
+    whole = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, mask_id)
     assert adapter_depth(whole) == whole.get_base_model().config.num_hidden_layers == 2
     drafter.save_pretrained(tmp_path / "adapter")
     assert adapter_depth(load_drafter_adapter(load_verifier(tiny_cfg), tmp_path)) == K
 
 
 def test_draft_layers_beyond_the_backbone_is_rejected(tiny_cfg, mask_id):
-    with pytest.raises(ValueError, match=r"drafter.draft_layers=3: the verifier has 2 layers"):
+    with pytest.raises(ValueError, match=r"peftbd.draft_layers=3: the verifier has 2 layers"):
         attach_drafter_adapter(load_verifier(tiny_cfg),
-                               dataclasses.replace(tiny_cfg.drafter, draft_layers=3), mask_id)
+                               dataclasses.replace(tiny_cfg.peftbd, draft_layers=3), mask_id)
 
 
 @torch.no_grad()

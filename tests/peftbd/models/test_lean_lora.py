@@ -20,7 +20,7 @@ def _drafter(dropout: float = 0.0):
     config = Qwen3Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                          tie_word_embeddings=True)
-    drafter = dataclasses.replace(load_config("tiny").drafter, lora_dropout=dropout)
+    drafter = dataclasses.replace(load_config("tiny").peftbd, lora_dropout=dropout)
     model = attach_drafter_adapter(Qwen3ForCausalLM(config).eval(), drafter, MASK)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # a trained adapter: B is no longer zero

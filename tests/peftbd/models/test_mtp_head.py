@@ -72,5 +72,5 @@ def test_load_rejects_a_different_verifier(tiny_cfg, head, tmp_path):
     other.config.intermediate_size += 1  # a verifier of another shape
     with pytest.raises(ValueError, match="verifier shape"):
         MTPHead.from_pretrained(tmp_path / "mtp", other)
-    with pytest.raises(FileNotFoundError, match="head_dir"):
+    with pytest.raises(FileNotFoundError, match="peftbd_head_dir"):
         MTPHead.from_pretrained(tmp_path / "nothing", other)

@@ -31,7 +31,7 @@ def mask_id(tiny_cfg) -> int:
 def _perturbed_drafter(cfg, mask_id: int):
     """A drafter whose adapter changes the outputs (fresh LoRA B is zero, the mask row is original)."""
     torch.manual_seed(0)  # LoRA A is initialised from the global RNG
-    model = attach_drafter_adapter(load_verifier(cfg), cfg.drafter, mask_id)
+    model = attach_drafter_adapter(load_verifier(cfg), cfg.peftbd, mask_id)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -71,9 +71,9 @@ def test_switch_off_is_bit_identical_to_disable_adapter_and_base(tiny_cfg, draft
 
 
 def test_trainable_parameters_are_lora_plus_one_mask_row(tiny_cfg, mask_id):
-    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, mask_id)
+    model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, mask_id)
     trainable, total = count_parameters(model)
-    c, r = model.config, tiny_cfg.drafter.lora_r
+    c, r = model.config, tiny_cfg.peftbd.lora_r
     d, q, kv, ff = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
     per_layer = r * ((d + q) * 2 + (d + kv) * 2 + (d + ff) * 3)  # q,o ; k,v ; gate,up,down
     assert trainable == c.num_hidden_layers * per_layer + d  # + the tied mask-token row, once
@@ -91,7 +91,7 @@ def test_save_and_load_round_trip(tiny_cfg, drafter, mask_id, tmp_path):
     run_dir = load_drafter_adapter(load_verifier(tiny_cfg), tmp_path)  # a training run's out dir
     with adapter_on(drafter), adapter_on(run_dir):
         assert torch.equal(_logits(run_dir), _logits(drafter))
-    with pytest.raises(FileNotFoundError, match="adapter_dir"):
+    with pytest.raises(FileNotFoundError, match="peftbd_dir"):
         load_drafter_adapter(load_verifier(tiny_cfg), tmp_path / "missing")
 
 
@@ -162,7 +162,7 @@ def test_attached_and_loaded_adapters_rest_switched_off(tiny_cfg, mask_id, tmp_p
     """At rest the wrapped model must be the verifier: AR/verify passes never see the adapter."""
     ids = torch.tensor([[5, 17, 300, 21, 42]])
     ref = load_verifier(tiny_cfg)(ids).logits
-    peft_model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.drafter, mask_id)
+    peft_model = attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, mask_id)
     for p in peft_model.parameters():
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.5)  # a non-trivial adapter

@@ -78,8 +78,8 @@ def test_resumed_requests_join_the_batch_exactly(models, prompts, references):
     """Requests whose replica died come back with their committed tokens (one batched rebuild)
     next to fresh ones; every output is still exact."""
     replica = ReplicaDecoder(models, 16, batch_wait_ms=20)
-    jobs = [(p, "peft-bd-head", list(p) + ref[:4]) for p, ref in zip(prompts, references)]
-    jobs += [(p, "peft-bd-head", []) for p in prompts]
+    jobs = [(p, "peftbd_head", list(p) + ref[:4]) for p, ref in zip(prompts, references)]
+    jobs += [(p, "peftbd_head", []) for p in prompts]
     results = _concurrent(replica, jobs)
     for (prompt, _, committed), events, ref in zip(jobs, results, references * 2):
         done = committed[len(prompt):]
@@ -112,7 +112,7 @@ def test_sync_rounds_from_threads_are_batched(models, prompts, references):
 
     replica = ReplicaDecoder(models, 16, batch_wait_ms=20)
     with ThreadPoolExecutor(len(prompts)) as pool:
-        outs = list(pool.map(lambda p: _tokens(replica.rounds(p, MAX_NEW, "peft-bd")), prompts))
+        outs = list(pool.map(lambda p: _tokens(replica.rounds(p, MAX_NEW, "peftbd")), prompts))
     assert outs == references and max(replica.batch_sizes) > 1
 
 

@@ -32,7 +32,7 @@ content = st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"
 message = st.one_of(st.fixed_dictionaries({"role": role, "content": content}), anything)
 per_field = {
     "model": st.one_of(st.sampled_from([MODEL, f"{MODEL}:ar", f"{MODEL}:fastmtp",
-                                     f"{MODEL}:peft-bd-head", "gpt-4o"]), text),
+                                     f"{MODEL}:peftbd_head", "gpt-4o"]), text),
     "messages": st.one_of(st.lists(message, max_size=4), anything),
     "prompt": st.one_of(text, st.lists(st.integers(-5, 10**6), max_size=8),
                         st.lists(st.lists(st.integers(0, 500), max_size=4), max_size=2), anything),
@@ -56,7 +56,7 @@ valid = {
 def near_valid(kind: str) -> st.SearchStrategy:
     """(kind, a body of valid fields for `kind`, one field maybe replaced by anything)."""
     base = st.fixed_dictionaries(
-        {"model": st.sampled_from([MODEL, f"{MODEL}:peft-bd"]), **valid[kind]}, optional=common)
+        {"model": st.sampled_from([MODEL, f"{MODEL}:peftbd"]), **valid[kind]}, optional=common)
     return st.builds(lambda b, name, value, mutate: (kind, {**b, name: value} if mutate else b),
                      base, st.sampled_from(FIELDS), st.one_of(scalars, anything), st.booleans())
 

@@ -27,7 +27,7 @@ def _events(ids: list[int]) -> list[RoundEvent]:
 
 
 def _serve(tok, events: list[RoundEvent], stop: tuple[str, ...]) -> tuple[str, RequestOutcome, list]:
-    outcome, text, observed = RequestOutcome(tok, "peft-bd", stop), "", []
+    outcome, text, observed = RequestOutcome(tok, "peftbd", stop), "", []
     for event in events:
         delta, received = outcome.push(event)
         text += delta
@@ -64,7 +64,7 @@ def test_a_stop_inside_a_round_counts_only_the_tokens_returned(tok):
     assert spec.tokens_per_round == pytest.approx((n - 1) / 2)
     assert spec.accepted_tokens == len(first) - 1 + 2
     # before: the round that completed the stop counted whole (4 tokens, 3 accepted more)
-    raw = RequestStats("peft-bd")
+    raw = RequestStats("peftbd")
     for e in events[:3]:
         raw.add(e)
     assert raw.summary().tokens_per_round == pytest.approx((n - 1 + 4) / 2)

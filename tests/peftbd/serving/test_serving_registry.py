@@ -13,20 +13,20 @@ import pytest
 from peftbd.config import ConfigError
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
-from peftbd.methods import AR, ArmSpec, by_serving, register, serving_names, unregister
+from peftbd.layout import training_stage
+from peftbd.methods import AR, ArmSpec, Former, by_serving, register, serving_names, unregister
 from peftbd.serving.replica import ReplicaDecoder
-from peftbd.stage import StageSpec
 
-TOY, STEPS, MAX_NEW = "toy-mtp", 2, 16
+TOY, STEPS, MAX_NEW = "toy", 2, 16
 
 
 @pytest.fixture(scope="module")
 def toy():
     """The toy method, registered for this module only."""
-    stage = StageSpec("train_toy", "toy head", "toy_head", reads=("mtp",))
+    stage = training_stage(TOY, "toy head")
     method = register(dataclasses.replace(
-        by_serving("fastmtp"), id="toy", serving=TOY, kind="toy", label="Toy", what="toy MTP head",
-        stages=(stage,), dir_arg="toy_dir", positions=lambda cfg: STEPS,
+        by_serving("fastmtp"), id=TOY, label="Toy", what="toy MTP head",
+        stages=(stage,), positions=lambda cfg: STEPS, former=Former(),
         arms=lambda cfg: [ArmSpec("toy", f"Toy ({STEPS} steps)", "toy", stage=stage.name,
                                   mtp_steps=STEPS)]))
     try:
@@ -58,7 +58,7 @@ def test_a_registered_method_is_served_colocated_with_the_engine_output(toy, tin
     trained = load_serving_models(tiny_cfg, (AR, TOY), {TOY: tmp_path})
     reference = decode(trained.model, prompt, None, MAX_NEW, trained.eos_ids).tokens
     for models in (untrained, trained):
-        assert models.decoder(TOY).drafter.num_steps == STEPS  # its arm's, not mtp.num_steps
+        assert models.decoder(TOY).drafter.num_steps == STEPS  # its arm's, not fastmtp.num_steps
         events = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, TOY))
         assert [t for e in events for t in e.tokens] == reference
         assert max(e.proposed for e in events) == STEPS
@@ -69,7 +69,7 @@ def test_its_own_serve_argument_and_synthetic_rate(toy, tiny_cfg):
     from peftbd.serving.synthetic import synthetic_rates
     from serve_apps.args import AppArgs
 
-    assert AppArgs.model_validate({"toy_dir": "/t", "head_dir": None}).drafter_dirs == {TOY: "/t"}
+    assert AppArgs.model_validate({"toy_dir": "/t", "peftbd_head_dir": None}).drafter_dirs == {TOY: "/t"}
     assert synthetic_rates(dataclasses.replace(tiny_cfg, serving=dataclasses.replace(
         tiny_cfg.serving, synthetic=(f"{TOY}=2.5",)))) == {TOY: 2.5}
     with pytest.raises(ConfigError, match=r"use 1 \.\. 3"):  # its 2 positions + the bonus

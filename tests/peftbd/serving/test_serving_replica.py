@@ -113,20 +113,20 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
         tiny_cfg, prompt, reference, monkeypatch):
     from peftbd.serving.models import load_serving_models
 
-    cfg = dataclasses.replace(tiny_cfg, drafter=dataclasses.replace(tiny_cfg.drafter, draft_layers=1))
+    cfg = tiny_cfg.with_section("peftbd", dataclasses.replace(tiny_cfg.peftbd, draft_layers=1))
     models = load_serving_models(cfg)  # an untrained early-exit adapter: the first layer's exit
-    assert models.decoder("peft-bd").drafter.reads_kv_layers == 1
+    assert models.decoder("peftbd").drafter.reads_kv_layers == 1
     replica, truncated = ReplicaDecoder(models, 4), []
-    tokens, _ = _split(models, prompt, "peft-bd", drafter=replica, drafts=truncated)
+    tokens, _ = _split(models, prompt, "peftbd", drafter=replica, drafts=truncated)
     assert tokens == reference
     # the drafter replica keeps 1 of 2 layers, of every position: the verifier shipped them all
     state = replica.sessions.get("s").state
     ((k0, _),) = state.cache.committed()
     assert k0.shape[2] == len(state.tokens) - 1 and set(state.forwards.calls) == {"draft"}
 
-    monkeypatch.setattr(models.decoder("peft-bd").drafter, "reads_kv_layers", None)  # every layer
+    monkeypatch.setattr(models.decoder("peftbd").drafter, "reads_kv_layers", None)  # every layer
     full = []
-    assert _split(models, prompt, "peft-bd", drafts=full)[0] == reference
+    assert _split(models, prompt, "peftbd", drafts=full)[0] == reference
     assert truncated == full and any(truncated)
 
 
@@ -160,14 +160,14 @@ def test_a_released_session_cannot_come_back(models, prompt):
 
 def test_a_colocated_loop_closed_early_ends_its_stream(models, prompt):
     replica = ReplicaDecoder(models, 4)
-    loop = replica.rounds(prompt, MAX_NEW, "peft-bd")
+    loop = replica.rounds(prompt, MAX_NEW, "peftbd")
     next(loop), next(loop)
     assert replica.streams == 1
     loop.close()  # the client left
     assert replica.streams == 0
 
 
-HEAD = "peft-bd-head"
+HEAD = "peftbd_head"
 
 
 def _row_bytes(models) -> int:
@@ -200,7 +200,7 @@ def test_split_head_drafts_from_transported_features_without_a_verifier_forward(
         assert torch.allclose(k0, k1, atol=1e-4) and torch.allclose(v0, v1, atol=1e-4)
 
 
-@pytest.mark.parametrize("method", [HEAD, "fastmtp", "peft-bd"])
+@pytest.mark.parametrize("method", [HEAD, "fastmtp", "peftbd"])
 def test_split_drafts_from_shipped_state_equal_the_colocated_ones(models, prompt, reference, method):
     """The Verifier ships what each drafter reads (features, final hidden states, KV), its
     prefill of every prompt position: the Drafter runs no verifier forward, not even a prefill,
@@ -224,7 +224,7 @@ def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, r
                                                                     drafter_sync="forward"))
     models = load_serving_models(cfg)
     assert HEAD in models.shipped and set(models.shipped.values()) == {"features"}
-    for method in ("fastmtp", "peft-bd"):
+    for method in ("fastmtp", "peftbd"):
         events, drafter = [], ReplicaDecoder(models, 4)
         assert _split(models, prompt, method, drafter=drafter, events=events)[0] == reference
         assert sum(e.feature_bytes for e in events) == 0
@@ -291,7 +291,7 @@ def test_features_of_another_head_are_a_clear_error(models, prompt):
     reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, HEAD)])[0]
     block = dataclasses.replace(reply.shipped, layers=(0,))
     committed = list(prompt) + reply.tokens
-    with pytest.raises(ValueError, match="same head_dir"):
+    with pytest.raises(ValueError, match="same peftbd_head_dir"):
         ReplicaDecoder(models, 4).propose_batch(
             [ProposeItem("s", committed, len(prompt), MAX_NEW, HEAD, block)])
 
@@ -321,8 +321,8 @@ def test_kv_block_round_trips_every_layer():
 
 def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models, prompt, reference,
                                                               tmp_path):
-    """`head_dir`: the Drafter loads the head, the Verifier (AR only, as deployed) keeps the
-    feature layers its saved shape records, not `cfg.head`'s."""
+    """`peftbd_head_dir`: the Drafter loads the head, the Verifier (AR only, as deployed) keeps the
+    feature layers its saved shape records, not `cfg.peftbd_head`'s."""
     from peftbd.models.bd_head import BDHead, HeadShape
     from peftbd.serving.models import load_serving_models
 
@@ -331,7 +331,7 @@ def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models,
     BDHead(models.model.get_base_model(), shape).save_pretrained(tmp_path / "bd_head")
     drafter = load_serving_models(tiny_cfg, (HEAD,), {HEAD: tmp_path})
     verifier = load_serving_models(tiny_cfg, ("ar",), {HEAD: tmp_path})
-    assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.head.feature_layers)
+    assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.peftbd_head.feature_layers)
     assert verifier.verifier_decoder(HEAD).drafter.feature_layers == (0, 2)
     replica = ReplicaDecoder(drafter, 4)
     tokens, resumes = _split(drafter, prompt, HEAD, drafter=replica,
@@ -343,7 +343,7 @@ def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models,
 def test_a_prefill_block_that_does_not_cover_the_prompt_is_refused(models, prompt):
     """`from_shipped` needs every position before the last committed token; `advance_shipped`
     refuses KV that would leave the cache short of them, naming the counts."""
-    dec = models.decoder("peft-bd")
+    dec = models.decoder("peftbd")
     state = dec.start(prompt, MAX_NEW)
     committed = list(state.tokens)
     whole = KVBlock.encode(state.cache.committed(), 0)

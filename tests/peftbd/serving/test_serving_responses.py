@@ -18,12 +18,12 @@ from peftbd.serving.validation import GenerationSpec
 
 def _spec(kind: str) -> GenerationSpec:
     return GenerationSpec(
-        request_id="req-1", kind=kind, model="peftbd-tiny", method="peft-bd",
+        request_id="req-1", kind=kind, model="peftbd-tiny", method="peftbd",
         prompt_ids=[5, 6, 7], max_new_tokens=4, stream=True, include_usage=True,
     )
 
 
-STATS = SpecStats(method="peft-bd", rounds=2, proposed_tokens=16, accepted_tokens=2,
+STATS = SpecStats(method="peftbd", rounds=2, proposed_tokens=16, accepted_tokens=2,
                   tokens_per_round=2.0, acceptance_rate=0.125, draft_ms=3.0, verify_ms=4.0)
 
 
@@ -63,8 +63,8 @@ def test_chunks_parse_as_openai_types_and_frame_as_sse():
 
 def test_model_list_has_one_id_per_method():
     ids = [m.id for m in model_list("peftbd-tiny", created=0).data]
-    assert ids[:5] == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peft-bd", "peftbd-tiny:fastmtp",
-                       "peftbd-tiny:peft-bd-head"]
+    assert ids[:5] == ["peftbd-tiny", "peftbd-tiny:ar", "peftbd-tiny:peftbd", "peftbd-tiny:fastmtp",
+                       "peftbd-tiny:peftbd_head"]
     assert ids[5:] == [f"peftbd-tiny:{m}" for m in serving_names()[4:]]  # methods registered since
 
 

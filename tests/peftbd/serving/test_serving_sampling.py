@@ -64,10 +64,10 @@ def test_a_seeded_sample_is_the_engines_colocated_and_split(models, prompt, meth
 
 
 def test_synthetic_methods_refuse_sampling():
-    spec = GenerationSpec("r", "chat", "m", "peft-bd", [1], 4, False, False,
+    spec = GenerationSpec("r", "chat", "m", "peftbd", [1], 4, False, False,
                           sampling=SamplingParams(temperature=0.5, seed=1))
     with pytest.raises(RequestError, match="controlled acceptance") as err:
-        check_sampled(spec, {"peft-bd": 2.881})
+        check_sampled(spec, {"peftbd": 2.881})
     assert err.value.param == "temperature"
     check_sampled(spec, {"fastmtp": 2.0})  # another method's rate: fine
 

@@ -25,7 +25,7 @@ from peftbd.serving.synthetic import (
 )
 
 MAX_NEW = 64
-RATES = {"peft-bd": 3.5, "fastmtp": 2.0, "peft-bd-head": 4.0}
+RATES = {"peftbd": 3.5, "fastmtp": 2.0, "peftbd_head": 4.0}
 
 
 @pytest.fixture(scope="module")
@@ -129,18 +129,18 @@ def test_the_oracle_decodes_unknown_prompts_once_and_uses_references(models, pro
 
 def test_usage_and_metrics_name_the_synthetic_rate(tiny_cfg):
     cfg = dataclasses.replace(tiny_cfg, serving=dataclasses.replace(
-        tiny_cfg.serving, synthetic=("peft-bd=2.881",)))
+        tiny_cfg.serving, synthetic=("peftbd=2.881",)))
     rates = synthetic_rates(cfg)
-    assert rates == {"peft-bd": 2.881}
-    assert method_label("peft-bd", rates) == "peft-bd [synthetic: 2.881/round]"
+    assert rates == {"peftbd": 2.881}
+    assert method_label("peftbd", rates) == "peftbd [synthetic: 2.881/round]"
     assert method_label("fastmtp", rates) == "fastmtp"
     assert RequestStats("fastmtp").summary().synthetic is None
 
 
 @pytest.mark.parametrize("entries,needle", [
     (("ar=2",), "names no drafting method"),
-    (("peftbd=2",), "names no drafting method"),
-    (("peft-bd=2", "peft-bd=3"), "named twice"),
+    (("peft-bd=2",), r"names no drafting method \('peft-bd' was renamed to 'peftbd'\)"),
+    (("peftbd=2", "peftbd=3"), "named twice"),
     (("fastmtp=9",), "draft positions"),
 ])
 def test_bad_synthetic_entries_name_the_key(tiny_cfg, entries, needle):
@@ -153,7 +153,7 @@ def test_bad_synthetic_entries_name_the_key(tiny_cfg, entries, needle):
 
 def test_the_config_refuses_entries_of_another_form():
     with pytest.raises(ConfigError, match="serving.synthetic"):
-        load_config("tiny", None, ["serving.synthetic=[peft-bd]"])
+        load_config("tiny", None, ["serving.synthetic=[peftbd]"])
 
 
 def test_references_round_trip_and_bad_files_are_config_errors(tmp_path):

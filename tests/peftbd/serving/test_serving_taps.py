@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
-from peftbd.methods import AR, by_serving, register, serving_names
+from peftbd.methods import AR, Former, by_serving, register, serving_names
 from peftbd.models.bd_head import HEAD_SUBDIR, BDHead, HeadShape
 
-HEAD, DFLASH = by_serving("peft-bd-head").serving, by_serving("dflash").serving
+HEAD, DFLASH = by_serving("peftbd_head").serving, by_serving("dflash").serving
 READERS = (HEAD, DFLASH)
 SAVED = {HEAD: (0, 2), DFLASH: (1,)}
 """Each saved head's own feature layers (neither section's)."""
@@ -93,9 +93,8 @@ def test_a_saved_head_for_another_verifier_is_refused_by_its_feature_layers(tiny
 
 
 def test_a_method_that_ships_features_must_declare_its_feature_layers():
-    toy = dataclasses.replace(by_serving(HEAD), id="toy_features", serving="toy-features",
-                              kind="toy_features", dir_arg="toy_features_dir", stages=(),
-                              feature_layers=None)
+    toy = dataclasses.replace(by_serving(HEAD), id="toy_features", stages=(), task=None,
+                              feature_layers=None, former=Former())
     with pytest.raises(ValueError, match=r"'toy_features'.*Method\.feature_layers"):
         register(toy)
-    assert "toy-features" not in serving_names()
+    assert "toy_features" not in serving_names()

@@ -86,7 +86,7 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": [1, "a"]}, "prompt", "list of token ids"),
         ({"model": MODEL, "prompt": ""}, "prompt", "empty"),
         ({"model": MODEL, "prompt": [10**7]}, "prompt", "ids in [0,"),
-        ({"model": MODEL, "prompt": "x", "method": "medusa"}, "method", "'peft-bd'"),
+        ({"model": MODEL, "prompt": "x", "method": "medusa"}, "method", "'peftbd'"),
         ({"model": MODEL, "prompt": "x", "temperature": 2.5}, "temperature", "less than or equal to 2"),
         ({"model": MODEL, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
         ({"model": MODEL, "prompt": "x", "top_k": -2}, "top_k", "positive count"),
@@ -94,7 +94,7 @@ def test_max_tokens_defaults_to_the_cap(tok, serving):
         ({"model": MODEL, "prompt": "x", "max_tokens": 10_000}, "max_tokens", "serving.max_tokens_cap"),
         ({"model": MODEL, "prompt": "word " * 2400}, "prompt", "serving.max_prompt_tokens"),
         ({"model": f"{MODEL}:ar", "prompt": "x", "method": "fastmtp"}, "method", "contradicts"),
-        ({"model": f"{MODEL}:peft-bd", "prompt": "x", "method": "peft-bd-head"}, "method",
+        ({"model": f"{MODEL}:peftbd", "prompt": "x", "method": "peftbd_head"}, "method",
          "contradicts"),
     ],
 )
@@ -128,23 +128,23 @@ def test_malformed_json_oversized_body_and_unknown_model(tok, serving):
     assert _refusal(big, tok, serving).status == 413
     err = _refusal({"model": "gpt-4", "prompt": "x"}, tok, serving)
     assert (err.status, err.param) == (404, "model")
-    err = _refusal({"model": f"{MODEL}:peft-bd-heads", "prompt": "x"}, tok, serving)
-    assert err.status == 404 and f"'{MODEL}:peft-bd-head'" in err.message  # the ids it lists
+    err = _refusal({"model": f"{MODEL}:peftbd_heads", "prompt": "x"}, tok, serving)
+    assert err.status == 404 and f"'{MODEL}:peftbd_head'" in err.message  # the ids it lists
 
 
 def test_method_from_model_suffix_or_field(serving):
-    assert resolve_method(MODEL, None, MODEL, "peft-bd") == "peft-bd"
-    assert resolve_method(f"{MODEL}:fastmtp", None, MODEL, "peft-bd") == "fastmtp"
-    assert resolve_method(MODEL, "ar", MODEL, "peft-bd") == "ar"
-    assert resolve_method(f"{MODEL}:ar", "ar", MODEL, "peft-bd") == "ar"
-    assert resolve_method(f"{MODEL}:peft-bd-head", None, MODEL, "peft-bd") == "peft-bd-head"
-    assert resolve_method(MODEL, "peft-bd-head", MODEL, "ar") == "peft-bd-head"
+    assert resolve_method(MODEL, None, MODEL, "peftbd") == "peftbd"
+    assert resolve_method(f"{MODEL}:fastmtp", None, MODEL, "peftbd") == "fastmtp"
+    assert resolve_method(MODEL, "ar", MODEL, "peftbd") == "ar"
+    assert resolve_method(f"{MODEL}:ar", "ar", MODEL, "peftbd") == "ar"
+    assert resolve_method(f"{MODEL}:peftbd_head", None, MODEL, "peftbd") == "peftbd_head"
+    assert resolve_method(MODEL, "peftbd_head", MODEL, "ar") == "peftbd_head"
 
 
 def test_serving_config_is_checked_at_startup(serving):
     check_serving_config(serving)
     bad = dataclasses.replace(serving, default_method="greedy")  # no registered method's name
-    with pytest.raises(ConfigError, match="serving.default_method': 'greedy' is not one of .*'peft-bd'"):
+    with pytest.raises(ConfigError, match="serving.default_method': 'greedy' is not one of .*'peftbd'"):
         check_serving_config(bad)
     bad = dataclasses.replace(serving, placement_methods=("ar", "medusa"))
     with pytest.raises(ConfigError, match="serving.placement_methods': 'medusa'"):

@@ -34,7 +34,7 @@ def qwen3_stand_in(hidden: int = 64, layers: int = 2, intermediate: int = 128, h
 @pytest.fixture(scope="session")
 def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
     """`make(module, cfg, optim=None)`: a DeepSpeed engine over `module`'s trainable parameters
-    with the config `cfg.training` and `optim` (default `cfg.drafter.optim`) give, as a training
+    with the config `cfg.training` and `optim` (default `cfg.peftbd.optim`) give, as a training
     worker builds it (one rank)."""
     import deepspeed
 
@@ -50,7 +50,7 @@ def ds_engine(tiny_cfg: Config) -> Callable[..., object]:
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, *_ = deepspeed.initialize(
             model=module, model_parameters=trainable,
-            config=deepspeed_config(cfg.training, optim or cfg.drafter.optim, world_size=1))
+            config=deepspeed_config(cfg.training, optim or cfg.peftbd.optim, world_size=1))
         return engine
 
     yield make

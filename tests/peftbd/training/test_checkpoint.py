@@ -19,7 +19,7 @@ MASK_ID = 151_669  # Qwen3's <|mask|> (load_tokenizer adds it below the 151,936 
 def _drafter():
     cfg = load_config("qwen3-0.6b")
     torch.manual_seed(0)
-    return attach_drafter_adapter(qwen3_stand_in(), cfg.drafter, MASK_ID)
+    return attach_drafter_adapter(qwen3_stand_in(), cfg.peftbd, MASK_ID)
 
 
 def test_frozen_names_include_the_tied_heads_copy():
@@ -40,7 +40,7 @@ def _size(path) -> int:
     ["training.zero_stage=2", "training.precision=bf16"],  # the qwen3-0.6b preset's
 ], ids=["zero0-fp32", "zero2-bf16"])
 def test_peftbd_checkpoint_holds_only_what_trains_at_the_real_vocabulary(ds_engine, tmp_path, setting):
-    cfg = load_config("qwen3-0.6b", overrides=["model.device=cpu", "drafter.optim.global_batch_size=1",
+    cfg = load_config("qwen3-0.6b", overrides=["model.device=cpu", "peftbd.optim.global_batch_size=1",
                                                 "training.micro_batch_size=1", *setting])
     model = _drafter()
     trainable, total = count_parameters(model)

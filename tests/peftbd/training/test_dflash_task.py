@@ -12,7 +12,7 @@ import torch
 
 from peftbd.config import load_config
 from peftbd.decoding import BDHeadDrafter, SpeculativeDecoder
-from peftbd.methods import by_kind
+from peftbd.methods import method
 from peftbd.models.loading import eos_token_ids, load_tokenizer
 from peftbd.training.block_diffusion import (
     block_starts,
@@ -31,7 +31,7 @@ from peftbd.training.schedule import Schedule, WorkerData, train
 from .conftest import ROUNDS_BUDGET as BUDGET
 from .conftest import overfit
 
-SMALL = [f"data.max_new_tokens={BUDGET}", "drafter.block_size=8"]
+SMALL = [f"data.max_new_tokens={BUDGET}", "peftbd_head.block_size=8", "dflash.block_size=8"]
 
 
 def _batch(lengths: list[int], prompt: int = 5):
@@ -75,13 +75,13 @@ def test_random_anchors_count_range_and_determinism():
 def test_the_head_section_takes_todays_path(tiny_world):
     """`head:` (block, prefix_gamma, block_stride): the loss of today's composition, bit for bit."""
     cfg = load_config("tiny", overrides=SMALL)
-    task = HeadTask(cfg)
+    task = HeadTask(cfg, "peftbd_head")
     head = task.build(torch.device("cpu"))
     _, batch = _batch([60, 33])
     assert task.draft_len == task.block_size == 8
-    starts = block_starts(batch, 8, "random", cfg.training.seed, 2, cfg.head.block_stride)
+    starts = block_starts(batch, 8, "random", cfg.training.seed, 2, cfg.peftbd_head.block_stride)
     draft = build_draft_batch(batch, starts, block_size=8, mask_id=task.mask_id, pad_id=task.pad_id,
-                              anchored=False, gamma=cfg.head.prefix_gamma, t_range=(1.0, 1.0),
+                              anchored=False, gamma=cfg.peftbd_head.prefix_gamma, t_range=(1.0, 1.0),
                               seed=cfg.training.seed, epoch=2)
     want = head_block_stats(head, task.verifier, draft, cfg.training.logits_chunk_rows).loss
     assert torch.equal(task.train_loss(head, batch, epoch=2), want)
@@ -89,7 +89,7 @@ def test_the_head_section_takes_todays_path(tiny_world):
 
 def test_dflash_cuts_d_position_blocks_at_random_anchors(tiny_world):
     cfg = load_config("tiny", overrides=SMALL)
-    task = by_kind("dflash").task(cfg)
+    task = method("dflash").task(cfg)
     assert isinstance(task, HeadTask) and task.head_cfg == cfg.dflash
     assert task.draft_len == 7 and task.optim == cfg.dflash.optim
     head = task.build(torch.device("cpu"))
@@ -110,7 +110,7 @@ def test_replayed_rounds_are_the_engines_d_minus_1_rounds(tiny_world, greedy_row
     """Trained on the verifier's greedy rows, the DFlash head drafts, in `SpeculativeDecoder`,
     exactly the rounds the training layout replays: D - 1 = 7 tokens a round."""
     cfg = load_config("tiny", overrides=SMALL)
-    task = by_kind("dflash").task(cfg)
+    task = method("dflash").task(cfg)
     tok = load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     batch = collate_sequences(greedy_rows, tok.pad_token_id)
@@ -119,7 +119,7 @@ def test_replayed_rounds_are_the_engines_d_minus_1_rounds(tiny_world, greedy_row
     with torch.no_grad():
         replayed = replay_rounds(head_drafts(head, task.verifier, batch, block_size=7,
                                              pad_id=task.pad_id), batch, budget=BUDGET, block_size=7)
-    drafter = BDHeadDrafter(head, task.verifier, cfg.drafter.block_size)
+    drafter = BDHeadDrafter(head, task.verifier, cfg.dflash.block_size)
     engine = SpeculativeDecoder(task.verifier, drafter, eos_token_ids(task.verifier, tok), BUDGET)
     results = [engine.decode(p) for p in greedy_rows["prompt_ids"]]
     replay_is_the_engine(task, head, batch, greedy_rows, replayed, results)
@@ -131,7 +131,7 @@ def test_a_few_steps_of_the_dflash_task_through_the_schedule(ds_engine, tiny_wor
     cfg = load_config("tiny", overrides=[*SMALL, "training.micro_batch_size=1",
                                          "dflash.optim.global_batch_size=2", "dflash.optim.max_steps=3",
                                          "dflash.optim.eval_every=3"])
-    task = by_kind("dflash").task(cfg)
+    task = method("dflash").task(cfg)
     engine = ds_engine(task.build(torch.device("cpu")), cfg, task.optim)
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
     pad_id = load_tokenizer(cfg).pad_token_id

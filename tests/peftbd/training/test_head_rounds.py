@@ -18,7 +18,7 @@ from peftbd.models.loading import eos_token_ids, load_tokenizer
 from peftbd.training.examples import collate_sequences
 from peftbd.training.head_objective import head_drafts
 from peftbd.training.rounds import replay_rounds
-from peftbd.methods import by_kind
+from peftbd.methods import method
 
 from .conftest import ROUNDS_BUDGET as BUDGET
 from .conftest import overfit
@@ -28,8 +28,8 @@ from .conftest import overfit
 def trained(tiny_world, greedy_rows):
     """(task, head, rows, eos): a head trained 40 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept long prefixes)."""
-    cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}", "drafter.block_size=8"])
-    task, tok = by_kind("head").task(cfg), load_tokenizer(cfg)
+    cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}", "peftbd_head.block_size=8"])
+    task, tok = method("peftbd_head").task(cfg), load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
     rows = greedy_rows
@@ -41,7 +41,7 @@ def trained(tiny_world, greedy_rows):
 
 def test_replayed_rounds_are_the_engines_rounds(trained, replay_is_the_engine):
     task, head, rows, eos = trained
-    d = task.cfg.drafter.block_size
+    d = task.cfg.peftbd_head.block_size
     batch = collate_sequences(rows, task.pad_id)
     with torch.no_grad():
         replayed = replay_rounds(head_drafts(head, task.verifier, batch, block_size=d,
@@ -72,7 +72,7 @@ class Recording:
 
 def test_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(trained):
     task, head, rows, eos = trained
-    d, vocab = task.cfg.drafter.block_size, torch.arange(3, 300)
+    d, vocab = task.cfg.peftbd_head.block_size, torch.arange(3, 300)
     full = SpeculativeDecoder(task.verifier, BDHeadDrafter(head, task.verifier, d), eos, BUDGET)
     drafter = Recording(BDHeadDrafter(head, task.verifier, d, vocab_ids=vocab))
     small = SpeculativeDecoder(task.verifier, drafter, eos, BUDGET)
@@ -102,5 +102,5 @@ def test_loading_onto_another_verifier_shape_fails_clearly(trained, tmp_path):
     (tmp_path / "bd_head.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="was trained for verifier shape"):
         BDHead.from_pretrained(tmp_path, task.verifier)
-    with pytest.raises(FileNotFoundError, match="jobs.train_head"):
+    with pytest.raises(FileNotFoundError, match="jobs.train --method peftbd_head"):
         BDHead.from_pretrained(tmp_path / "nowhere", task.verifier)

@@ -21,7 +21,7 @@ COUNTS = {"adapter": (10_093_568, 606_143_488), "mtp": (17_830_144, 613_880_064)
 
 def _estimate(kind, overrides=()):
     cfg = load_config("qwen3-0.6b", overrides=list(overrides))
-    optim = cfg.drafter.optim if kind == "adapter" else cfg.mtp.optim
+    optim = cfg.peftbd.optim if kind == "adapter" else cfg.fastmtp.optim
     plan = batch_plan(cfg.training, optim, cfg.training.num_workers)
     return step_memory(kind, cfg, QWEN3_06B, *COUNTS[kind], plan, "bfloat16")
 
@@ -43,7 +43,7 @@ def test_the_old_layout_did_not_fit(kind):
 def test_unchunked_fastmtp_logits_are_the_issues_30_gb():
     """64 x 767 positions x 151,936 fp32 logits = 29.8 GB for one step of one MTP step."""
     est = _estimate("mtp", ["training.micro_batch_size=0", "training.logits_chunk_rows=0",
-                            "mtp.num_steps=1", "mtp.loss_weights=[1.0]", "data.max_new_tokens=767",
+                            "fastmtp.num_steps=1", "fastmtp.loss_weights=[1.0]", "data.max_new_tokens=767",
                             "data.max_prompt_len=1"])
     assert est.logits_rows == 64 * 767
     one_copy_gb = 64 * 767 * 151936 * 4 / 1e9

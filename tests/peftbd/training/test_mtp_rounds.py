@@ -14,7 +14,7 @@ from peftbd.models.loading import eos_token_ids, load_tokenizer
 from peftbd.training.examples import collate_sequences
 from peftbd.training.mtp_objective import mtp_drafts
 from peftbd.training.rounds import replay_rounds
-from peftbd.methods import by_kind
+from peftbd.methods import method
 
 from .conftest import ROUNDS_BUDGET as BUDGET
 from .conftest import overfit
@@ -25,7 +25,7 @@ def trained(tiny_world, greedy_rows):
     """(task, head, rows, eos, pad id): an MTP head trained 20 steps on 16 rows whose continuations are its
     verifier's greedy output (it overfits them, so rounds accept several steps)."""
     cfg = load_config("tiny", overrides=[f"data.max_new_tokens={BUDGET}"])
-    task, tok = by_kind("mtp").task(cfg), load_tokenizer(cfg)
+    task, tok = method("fastmtp").task(cfg), load_tokenizer(cfg)
     head = task.build(torch.device("cpu"))
     eos = eos_token_ids(task.verifier, tok)
     rows = greedy_rows
@@ -35,7 +35,7 @@ def trained(tiny_world, greedy_rows):
 
 def test_replayed_rounds_are_the_engines_rounds(trained, replay_is_the_engine):
     task, head, rows, eos, pad_id = trained
-    k = task.cfg.mtp.num_steps
+    k = task.cfg.fastmtp.num_steps
     batch = collate_sequences(rows, pad_id)
     replayed = replay_rounds(mtp_drafts(head, task.verifier, batch, k), batch, budget=BUDGET,
                              block_size=k)

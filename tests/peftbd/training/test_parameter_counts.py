@@ -34,7 +34,7 @@ def _within(value: float, paper: float, rel: float = 0.01) -> bool:
 
 def test_peftbd_counts_match_the_paper(qwen3_06b_meta):
     cfg = load_config("qwen3-0.6b")
-    model = attach_drafter_adapter(qwen3_06b_meta, cfg.drafter, QWEN3_MASK_ID)
+    model = attach_drafter_adapter(qwen3_06b_meta, cfg.peftbd, QWEN3_MASK_ID)
     summary = parameter_summary(*count_parameters(model))
     # LoRA r=16 on q,k,v,o,gate,up,down of 28 layers: 28 * 16 * (3072+2048+2048+3072+4*4096) = 10,092,544
     # plus the mask-token row (1024).
@@ -57,7 +57,7 @@ def test_block_diffusion_head_is_within_five_percent_of_the_backbone(qwen3_06b_m
     of the 3 x 1024 -> 1024 feature projection, 2.1M of the anchor fusion, 3 norms and the mask
     embedding; the verifier's embeddings and LM head are shared, not counted."""
     cfg = load_config("qwen3-0.6b")
-    head = BDHead(qwen3_06b_meta, HeadShape.of(cfg.head, qwen3_06b_meta.config, QWEN3_MASK_ID))
+    head = BDHead(qwen3_06b_meta, HeadShape.of(cfg.peftbd_head, qwen3_06b_meta.config, QWEN3_MASK_ID))
     summary = parameter_summary(*head_parameter_counts(head, qwen3_06b_meta))
     layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128  # attn, MLP, norms
     fuse = 2 * 1024 * 1024  # the anchor token fused with its predecessor's context

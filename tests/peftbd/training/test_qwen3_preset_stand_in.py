@@ -31,7 +31,7 @@ from peftbd.training.checkpoint import TrainState, save_checkpoint
 from peftbd.training.deepspeed_config import batch_plan
 from peftbd.training.evaluate import evaluate
 from peftbd.training.examples import collate_sequences
-from peftbd.methods import by_kind
+from peftbd.methods import method
 
 from .conftest import QWEN3_VOCAB, qwen3_stand_in
 
@@ -41,12 +41,12 @@ NEW_TOKENS = 12
 OVERRIDES = [
     "model.device=cpu",  # the one flag: no GPU request anywhere, bf16 as the preset says
     "data.max_prompt_len=64", f"data.max_new_tokens={NEW_TOKENS}",
-    "drafter.early_exit_layers=0", "drafter.offsets_ablation=false",
-    "drafter.optim.global_batch_size=4", "mtp.optim.global_batch_size=4",
-    "drafter.optim.max_steps=1", "mtp.optim.max_steps=1",
-    "head.optim.global_batch_size=4", "head.optim.max_steps=1",
+    "peftbd.early_exit_layers=0", "peftbd.offsets_ablation=false",
+    "peftbd.optim.global_batch_size=4", "fastmtp.optim.global_batch_size=4",
+    "peftbd.optim.max_steps=1", "fastmtp.optim.max_steps=1",
+    "peftbd_head.optim.global_batch_size=4", "peftbd_head.optim.max_steps=1",
     "dflash.optim.global_batch_size=4", "dflash.optim.max_steps=1", "dflash.layers=1",
-    "head.feature_layers=[1,2]",  # the stand-in has 2 of the 28 layers
+    "peftbd_head.feature_layers=[1,2]",  # the stand-in has 2 of the 28 layers
     "training.micro_batch_size=2",  # 2 micro-batches of 2 per step (gradient accumulation)
     "training.logits_chunk_rows=16",  # several chunks per micro-batch
     # Training in fp32 here: bf16 trains on CPU (test_checkpoint runs ZeRO-2 bf16 steps), but
@@ -104,7 +104,7 @@ def artifact(cfg):
 
 def _train(kind, cfg, artifact, ds_engine, out):
     rows, pad_id = artifact
-    task = by_kind(kind).task(cfg)
+    task = method(kind).task(cfg)
     engine = ds_engine(task.build(torch.device("cpu")), cfg, task.optim)
     module = engine.module
     assert next(module.parameters()).dtype == torch.float32  # training.precision, CPU or not
@@ -133,7 +133,7 @@ def _train(kind, cfg, artifact, ds_engine, out):
 @pytest.mark.slow
 def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_engine, tmp_path):
     results = {}
-    for kind in ("peftbd", "mtp", "head", "dflash"):
+    for kind in ("peftbd", "fastmtp", "peftbd_head", "dflash"):
         trainable, ckpt_bytes, estimate, growth = _train(kind, cfg, artifact, ds_engine, tmp_path / kind)
         # only what trains is saved: 12 bytes per trainable parameter under ZeRO-2 fp32 (weights,
         # AdamW moments), nothing of the 622 MB fp32 table
@@ -144,9 +144,8 @@ def test_the_preset_runs_end_to_end_at_the_real_vocabulary(cfg, artifact, ds_eng
         results[kind] = (trainable, ckpt_bytes, estimate.total_mib, round(growth))
     rows, _ = artifact
     prompts = [Prompt(f"p{i}", rows["prompt_ids"][4 + i]) for i in range(cfg.decoding.num_prompts)]
-    dirs = DrafterDirs({"train_peftbd": str(tmp_path / "peftbd"), "train_mtp": str(tmp_path / "mtp"),
-                        "train_head": str(tmp_path / "head"), "train_dflash": str(tmp_path / "dflash")},
-                       draft_vocab=list(range(cfg.head.draft_vocab)))
+    dirs = DrafterDirs({f"train_{kind}": str(tmp_path / kind) for kind in results},
+                       draft_vocab=list(range(cfg.peftbd_head.draft_vocab)))
     shard = run_shard(cfg, dirs, arm_specs(cfg), prompts, repeats=1)
     assert shard.dtype == "bfloat16" and shard.device == "cpu"  # what the report states
     assert set(shard.results) == {s.id for s in arm_specs(cfg)}

@@ -29,7 +29,7 @@ def cfg(tiny_world):
 def trained(request, cfg, tiny_world, greedy_rows):
     """(task, adapter, rows, eos): an adapter trained 50 steps on 16 rows whose continuations are
     its verifier's greedy output (it overfits them, so rounds accept long prefixes)."""
-    cfg = dataclasses.replace(cfg, drafter=dataclasses.replace(cfg.drafter, draft_layers=request.param))
+    cfg = cfg.with_section("peftbd", dataclasses.replace(cfg.peftbd, draft_layers=request.param))
     task, tok = PeftBDTask(cfg), load_tokenizer(cfg)
     model = task.build(torch.device("cpu"))
     eos = eos_token_ids(model.get_base_model(), tok)
@@ -41,10 +41,10 @@ def trained(request, cfg, tiny_world, greedy_rows):
 def test_replayed_rounds_are_the_engines_rounds(trained, replay_is_the_engine):
     task, model, rows, eos = trained
     batch = collate_sequences(rows, task.pad_id)
-    drafts = peftbd_drafts(model, batch, block_size=task.cfg.drafter.block_size,
+    drafts = peftbd_drafts(model, batch, block_size=task.cfg.peftbd.block_size,
                            mask_id=task.mask_id, pad_id=task.pad_id, anchored=False)
-    replayed = replay_rounds(drafts, batch, budget=BUDGET, block_size=task.cfg.drafter.block_size)
-    engine = SpeculativeDecoder(model, PeftBDDrafter(model, task.mask_id, task.cfg.drafter.block_size),
+    replayed = replay_rounds(drafts, batch, budget=BUDGET, block_size=task.cfg.peftbd.block_size)
+    engine = SpeculativeDecoder(model, PeftBDDrafter(model, task.mask_id, task.cfg.peftbd.block_size),
                                 eos, BUDGET)
     results = [engine.decode(p) for p in rows["prompt_ids"]]
     ends = {len(c) == BUDGET for c in rows["continuation_ids"]}

@@ -15,7 +15,7 @@ from peftbd.training.checkpoint import TrainState, load_checkpoint, save_checkpo
 from peftbd.training.deepspeed_config import batch_plan
 from peftbd.training.examples import collate_sequences
 from peftbd.training.schedule import Rows, Schedule, Trained, WorkerData, train
-from peftbd.methods import by_kind
+from peftbd.methods import method
 
 TRAIN_ROWS = 6
 """One rank, one row per micro-batch, two per step: three steps per epoch."""
@@ -40,7 +40,7 @@ def _run(ds_engine, cfg: Config, ckpt_dir: Path, resume: bool = False,
          stop_at: int | None = None) -> tuple[Trained | None, dict, list, dict]:
     """A run from scratch or from the checkpoint in `ckpt_dir`: what `train` returned (None when
     stopped), the loss of each step, the reports and the trainable weights it ended with."""
-    task = by_kind("peftbd").task(cfg)
+    task = method("peftbd").task(cfg)
     engine = ds_engine(task.build(torch.device("cpu")), cfg, task.optim)
     start = load_checkpoint(engine, ckpt_dir, "fp") if resume else TrainState()
     pad_id = load_tokenizer(cfg).pad_token_id
@@ -72,7 +72,7 @@ def _run(ds_engine, cfg: Config, ckpt_dir: Path, resume: bool = False,
 
 def test_a_run_resumed_mid_epoch_ends_as_one_never_interrupted(ds_engine, tiny_world, tmp_path):
     cfg = load_config("tiny", overrides=[
-        "training.micro_batch_size=1", *(f"drafter.optim.{k}={v}" for k, v in OPTIM.items())])
+        "training.micro_batch_size=1", *(f"peftbd.optim.{k}={v}" for k, v in OPTIM.items())])
     straight, straight_losses, straight_reports, straight_weights = _run(
         ds_engine, cfg, tmp_path / "straight")
     stopped, first_losses, first_reports, _ = _run(ds_engine, cfg, tmp_path / "run", stop_at=STOP_AT)
