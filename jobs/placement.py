@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -51,15 +50,24 @@ from peftbd.analysis.placement import (
     outputs_identical,
     summarize,
 )
-from peftbd.analysis.placement_verdict import sentence, verdict_markdown, verdicts
+from peftbd.analysis.placement_verdict import (
+    REPORT_FILE,
+    PlacementReport,
+    PlacementSections,
+    sentence,
+    verdict_markdown,
+    verdicts,
+)
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import placement_stage
 from peftbd.methods import methods, serving_names
 from peftbd.progress import Tally
+from peftbd.serving.messages import ReplicaStats
 from peftbd.serving.models import DrafterDirs
-from peftbd.serving.schemas import SpecStats
+from peftbd.serving.roles import MODEL_ROLES, VERIFIER_ROLES, Role
+from peftbd.serving.schemas import SpecStats, Usage
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.serving.validation import check_serving_config
 from peftbd.stage import StageCall, StageInputs
@@ -87,17 +95,18 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     engines = {"num_replicas": s.drafter_replicas + s.verifier_replicas,  # the same devices
                "ray_actor_options": {"num_cpus": s.replica_num_cpus,
                                      "num_gpus": s.verifier_num_gpus}}
+    drafter, verifier = Role.DRAFTER, Role.VERIFIER
     table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
-        "colocated": ("colocated", {"engine": engines}),
+        "colocated": ("colocated", {Role.ENGINE: engines}),
         "split": ("split", {}),
         "split-forward": ("split", {}),  # with FORWARD_SYNC
-        "split-cross-node": ("split", {"drafter": role("drafter", 1, s.drafter_num_gpus),
-                                       "verifier": role("verifier", 1, s.verifier_num_gpus)}),
-        "split-same-node": ("split", {"drafter": role("verifier", 0.5, s.drafter_num_gpus / 2),
-                                      "verifier": role("verifier", 0.5, s.verifier_num_gpus / 2)}),
+        "split-cross-node": ("split", {drafter: role("drafter", 1, s.drafter_num_gpus),
+                                       verifier: role("verifier", 1, s.verifier_num_gpus)}),
+        "split-same-node": ("split", {drafter: role("verifier", 0.5, s.drafter_num_gpus / 2),
+                                      verifier: role("verifier", 0.5, s.verifier_num_gpus / 2)}),
         "split-fractional-gpu": ("split", {
-            "drafter": role("drafter", 0.5, s.drafter_num_gpus / 2, replicas=2),
-            "verifier": role("verifier", 0.5, s.verifier_num_gpus / 2, replicas=2)}),
+            drafter: role("drafter", 0.5, s.drafter_num_gpus / 2, replicas=2),
+            verifier: role("verifier", 0.5, s.verifier_num_gpus / 2, replicas=2)}),
     }
     if name not in table:
         raise ValueError(f"serving.placements: unknown placement {name!r}; known: {list(table)}")
@@ -129,14 +138,16 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
              ) -> tuple[list[RequestRecord], list[Window]]:
     """Every method's requests (the prompts x `decoding.repeats`) at each client concurrency
     of `serving.client_concurrency` in turn: that many requests in flight at all times; and
-    each run's busy fraction of every replica of `replicas` ({role: (handle, replicas)}).
+    each run's busy fraction of every replica of `replicas` ({role's value: (handle,
+    replicas)}).
     `tally` counts the answered requests and says each level's throughput."""
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
     jobs = [i for _ in range(cfg.decoding.repeats) for i in range(len(prompts))]
     rates = synthetic_rates(cfg)
-    records, windows = [], []
+    records: list[RequestRecord] = []
+    windows: list[Window] = []
     for method in cfg.serving.placement_methods:
         label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
@@ -147,11 +158,9 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
                                                  max_tokens=cfg.decoding.max_new_tokens)
                 end = time.perf_counter()
                 tally.tick(placement=placement, method=method, clients=concurrency)
-                return RequestRecord(
-                    placement, label, i, resp.choices[0].text, resp.usage.completion_tokens,
-                    (end - start) * 1e3,
-                    SpecStats.model_validate(resp.usage.model_extra["speculative"]), concurrency,
-                    start, end)
+                tokens, spec = _usage(resp.usage)
+                return RequestRecord(placement, label, i, resp.choices[0].text, tokens,
+                                     (end - start) * 1e3, spec, concurrency, start, end)
 
             before, start = _busy(replicas), time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
@@ -167,9 +176,21 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     return records, windows
 
 
+def _usage(usage: Any) -> tuple[int, SpecStats]:
+    """(completion tokens, `usage.speculative`) of a response's usage, read as this server's
+    `Usage` (the openai client keeps `speculative` as an extra field)."""
+    if usage is None:
+        raise ValueError("the server answered without `usage`")
+    typed = Usage.model_validate(usage.model_dump())
+    if typed.speculative is None:
+        raise ValueError("the server answered without `usage.speculative`")
+    return typed.completion_tokens, typed.speculative
+
+
 def _busy(replicas: dict[str, tuple[Any, int]]) -> dict[str, dict[str, float]]:
-    """{role: {replica id: busy seconds so far}}: each role's `stats` probed until every one of
-    its replicas answered (routing picks the replica; a sticky router by probe session id)."""
+    """{role: {replica id: busy seconds so far}}: each role's `stats` (`ReplicaStats`) probed
+    until every one of its replicas answered (routing picks the replica; a sticky router by
+    probe session id)."""
     out = {}
     for role, (handle, count) in replicas.items():
         seen: dict[str, float] = {}
@@ -178,7 +199,8 @@ def _busy(replicas: dict[str, tuple[Any, int]]) -> dict[str, dict[str, float]]:
                 break
             probes = [handle.options(session_id=f"probe-{attempt}-{i}").stats.remote()
                       for i in range(2 * count)]
-            seen |= {s["replica"]: s["busy_s"] for s in (p.result() for p in probes)}
+            stats: list[ReplicaStats] = [p.result() for p in probes]
+            seen |= {s.replica: s.busy_s for s in stats}
         out[role] = seen
     return out
 
@@ -249,10 +271,10 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
         serve.run(builders[app](app_args, options), name="placement", route_prefix="/placement")
         roles = _replica_counts(app, options, cfg)
-        replicas = {role: (serve.get_deployment_handle(role.capitalize(), "placement"), n)
+        replicas = {role.value: (serve.get_deployment_handle(role.deployment, "placement"), n)
                     for role, n in roles.items()}
         devices[name] = Devices(total=sum(roles.values()),
-                                verifiers=roles.get("engine", 0) + roles.get("verifier", 0))
+                                verifiers=sum(n for role, n in roles.items() if role in VERIFIER_ROLES))
         measured, loads = _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
                                    cfg.serving.model_name, replicas, tally)
         records, windows = records + measured, windows + loads
@@ -273,30 +295,24 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
           f"{cfg.serving.replica_num_cpus}, decoding.torch_threads {cfg.decoding.torch_threads}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
-    result = {"summary": {p: {m: dataclasses.asdict(run) for m, run in runs.items()}
-                          for p, runs in summary.items()},
-              "concurrency": [dataclasses.asdict(row) for row in by_concurrency],
-              "skipped": skipped, "notes": notes,
-              "devices": {p: dataclasses.asdict(d) for p, d in devices.items()},
-              "verdicts": [dataclasses.asdict(v) for v in found],
-              "outputs_identical": outputs_identical(records),
-              "requests": [{**dataclasses.asdict(r), "spec": r.spec.model_dump()} for r in records]}
-    (tmp / "placement.json").write_text(json.dumps(result, indent=2))
+    report = PlacementReport(summary=summary, concurrency=by_concurrency, skipped=skipped,
+                             notes=notes, devices=devices, verdicts=found,
+                             outputs_identical=outputs_identical(records), requests=records)
+    report.write(tmp)
     (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency)
                                       + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction))
                                       + "\n")
-    return {"counts": {"prompts": len(prompts), "requests": len(records)},
-            "placements": list(devices), "skipped": skipped,
-            "outputs_identical": result["outputs_identical"],
-            "verdicts": [sentence(v) for v in found]}  # the main report summarises these
+    return PlacementSections(  # the main report summarises these
+        counts={"prompts": len(prompts), "requests": len(records)}, placements=list(devices),
+        skipped=skipped, outputs_identical=report.outputs_identical,
+        verdicts=[sentence(v) for v in found]).to_sections()
 
 
-def _replica_counts(app: str, options: dict[str, dict[str, Any]], cfg: Config) -> dict[str, int]:
+def _replica_counts(app: str, options: dict[str, dict[str, Any]], cfg: Config) -> dict[Role, int]:
     """{role: replicas} of the model deployments of a deployed placement."""
     from serve_apps.args import actor_options
 
-    roles = ("engine",) if app == "colocated" else ("drafter", "verifier")
-    return {r: (options.get(r) or actor_options(cfg, r))["num_replicas"] for r in roles}
+    return {r: (options.get(r) or actor_options(cfg, r))["num_replicas"] for r in MODEL_ROLES[app]}
 
 
 def greedy_references(cfg: Config, prompts: list[list[int]]) -> dict[tuple[int, ...], list[int]]:
@@ -325,13 +341,25 @@ def _overrides(cfg: Config) -> list[str]:
     return flat
 
 
+def _skipped_some(out: Path) -> bool:
+    """`out` holds a placement.json that skipped some placement (or one this code cannot read)."""
+    if not (out / REPORT_FILE).is_file():
+        return False
+    try:
+        return bool(PlacementReport.read(out / REPORT_FILE).skipped)
+    except ValueError:  # a report of another shape (pydantic's ValidationError): rebuild it
+        return True
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.placement", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
     add_stage_args(parser, placement_stage())
-    for m in (m for m in methods() if m.stage):
+    for m, stage in ((m, m.stage) for m in methods()):
+        if stage is None:
+            continue
         parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
-                            help=f"a trained {m.what}: the output dir of {m.stage.name} "
+                            help=f"a trained {m.what}: the output dir of {stage.name} "
                                  f"(serves {m.serving}; default: untrained)")
     parser.add_argument("--drafter-dir", action="append", default=[], metavar="METHOD=DIR",
                         help="any trained method's output dir, e.g. a methods.plugins method's "
@@ -374,8 +402,7 @@ def main(argv: list[str] | None = None) -> None:
             if s.drafter_num_gpus or s.verifier_num_gpus:
                 parser.error("--local-cluster has no GPUs: serving.drafter_num_gpus and "
                              "verifier_num_gpus must be 0 (e.g. --set model.device=cpu)")
-            previous = out / "placement.json"
-            force = force or (previous.is_file() and bool(json.loads(previous.read_text())["skipped"]))
+            force = force or _skipped_some(out)
             try:  # each node: two replicas (split-same-node, split-fractional-gpu) + the Ingress
                 cluster = stack.enter_context(local_cluster(
                     math.ceil(2 * s.replica_num_cpus + 0.1),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from peftbd.config import Config, load_config, load_plugins
 from peftbd.methods import methods, renamed
+from peftbd.serving.roles import Role
 from peftbd.serving.synthetic import read_references, synthetic_rates
 from peftbd.serving.validation import check_serving_config
 
@@ -92,22 +94,22 @@ class AppArgs(BaseModel):
         synthetic_rates(cfg)
         return cfg
 
-    def reference_outputs(self) -> dict[tuple[int, ...], list[int]]:
+    def reference_outputs(self) -> dict[tuple[int, ...], Sequence[int]]:
         """{prompt ids: greedy AR output} from `references` (none: {})."""
         return read_references(Path(self.references)) if self.references else {}
 
 
 def actor_options(cfg: Config, role: str) -> dict[str, Any]:
     """`.options(...)` of a deployment from `cfg.serving`: replicas and resources per role
-    (`ingress`, `engine` = colocated, `drafter`, `verifier`)."""
+    (a `Role` or its value: `ingress`, `engine` = colocated, `drafter`, `verifier`)."""
     s = cfg.serving
-    if role == "ingress":
+    if role == Role.INGRESS:
         # two (losing one fails only its own in-flight requests), each a small share of a CPU:
         # they tokenize and wait on the model replicas
         return {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.05}}
-    gpus = {"engine": s.verifier_num_gpus, "drafter": s.drafter_num_gpus,
-            "verifier": s.verifier_num_gpus}[role]
-    replicas = {"engine": s.verifier_replicas, "drafter": s.drafter_replicas,
-                "verifier": s.verifier_replicas}[role]
+    gpus = {Role.ENGINE: s.verifier_num_gpus, Role.DRAFTER: s.drafter_num_gpus,
+            Role.VERIFIER: s.verifier_num_gpus}[Role(role)]
+    replicas = {Role.ENGINE: s.verifier_replicas, Role.DRAFTER: s.drafter_replicas,
+                Role.VERIFIER: s.verifier_replicas}[Role(role)]
     return {"num_replicas": replicas,
             "ray_actor_options": {"num_cpus": s.replica_num_cpus, "num_gpus": gpus}}

@@ -13,8 +13,8 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
@@ -29,6 +29,7 @@ from peftbd.serving.messages import (
     VerifyItem,
     VerifyReply,
 )
+from peftbd.serving.roles import Role
 from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
 from peftbd.serving.validation import GenerationSpec
 
@@ -80,17 +81,17 @@ class ColocatedBackend:
         self.engine = engine.options(stream=True)
         self.retry = _Retrying(serving)
 
-    async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
+    async def rounds(self, spec: GenerationSpec) -> AsyncGenerator[RoundEvent, None]:
         """Transport per step = the wall time between two events minus the step's compute."""
         committed = list(spec.prompt_ids)
         for attempt in range(self.retry.retries + 1):
-            stream = self.engine.rounds.remote(
+            # a streaming handle's call: the `RoundEvent`s `Engine.rounds` yields, as objects
+            stream = cast("AsyncIterator[RoundEvent]", self.engine.rounds.remote(
                 spec.prompt_ids, spec.max_new_tokens, spec.method, committed, spec.sampling
-            )
+            ))
             try:
                 last = time.perf_counter()
-                async for item in stream:
-                    event = RoundEvent(**item)
+                async for event in stream:
                     now = time.perf_counter()
                     event.transport_ms = max((now - last) * 1e3 - event.compute_ms, 0.0)
                     last = now
@@ -98,7 +99,7 @@ class ColocatedBackend:
                     yield event
                 return
             except REPLICA_LOST as exc:
-                self.retry.failed("Engine", attempt, exc)
+                self.retry.failed(Role.ENGINE.deployment, attempt, exc)
 
 
 class _Shards:
@@ -121,6 +122,8 @@ class _Shards:
 Reply = tuple[PrefillReply | ProposeReply | VerifyReply, float]
 """A batched call's reply for one item: (the reply, the item's share of the call's transport
 ms, the items the call carried)."""
+
+_R = TypeVar("_R", PrefillReply, ProposeReply, VerifyReply)
 
 
 class _Course:
@@ -157,8 +160,8 @@ class SplitBackend:
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
-        self.drafter = _Shards(drafter, "Drafter", serving.drafter_replicas)
-        self.verifier = _Shards(verifier, "Verifier", serving.verifier_replicas)
+        self.drafter = _Shards(drafter, Role.DRAFTER.deployment, serving.drafter_replicas)
+        self.verifier = _Shards(verifier, Role.VERIFIER.deployment, serving.verifier_replicas)
         self.retry = _Retrying(serving)
         self._where: collections.Counter = collections.Counter()
         self._dealt = itertools.count()
@@ -203,35 +206,46 @@ class SplitBackend:
         for gather in self._gathers.values():
             gather.poke()
 
-    async def _call(self, kind: str, item: Any, course: _Course) -> Reply:
+    async def _call(self, kind: str, item: PrefillItem | ProposeItem | VerifyItem,
+                    course: _Course, expected: type[_R]) -> tuple[_R, float]:
+        """(the `expected` reply to `item`, its share of the call's transport ms)."""
         course.move(("in", kind))
         result = await self._gathers[kind, course.group].call(item)
         if isinstance(result, BaseException):
             raise result
-        return result
+        reply, share = result
+        if not isinstance(reply, expected):
+            raise TypeError(f"a {kind} call answered a {type(reply).__name__}, not a "
+                            f"{expected.__name__}")
+        return reply, share
 
-    async def rounds(self, spec: GenerationSpec) -> AsyncIterator[RoundEvent]:
+    async def rounds(self, spec: GenerationSpec) -> AsyncGenerator[RoundEvent, None]:
         sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
         first = "verify" if spec.method == "ar" else "propose"  # of each round
         course = _Course(self._where, self._changed, next(self._dealt) % self.groups)
         course.move(("to", "prefill"))
         try:
-            reply, share = await self._call(
-                "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling), course)
-            event = prefill_event(reply, share, reply.batch_size)
+            started, share = await self._call(
+                "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling), course,
+                PrefillReply)
+            event = prefill_event(started, share, started.batch_size)
             committed = prompt + event.tokens
             course.move(None if event.done else ("to", first))
             yield event
+            shipped = started.shipped
             while not event.done:
-                proposal, draft_share, shipped = None, 0.0, reply.shipped
+                proposal: ProposeReply | None = None
+                draft_share = 0.0
                 if spec.method != "ar":
                     proposal, draft_share = await self._call("propose", ProposeItem(
                         sid, committed, len(prompt), budget, spec.method, shipped, spec.sampling),
-                        course)
+                        course, ProposeReply)
                     course.move(("to", "verify"))
                 draft = proposal.draft if proposal else []
                 reply, verify_share = await self._call("verify", VerifyItem(
-                    sid, committed, len(prompt), budget, draft, spec.method, spec.sampling), course)
+                    sid, committed, len(prompt), budget, draft, spec.method, spec.sampling), course,
+                    VerifyReply)
+                shipped = reply.shipped
                 event = split_round(proposal, draft_share, reply, verify_share, reply.batch_size)
                 committed = committed + event.tokens
                 course.move(None if event.done else ("to", first))

@@ -11,19 +11,22 @@ from typing import Any
 
 from ray.serve import Application
 
+from peftbd.serving.roles import MODEL_ROLES, Role
 from serve_apps.args import AppArgs, actor_options
-from serve_apps.deployments import Engine
+from serve_apps.deployments import Engine, deployment_of
 from serve_apps.ingress import Ingress
 
 
 def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
-    """The app; `options` (by role: `engine`, `ingress`) replaces the `.options(...)` that
-    `cfg.serving` gives (placement experiments)."""
+    """The app; `options` (by role, `Role`: `engine`, `ingress`) replaces the `.options(...)`
+    that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
-    opts = {role: actor_options(cfg, role) for role in ("engine", "ingress")} | (options or {})
+    roles = (*MODEL_ROLES["colocated"], Role.INGRESS)
+    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role) for role in roles}
+    opts |= options or {}
     plain = args.model_dump()
-    engine = Engine.options(**opts["engine"]).bind(plain)
-    return Ingress.options(**opts["ingress"]).bind(plain, engine=engine)
+    engine = deployment_of(Engine).options(**opts[Role.ENGINE]).bind(plain)
+    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(plain, engine=engine)
 
 
 def app_builder(args: AppArgs) -> Application:

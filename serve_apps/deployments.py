@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ray import serve
+from ray.serve import Deployment
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.methods import AR, methods, serving_names
@@ -28,12 +29,23 @@ from peftbd.serving.messages import (
     PrefillReply,
     ProposeItem,
     ProposeReply,
+    ReplicaStats,
     VerifyItem,
     VerifyReply,
 )
 from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
+from peftbd.serving.roles import Role
+from peftbd.serving.rounds import RoundEvent
 from serve_apps.args import MAX_ONGOING, SESSION_ROUTER, AppArgs
+
+
+def deployment_of(decorated: object) -> Deployment:
+    """A `@serve.deployment` class as the `Deployment` the decorator made it (the type checker
+    keeps a decorated class's own type, which has no `.options` / `.bind`)."""
+    if not isinstance(decorated, Deployment):
+        raise TypeError(f"{decorated!r} is no Serve deployment")
+    return decorated
 
 
 class _ModelReplica:
@@ -57,17 +69,13 @@ class _ModelReplica:
         """Forget a finished or abandoned request's state."""
         self.decoder.release(session_id)
 
-    def stats(self) -> dict[str, Any]:
-        """This replica's id, its counters (prefills, resumes, rounds), open sessions (split),
-        open requests (colocated), `batch_sizes` (rows per batched step or call: count) and
-        `busy_s` (seconds its model lock was held: forwards and the host work between them)."""
-        return {"replica": serve.get_replica_context().replica_id.unique_id,
-                "sessions": len(self.decoder.sessions), "streams": self.decoder.streams,
-                "busy_s": self.decoder.lock.busy_s,
-                "batch_sizes": dict(self.decoder.batch_sizes), **self.decoder.counters}
+    def stats(self) -> ReplicaStats:
+        """This replica's id and counters (`ReplicaStats`: sessions, streams, busy seconds,
+        batch sizes, prefills, resumes, rounds), returned as the typed object."""
+        return self.decoder.stats(serve.get_replica_context().replica_id.unique_id)
 
 
-@serve.deployment(name="Engine", max_ongoing_requests=MAX_ONGOING)
+@serve.deployment(name=Role.ENGINE.deployment, max_ongoing_requests=MAX_ONGOING)
 class Engine(_ModelReplica):
     """Colocated: the verifier and every registered method's drafter (PEFT-BD adapter, MTP head,
     block-diffusion head, ...) in one replica, running the whole loop."""
@@ -78,15 +86,15 @@ class Engine(_ModelReplica):
 
     async def rounds(self, prompt_ids: list[int], max_new_tokens: int, method: str,
                      committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
-                     ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request's steps (prefill, then rounds) as `RoundEvent` dicts; the
-        replica's step loop batches it with the other requests of its method."""
+                     ) -> AsyncIterator[RoundEvent]:
+        """Stream one request's steps (prefill, then rounds) as `RoundEvent`s (Ray pickles each);
+        the replica's step loop batches it with the other requests of its method."""
         async for event in self.decoder.arounds(prompt_ids, max_new_tokens, method, committed,
                                                 sampling):
-            yield event.to_dict()
+            yield event
 
 
-@serve.deployment(name="Drafter", max_ongoing_requests=MAX_ONGOING,
+@serve.deployment(name=Role.DRAFTER.deployment, max_ongoing_requests=MAX_ONGOING,
                   request_router_config=SESSION_ROUTER)
 class Drafter(_ModelReplica):
     """Split: every registered method's drafter (PEFT-BD adapter on the backbone, MTP head,
@@ -103,7 +111,7 @@ class Drafter(_ModelReplica):
         return await self.combiner.call("propose", self.decoder.propose_batch, items)
 
 
-@serve.deployment(name="Verifier", max_ongoing_requests=MAX_ONGOING,
+@serve.deployment(name=Role.VERIFIER.deployment, max_ongoing_requests=MAX_ONGOING,
                   request_router_config=SESSION_ROUTER)
 class Verifier(_ModelReplica):
     """Split: the verifier (no adapter) and its sessions."""

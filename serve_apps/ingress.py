@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,6 +38,7 @@ from peftbd.serving.responses import (
     usage_chunk,
 )
 from peftbd.serving.outcome import RequestOutcome
+from peftbd.serving.roles import Role
 from peftbd.serving.synthetic import check_sampled, method_label, synthetic_rates
 from peftbd.serving.validation import (
     GenerationSpec,
@@ -101,7 +102,7 @@ class _QuietDisconnect:
 api.add_middleware(_QuietDisconnect)
 
 
-@serve.deployment(name="Ingress", max_ongoing_requests=256)
+@serve.deployment(name=Role.INGRESS.deployment, max_ongoing_requests=256)
 @serve.ingress(api)
 class Ingress:
     """Front end of the `colocated` app (given `engine`) or the `split` app (given `drafter` and
@@ -113,11 +114,15 @@ class Ingress:
         self.cfg = AppArgs.model_validate(args).load()
         self.serving = self.cfg.serving
         self.tokenizer = load_tokenizer(self.cfg)
+        self.backend: ColocatedBackend | SplitBackend
         if engine is not None:
             self.placement, self.backend = "colocated", ColocatedBackend(engine, self.serving)
-        else:
+        elif drafter is not None and verifier is not None:
             self.placement = "split"
             self.backend = SplitBackend(drafter, verifier, self.serving)
+        else:
+            raise ValueError("the Ingress takes an `engine` (colocated) or a `drafter` and a "
+                             "`verifier` (split)")
         self.metrics = RoundMetrics(self.placement)
         self.synthetic = synthetic_rates(self.cfg)  # {method: tokens per round} of the synthetic
         self.created = int(time.time())
@@ -163,7 +168,8 @@ class Ingress:
         use = usage(spec, outcome.completion_tokens, outcome.stats.summary())
         return JSONResponse(full_response(spec, text, outcome.finish_reason, use).model_dump())
 
-    async def _text(self, spec: GenerationSpec, outcome: RequestOutcome) -> AsyncIterator[str]:
+    async def _text(self, spec: GenerationSpec, outcome: RequestOutcome
+                    ) -> AsyncGenerator[str, None]:
         """Text deltas of one request as its steps arrive, up to a stop sequence; fills
         `outcome` (usage and metrics count what the client received). Leaving early (stop
         sequence, client gone) closes the backend's rounds at once, which releases the

@@ -20,17 +20,19 @@ carried) and its exact sum `peftbd_round_batch_size` (mean batch = sum / rounds)
 
 from __future__ import annotations
 
+from typing import cast
+
 from ray.serve.metrics import Counter, Histogram
 
 from peftbd.serving.rounds import RoundEvent, temperature_band
 
-MS_BUCKETS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
-TOKEN_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
-BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+MS_BUCKETS: list[float] = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+TOKEN_BUCKETS: list[float] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17]
+BATCH_BUCKETS: list[float] = [1, 2, 4, 8, 16, 32, 64]
 TAGS = ("placement", "method", "temperature")  # temperature: its band (`temperature_band`)
 POSITION_TAGS = (*TAGS, "position")
 
-HISTOGRAMS = {
+HISTOGRAMS: dict[str, tuple[str, list[float]]] = {
     "peftbd_draft_ms": ("Drafter-side draft time per round (ms)", MS_BUCKETS),
     "peftbd_verify_ms": ("Verifier-side verify time per round (ms)", MS_BUCKETS),
     "peftbd_sync_ms": ("State sync / rebuild time per round (ms)", MS_BUCKETS),
@@ -51,7 +53,7 @@ SUMS = {
 }
 """Exact sums beside the histograms: counter name -> (description, the histogram it sums)."""
 
-COUNTERS = {
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "peftbd_rounds": ("Speculative rounds (the prefill step excluded)", TAGS),
     **{name: (desc, TAGS) for name, (desc, _) in SUMS.items()},
     "peftbd_session_resumes": ("Request states rebuilt from committed tokens", TAGS),
@@ -72,11 +74,11 @@ class RoundMetrics:
     def __init__(self, placement: str) -> None:
         self.placement = placement
         self.hist = {
-            name: Histogram(name, description=desc, boundaries=bounds, tag_keys=TAGS)
+            name: Histogram(name, description=desc, boundaries=bounds, tag_keys=_tag_keys(TAGS))
             for name, (desc, bounds) in HISTOGRAMS.items()
         }
         self.counters = {
-            name: Counter(name, description=desc, tag_keys=keys)
+            name: Counter(name, description=desc, tag_keys=_tag_keys(keys))
             for name, (desc, keys) in COUNTERS.items()
         }
 
@@ -107,3 +109,9 @@ class RoundMetrics:
                                    event.positions()):
             for j in positions:
                 self.counters[name].inc(tags={**tags, "position": str(j)})
+
+
+def _tag_keys(keys: tuple[str, ...]) -> tuple[str]:
+    """`keys` as `ray.serve.metrics` annotates `tag_keys` (`Tuple[str]`, though it takes any
+    number of keys and `ray.util.metrics` says `Tuple[str, ...]`)."""
+    return cast("tuple[str]", keys)

@@ -15,21 +15,24 @@ from typing import Any
 
 from ray.serve import Application
 
+from peftbd.serving.roles import MODEL_ROLES, Role
 from serve_apps.args import AppArgs, actor_options
-from serve_apps.deployments import Drafter, Verifier
+from serve_apps.deployments import Drafter, Verifier, deployment_of
 from serve_apps.ingress import Ingress
 
 
 def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
-    """The app; `options` (by role: `drafter`, `verifier`, `ingress`) replaces the
+    """The app; `options` (by role, `Role`: `drafter`, `verifier`, `ingress`) replaces the
     `.options(...)` that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
-    roles = ("drafter", "verifier", "ingress")
-    opts = {role: actor_options(cfg, role) for role in roles} | (options or {})
+    roles = (*MODEL_ROLES["split"], Role.INGRESS)
+    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role) for role in roles}
+    opts |= options or {}
     plain = args.model_dump()
-    drafter = Drafter.options(**opts["drafter"]).bind(plain)
-    verifier = Verifier.options(**opts["verifier"]).bind(plain)
-    return Ingress.options(**opts["ingress"]).bind(plain, drafter=drafter, verifier=verifier)
+    drafter = deployment_of(Drafter).options(**opts[Role.DRAFTER]).bind(plain)
+    verifier = deployment_of(Verifier).options(**opts[Role.VERIFIER]).bind(plain)
+    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(
+        plain, drafter=drafter, verifier=verifier)
 
 
 def app_builder(args: AppArgs) -> Application:

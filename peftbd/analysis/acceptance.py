@@ -17,7 +17,7 @@ from peftbd.methods.peft_bd import ID as PEFTBD
 
 def prefix_gamma(results: Results) -> float:
     """The gamma the PEFT-BD adapters were trained with (`peftbd.prefix_gamma`)."""
-    return results.config["drafter"]["prefix_gamma"]
+    return results.config[PEFTBD]["prefix_gamma"]
 
 
 def fitted_gamma(per_position: PerPosition) -> float | None:

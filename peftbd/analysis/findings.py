@@ -244,7 +244,7 @@ def ar_is_fastest(results: Results) -> Finding:
     needed = _needed(arms[1], AR) if arms else None
     if arms is None or needed is None:
         return _unmeasurable("f", "the AR, PEFT-BD and FastMTP arms and the PEFT-BD oracle")
-    (ta, tp, tf), block = [_tps(a) for a in arms], results.config["drafter"]["block_size"]
+    (ta, tp, tf), block = [_tps(a) for a in arms], results.config[PEFTBD]["block_size"]
     best = max(tp, tf)
     measured = (f"tok/s AR {ta:.1f} vs FastMTP {tf:.1f} vs PEFT-BD {tp:.1f} "
                 f"[{_paper('tokens_per_s', PAPER_AR)} vs {_paper('tokens_per_s', PAPER_FASTMTP)} "

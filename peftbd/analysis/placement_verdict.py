@@ -2,15 +2,27 @@
 placement change the cost of drafting per generated token, by how much, which measured term
 decides it, and the capacity gain beside the (1 + t_d / t_v) prediction of disaggregated
 speculation ("Speculation at a Distance": offloading a draft of t_d per round lets a saturated
-verifier of t_v per round serve that many times more clients)."""
+verifier of t_v per round serve that many times more clients).
+
+Also placement.json and the placement stage's manifest sections as typed models (no Ray; here,
+where every module they hold is known, and which both the placement stage and the benchmark's
+report fingerprint): the placement job (`jobs.placement`) builds a `PlacementReport` from what it
+measured and writes it, and every reader reads it back through `PlacementReport.read` (the
+dataclasses of `peftbd.analysis.placement` and this module's `Verdict`, `RequestRecord.spec` a
+`SpecStats`); the main job's report reads the manifest's `PlacementSections`. The JSON keeps the
+keys and layout it had as hand-built dicts (a model field per key, in the same order)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
-from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, busy_words
+from pydantic import BaseModel, ConfigDict
+
+from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, RequestRecord, busy_words
 from peftbd.analysis.tables import fmt, markdown_table
 
 GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
@@ -266,3 +278,67 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
             "t_d = draft + catch-up and t_v = verify per round; the bound each placement's own: "
             "(t_d + t_v) colocated over devices x max(t_d / drafters, t_v / verifiers) split.", "",
             *[f"- {sentence(v)}" for v in found]]
+
+
+REPORT_FILE = "placement.json"
+
+
+class PlacementReport(BaseModel):
+    """placement.json: per placement and method one request at a time (`summary`), per client
+    concurrency (`concurrency`), the placements skipped and why, notes, each placement's
+    devices, the verdicts, whether every placement and method gave the same text, and every
+    measured request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    summary: dict[str, dict[str, PlacementRun]]
+    concurrency: list[LoadRow]
+    skipped: dict[str, str]
+    notes: list[str]
+    devices: dict[str, Devices]
+    verdicts: list[Verdict]
+    outputs_identical: bool
+    requests: list[RequestRecord]
+
+    def to_json(self) -> str:
+        """The file's text (`json.dumps(..., indent=2)` of the plain data, as it always was)."""
+        return json.dumps(self.model_dump(), indent=2)
+
+    def write(self, out_dir: Path) -> Path:
+        """Write `out_dir`/placement.json; its path."""
+        path = Path(out_dir) / REPORT_FILE
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> PlacementReport:
+        """A placement.json (or the directory holding one) as written by `write`; a
+        `pydantic.ValidationError` (a ValueError) names what does not fit."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / REPORT_FILE
+        return cls.model_validate_json(path.read_text())
+
+
+class PlacementSections(BaseModel):
+    """What the placement stage records in its manifest.json beside the stage's own keys (which
+    this ignores): the counts, the placements measured and skipped, the exactness check, and the
+    verdict sentences the main job's report quotes."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    counts: dict[str, int] = {}
+    placements: list[str] = []
+    skipped: dict[str, str] = {}
+    outputs_identical: bool = False
+    verdicts: list[str] = []
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> PlacementSections:
+        """The sections of a placement manifest (`peftbd.analysis.report.read_stage_manifests`)."""
+        return cls.model_validate(manifest)
+
+    def to_sections(self) -> dict[str, Any]:
+        """The stage's returned sections (`peftbd.stage.run_stage` merges them into the
+        manifest)."""
+        return self.model_dump()

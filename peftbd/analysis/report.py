@@ -28,6 +28,7 @@ from peftbd.analysis.findings import SAME_COST, UNCHANGED, findings
 from peftbd.analysis.findings_by_category import section as findings_by_category_section
 from peftbd.analysis import learning_curves
 from peftbd.analysis.acceptance_study import study_section
+from peftbd.analysis.placement_verdict import PlacementSections
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
@@ -229,15 +230,16 @@ def decode_section(results: Results) -> list[str]:
 def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
     """The placement experiment's verdict, when its output sits beside this run's (its manifest:
     `jobs.placement` records the verdict sentences there)."""
-    placement = manifests.get(placement_stage().title)
-    if not placement:
+    manifest = manifests.get(placement_stage().title)
+    if not manifest:
         return []
-    measured = ", ".join(placement.get("placements", [])) or "none"
+    placement = PlacementSections.from_manifest(manifest)
+    measured = ", ".join(placement.placements) or "none"
     return ["## Placement: does splitting draft and verify change the cost asymmetry?",
             f"From the placement experiment beside this run (`{placement_stage().subdir}/placement.md`; "
             f"placements measured: {measured}; outputs identical across placements: "
-            f"{'yes' if placement.get('outputs_identical') else 'NO'}).",
-            "\n".join(f"- {line}" for line in placement.get("verdicts", []))
+            f"{'yes' if placement.outputs_identical else 'NO'}).",
+            "\n".join(f"- {line}" for line in placement.verdicts)
             or "_The experiment computed no verdict (no split placement beside colocated)._"]
 
 

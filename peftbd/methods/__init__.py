@@ -12,6 +12,7 @@ from peftbd.methods import peft_bd  # noqa: F401  (each import registers its met
 from peftbd.methods import fastmtp  # noqa: F401, I001
 from peftbd.methods import bd_head  # noqa: F401, I001
 from peftbd.methods import dflash  # noqa: F401, I001
+from peftbd.methods import prompt_lookup  # noqa: F401, I001
 from peftbd.methods.arm import AR, AR_ARM, ArmSpec
 from peftbd.methods.registry import (
     DraftContext,

@@ -7,8 +7,9 @@ served it (the replica combines concurrent calls: `peftbd.serving.combine`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.features import Shipped
@@ -101,3 +102,31 @@ class VerifyReply:
 
 Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
 """Any one of the split calls' replies (each carries `handler_ms` and `batch_size`)."""
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """What a model replica's `stats()` answers (crosses Ray pickled): its id, open `sessions`
+    (split), open `streams` (colocated requests), `busy_s` (seconds its model lock was held:
+    forwards and the host work between them), `batch_sizes` (rows per batched step or call:
+    how many) and its counters: `prefills`, `resumes` (states rebuilt from committed tokens),
+    `rounds`."""
+
+    replica: str
+    sessions: int
+    streams: int
+    busy_s: float
+    batch_sizes: dict[int, int]
+    prefills: int = 0
+    resumes: int = 0
+    rounds: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready) for where a stream must carry it; `from_dict` reads it back."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicaStats:
+        """`to_dict`'s output, also after a JSON round trip (`batch_sizes`'s keys back to ints)."""
+        sizes: Mapping[Any, int] = data["batch_sizes"]
+        return cls(**{**data, "batch_sizes": {int(k): int(v) for k, v in sizes.items()}})

@@ -39,6 +39,7 @@ from peftbd.serving.messages import (
     PrefillReply,
     ProposeItem,
     ProposeReply,
+    ReplicaStats,
     Reply,
     VerifyItem,
     VerifyReply,
@@ -66,6 +67,13 @@ class ReplicaDecoder:
     def streams(self) -> int:
         """Colocated requests open now (their state lives in the step loop until closed)."""
         return self.loop.open
+
+    def stats(self, replica_id: str) -> ReplicaStats:
+        """This replica's counters as the typed reply of a deployment's `stats()`."""
+        c = self.counters
+        return ReplicaStats(replica=replica_id, sessions=len(self.sessions), streams=self.streams,
+                            busy_s=self.lock.busy_s, batch_sizes=dict(self.batch_sizes),
+                            prefills=c["prefills"], resumes=c["resumes"], rounds=c["rounds"])
 
     # colocated -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from peftbd.serving.features import feature_bytes
 from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
@@ -11,7 +11,8 @@ from peftbd.serving.schemas import FinishReason, SpecStats
 
 @dataclass
 class RoundEvent:
-    """One step of a request as the ingress sees it (plain data: crosses Ray hops as a dict).
+    """One step of a request as the ingress sees it (plain data: the colocated Engine streams it
+to the Ingress as this object, pickled by Ray).
 
     `tokens`: what the step committed (EOS included when it stopped there); `accepted`: the draft
     tokens among them (the engine's count: none past the EOS or budget that ended the output). The prefill step
@@ -58,9 +59,6 @@ class RoundEvent:
         if n >= len(self.tokens):
             return self
         return replace(self, tokens=self.tokens[:n], accepted=min(self.accepted, n))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def temperature_band(temperature: float) -> str:

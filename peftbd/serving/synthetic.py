@@ -9,7 +9,7 @@ the Prometheus `method` tag say so, so no one reads a chosen acceptance as a mea
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from peftbd.config import Config, ConfigError
@@ -66,7 +66,7 @@ def method_label(method: str, rates: dict[str, float]) -> str:
     return f"{method} [synthetic: {rates[method]:g}/round]" if method in rates else method
 
 
-def read_references(path: Path) -> dict[tuple[int, ...], list[int]]:
+def read_references(path: Path) -> dict[tuple[int, ...], Sequence[int]]:
     """{prompt ids: greedy AR output} from a references file ({"references": [{"prompt": ids,
     "output": ids}, ...]}); a clear error for a file of another shape."""
     try:
@@ -77,7 +77,7 @@ def read_references(path: Path) -> dict[tuple[int, ...], list[int]]:
                           '{"references": [{"prompt": [ids], "output": [ids]}, ...]}') from exc
 
 
-def write_references(path: Path, outputs: dict[tuple[int, ...], Sequence[int]]) -> None:
+def write_references(path: Path, outputs: Mapping[tuple[int, ...], Sequence[int]]) -> None:
     """Write `read_references`'s file."""
     path.write_text(json.dumps({"references": [{"prompt": list(p), "output": list(o)}
                                                for p, o in outputs.items()]}))

@@ -123,9 +123,11 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     assert arms["peftbd_head_vocab"].settings == {"draft_vocab": small_cfg.peftbd_head.draft_vocab}
     drafting = [r for res in shard.results["peftbd_head"][0] for r in res.rounds if r.proposed]
     assert arms["peftbd_head"].forward.draft.calls == len(drafting)  # one forward a round
-    # the offline replay on the same prompts: every one-step drafter, the engine's rounds exactly
-    assert {a for a, arm in arms.items() if arm.replay} == set(REAL_ARMS) - {"ar", "peftbd_2step"}
-    for arm_id in set(REAL_ARMS) - {"ar", "peftbd_2step"}:
+    # the offline replay on the same prompts: every one-step drafter with an offline estimate
+    # (prompt lookup has none: Method.replay), the engine's rounds exactly
+    replayed = set(REAL_ARMS) - {"ar", "peftbd_2step", "prompt_lookup"}
+    assert {a for a, arm in arms.items() if arm.replay} == replayed
+    for arm_id in replayed:
         rounds = [r for res in shard.results[arm_id][0] for r in res.rounds]
         replay = arms[arm_id].replay
         assert (replay.rounds, replay.proposed, replay.accepted) == (
@@ -135,7 +137,8 @@ def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artif
     assert shard.floor is not None and shard.floor.bytes_per_s > 0 and shard.floor.flops_per_s > 0
     for arm_id, arm in arms.items():
         assert arm.floor.verify_ms_forward > 0 and arm.floor.verify_x > 0, arm_id
-        assert (arm.floor.draft_x is None) == (arm_id == "ar"), arm_id
+        # no draft forward, no floor: AR and the model-free prompt lookup
+        assert (arm.floor.draft_x is None) == (arm_id in ("ar", "prompt_lookup")), arm_id
     for arm_id in SYNTHETIC:
         assert "[synthetic: " in arms[arm_id].label and arms[arm_id].settings["synthetic"] > 1
     by_cat = arms["ar"].by_category

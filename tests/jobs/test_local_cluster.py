@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from peftbd.analysis.placement import Devices
+from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.config import load_config
 
 
@@ -37,10 +37,10 @@ def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_wo
             cluster.check_alive()
         finally:
             ray.shutdown()
-    result = json.loads((out / "placement.json").read_text())
-    assert set(result["summary"]) == {"split-cross-node"} and result["skipped"] == {}
-    assert set(result["summary"]["split-cross-node"]) == {"ar", "peftbd"}
-    assert result["devices"] == {"split-cross-node": {"total": 2, "verifiers": 1}}
-    assert len(result["requests"]) == 4 and result["outputs_identical"] is True  # AR's text
+    result = PlacementReport.read(out / "placement.json")
+    assert set(result.summary) == {"split-cross-node"} and result.skipped == {}
+    assert set(result.summary["split-cross-node"]) == {"ar", "peftbd"}
+    assert result.devices == {"split-cross-node": Devices(total=2, verifiers=1)}
+    assert len(result.requests) == 4 and result.outputs_identical is True  # AR's text
     assert nodes[replicas["Drafter"]].get("drafter") == 1, replicas  # cross-node: the worker
     assert nodes[replicas["Verifier"]].get("verifier") == 1, replicas  # the head

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-import json
+import pickle
+import zlib
 
 import pytest
 
-from jobs.placement import _overrides, _skip_reason, placement_options
+from jobs.placement import (
+    _busy,
+    _overrides,
+    _replica_counts,
+    _skip_reason,
+    _skipped_some,
+    placement_options,
+)
+from peftbd.analysis.placement import Devices
+from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.config import load_config
+from peftbd.serving.messages import ReplicaStats
+from peftbd.serving.roles import MODEL_ROLES, Role
 
 
 def test_cluster_placements_need_the_cluster_yaml_resources():
@@ -51,6 +63,61 @@ def test_each_registered_method_has_its_dir_flag(tmp_path, monkeypatch):
     assert seen == {m.serving: None for m in methods()} | {"fastmtp": "m", "peftbd_head": "h"}
 
 
+class _StatsHandle:
+    """A model deployment's handle stand-in: `stats()` answers a `ReplicaStats` (pickled, as Ray
+    sends it) of one of `replicas`, picked by the probe's session id."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas, self.session = replicas, ""
+
+    def options(self, session_id: str) -> _StatsHandle:
+        picked = _StatsHandle(self.replicas)
+        picked.session = session_id
+        return picked
+
+    @property
+    def stats(self) -> _StatsHandle:
+        return self
+
+    def remote(self) -> _StatsHandle:
+        return self
+
+    def result(self) -> ReplicaStats:
+        n = zlib.crc32(self.session.encode()) % self.replicas
+        stats = ReplicaStats(replica=f"r{n}", sessions=0, streams=0, busy_s=1.5 * n,
+                             batch_sizes={1: 3})
+        return pickle.loads(pickle.dumps(stats))
+
+
+def test_replica_loads_are_read_from_the_typed_stats_of_every_replica():
+    busy = _busy({"drafter": (_StatsHandle(2), 2), "verifier": (_StatsHandle(1), 1)})
+    assert busy == {"drafter": {"r0": 0.0, "r1": 1.5}, "verifier": {"r0": 0.0}}
+
+
+def test_each_app_counts_the_replicas_of_its_model_roles():
+    cfg = load_config("qwen3-0.6b")
+    for name in ("colocated", "split-fractional-gpu", "split"):
+        app, options = placement_options(name, cfg)
+        counts = _replica_counts(app, options, cfg)
+        assert tuple(counts) == MODEL_ROLES[app]
+    assert _replica_counts(*placement_options("colocated", cfg), cfg) == {Role.ENGINE: 2}
+    assert _replica_counts(*placement_options("split-fractional-gpu", cfg), cfg) == {
+        Role.DRAFTER: 2, Role.VERIFIER: 2}
+    assert [r.deployment for r in _replica_counts("split", {}, cfg)] == ["Drafter", "Verifier"]
+
+
+def test_a_local_cluster_rerun_rebuilds_an_output_that_skipped_placements(tmp_path):
+    assert not _skipped_some(tmp_path)  # nothing there yet
+    report = PlacementReport(summary={}, concurrency=[], skipped={}, notes=[], devices={},
+                             verdicts=[], outputs_identical=True, requests=[])
+    report.write(tmp_path)
+    assert not _skipped_some(tmp_path)
+    report.model_copy(update={"skipped": {"split-cross-node": "why"}}).write(tmp_path)
+    assert _skipped_some(tmp_path)
+    (tmp_path / "placement.json").write_text('{"skipped": {}}')  # of another shape: rebuilt
+    assert _skipped_some(tmp_path)
+
+
 def test_overrides_rebuild_the_config_from_its_preset():
     cfg = load_config("tiny", overrides=["decoding.num_prompts=3", "serving.placements=[split]"])
     assert load_config("tiny", overrides=_overrides(cfg)) == cfg
@@ -71,29 +138,30 @@ def test_placement_job_on_this_machine(tmp_path):
         out = run_placement(cfg, tmp_path / "placement")
     finally:
         ray.shutdown()  # leave no Ray (and no Serve) behind for later test modules
-    result = json.loads((out / "placement.json").read_text())
-    assert set(result["summary"]) == {"colocated", "split"}
+    result = PlacementReport.read(out / "placement.json")
+    assert set(result.summary) == {"colocated", "split"}
     synthetic = "peftbd [synthetic: 3/round]"
-    for methods in result["summary"].values():
+    for methods in result.summary.values():
         assert set(methods) == {"ar", synthetic, "fastmtp", "peftbd_head"}
-        assert all(m["requests"] == 2 and m["transport_ms_per_round"] is not None
+        assert all(m.requests == 2 and m.transport_ms_per_round is not None
                    for m in methods.values())
     # a split drafter is shipped what it reads (KV, hidden states, features); colocated: nothing
-    split, colocated = result["summary"]["split"], result["summary"]["colocated"]
-    assert all(split[m]["feature_bytes_per_token"] > 0 for m in (synthetic, "fastmtp", "peftbd_head"))
-    assert all(m["feature_bytes_per_token"] == 0 for m in colocated.values())
-    assert result["devices"] == {"colocated": {"total": 2, "verifiers": 2},
-                                 "split": {"total": 2, "verifiers": 1}}
-    for row in result["concurrency"]:  # every replica's load was read
-        assert set(row["busy"]) == ({"engine"} if row["placement"] == "colocated"
-                                    else {"drafter", "verifier"})
-        assert all(0 <= f <= 1.05 for f in row["busy"].values()), row  # AR: an idle drafter
-        assert row["busy"].get("engine", row["busy"].get("verifier")) > 0, row
-    assert {(v["method"], v["placement"]) for v in result["verdicts"]} == {
+    split, colocated = result.summary["split"], result.summary["colocated"]
+    assert all((split[m].feature_bytes_per_token or 0) > 0
+               for m in (synthetic, "fastmtp", "peftbd_head"))
+    assert all(m.feature_bytes_per_token == 0 for m in colocated.values())
+    assert result.devices == {"colocated": Devices(total=2, verifiers=2),
+                              "split": Devices(total=2, verifiers=1)}
+    for row in result.concurrency:  # every replica's load was read
+        assert set(row.busy) == ({"engine"} if row.placement == "colocated"
+                                 else {"drafter", "verifier"})
+        assert all(f is not None and 0 <= f <= 1.05 for f in row.busy.values()), row  # AR: an idle drafter
+        assert (row.busy.get("engine", row.busy.get("verifier")) or 0) > 0, row
+    assert {(v.method, v.placement) for v in result.verdicts} == {
         (synthetic, "split"), ("fastmtp", "split"), ("peftbd_head", "split")}
-    assert all(r["spec"]["synthetic"] == 3.0 for r in result["requests"] if r["method"] == synthetic)
-    assert "split-cross-node" in result["skipped"]
-    assert result["outputs_identical"] is True
+    assert all(r.spec.synthetic == 3.0 for r in result.requests if r.method == synthetic)
+    assert "split-cross-node" in result.skipped
+    assert result.outputs_identical is True
     md = (out / "placement.md").read_text()
     assert md.startswith("# Placement") and "## Verdict" in md and "largest split-only cost" in md
     assert (out / "manifest.json").is_file()

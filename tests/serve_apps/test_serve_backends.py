@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import pickle
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from ray.exceptions import ActorDiedError
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
 from peftbd.serving.replica import ReplicaDecoder
+from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.validation import GenerationSpec
 from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend
 
@@ -24,7 +26,8 @@ MAX_NEW = 12
 class FakeHandle:
     """A `DeploymentHandle` stand-in over one in-process replica. While `deaths` > 0, the replica
     dies in `dies_on`: a call from the third on fails with ActorDiedError (a stream fails after
-    three items), and the death wipes its sessions (the retry meets a fresh replica)."""
+    three items), and the death wipes its sessions (the retry meets a fresh replica). A stream's
+    items cross pickled, as Ray sends them."""
 
     def __init__(self, replica: ReplicaDecoder, dies_on: str = "", deaths: int = 0) -> None:
         self.replica, self.dies_on, self.deaths, self.calls = replica, dies_on, deaths, 0
@@ -70,7 +73,7 @@ async def _stream(handle: FakeHandle, events: Any, dying: bool) -> Any:
             if dying and i == 3:
                 raise handle.die()
             i += 1
-            yield event.to_dict()
+            yield pickle.loads(pickle.dumps(event))  # as Ray sends `Engine.rounds`' events
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,31 @@ def test_split_rounds_hand_the_verifier_features_to_the_head_drafter(tiny_cfg, s
     assert [t for e in events for t in e.tokens] == expected
     assert set(drafter.sessions.get("r1").state.forwards.calls) == {"draft"}
     assert events[0].feature_bytes > 0 and all(e.feature_bytes > 0 for e in events if not e.done)
+
+
+def test_the_colocated_stream_carries_round_events_as_themselves(tiny_cfg, setup):
+    """`Engine.rounds` yields `RoundEvent`s and the Ingress gets the same typed events (pickled
+    by Ray, no dict in between): the replica's own steps, with only the ingress-side transport
+    filled in."""
+    models, prompt, expected = setup
+    direct = ReplicaDecoder(models, 4)
+
+    async def replica_steps() -> list[RoundEvent]:
+        return [e async for e in direct.arounds(prompt, MAX_NEW, "fastmtp")]
+
+    steps = asyncio.run(replica_steps())
+    engine = FakeHandle(ReplicaDecoder(models, 4))
+
+    async def run() -> list[RoundEvent]:
+        backend = ColocatedBackend(engine, tiny_cfg.serving)
+        return [e async for e in backend.rounds(_spec(prompt, "fastmtp"))]
+
+    events = asyncio.run(run())
+    assert all(type(e) is RoundEvent for e in events)
+    assert [t for e in events for t in e.tokens] == expected
+    untimed = lambda e: dataclasses.replace(  # noqa: E731
+        e, draft_ms=0.0, verify_ms=0.0, sync_ms=0.0, other_ms=0.0, transport_ms=0.0)
+    assert [untimed(e) for e in events] == [untimed(e) for e in steps]
 
 
 def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):

@@ -24,6 +24,23 @@ def _config(name: str) -> dict:
 DEPLOYMENTS = {"colocated": {"Engine", "Ingress"}, "split": {"Drafter", "Verifier", "Ingress"}}
 
 
+def test_each_deployment_is_named_by_its_role():
+    """One name per role (`peftbd.serving.roles`): the deployments, the apps' YAMLs and the
+    placement job's handles all say it."""
+    from peftbd.serving.roles import MODEL_ROLES, Role
+    from serve_apps.deployments import Drafter, Engine, Verifier, deployment_of
+    from serve_apps.ingress import Ingress
+
+    by_role = {Role.ENGINE: Engine, Role.DRAFTER: Drafter, Role.VERIFIER: Verifier,
+               Role.INGRESS: Ingress}
+    assert {role: deployment_of(d).name for role, d in by_role.items()} == {
+        role: role.deployment for role in Role}
+    assert DEPLOYMENTS == {app: {r.deployment for r in (*roles, Role.INGRESS)}
+                           for app, roles in MODEL_ROLES.items()}
+    with pytest.raises(TypeError, match="no Serve deployment"):
+        deployment_of(object())
+
+
 def _apps(name: str) -> list[dict]:
     return _config(name)["applications"]
 

@@ -20,6 +20,8 @@ import openai
 import pytest
 import requests
 
+from peftbd.serving.messages import ReplicaStats
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LONG_PROMPT = (  # the tiny verifier does not stop on its own here: many rounds
@@ -45,8 +47,8 @@ out = {}
 for app, name, count in (("split", "Drafter", 2), ("split", "Verifier", 1), ("colocated", "Engine", 1)):
     handle, seen = serve.get_deployment_handle(name, app), {}
     for i in range(60):  # vary the session id until the consistent-hash router reached each
-        stats = handle.options(session_id=f"probe-{i}").stats.remote().result()
-        seen[stats["replica"]] = stats
+        stats = handle.options(session_id=f"probe-{i}").stats.remote().result()  # ReplicaStats
+        seen[stats.replica] = stats.to_dict()
         if len(seen) == count:
             break
     out[name] = list(seen.values())
@@ -54,13 +56,14 @@ print(json.dumps(out))
 """
 
 
-def _replica_stats(served) -> dict[str, list[dict]]:
+def _replica_stats(served) -> dict[str, list[ReplicaStats]]:
     """`stats()` of every model replica, from a driver on the test cluster (its own process:
     Ray reads the auth mode once per process)."""
     done = subprocess.run([sys.executable, "-c", PROBE, served.gcs], env=served.env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: [ReplicaStats.from_dict(s) for s in stats] for name, stats in out.items()}
 
 
 def test_disconnected_clients_are_released_at_once_without_a_traceback(served):
@@ -76,8 +79,8 @@ def test_disconnected_clients_are_released_at_once_without_a_traceback(served):
                 resp.raw.connection.sock.shutdown(socket.SHUT_RDWR)
     time.sleep(5)
     stats = _replica_stats(served)
-    assert [s["sessions"] for name in ("Drafter", "Verifier") for s in stats[name]] == [0, 0, 0]
-    assert [s["streams"] for s in stats["Engine"]] == [0]
+    assert [s.sessions for name in ("Drafter", "Verifier") for s in stats[name]] == [0, 0, 0]
+    assert [s.streams for s in stats["Engine"]] == [0]
     new = ""
     for path, size in _serve_logs(served).items():
         with open(path, errors="replace") as f:

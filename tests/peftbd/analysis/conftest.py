@@ -82,7 +82,7 @@ def make_results(arms: dict[str, dict[str, Any]], block_size: int = 4, **fields:
                    "per_worker_peak_rss_mib": [100.0]},
         "drafters": {},
         "arms": arms,
-        "config": {"drafter": {"block_size": block_size, "prefix_gamma": 0.9}},
+        "config": {"peftbd": {"block_size": block_size, "prefix_gamma": 0.9}},
         **fields,
     })
 

@@ -16,6 +16,7 @@ from peftbd.benchmarking.forward_counter import ForwardCounter
 from peftbd.config import load_config
 from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.drafter import NoDrafter
+from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import QWEN3_0_6B, resolve_architecture
 from peftbd.models.loading import ModelUnavailableError, load_verifier
 from peftbd.models.peft_bd import adapter_on, draft_input_ids
@@ -36,7 +37,7 @@ def test_the_profile_holds_every_arm_per_dtype_with_its_round(tiny_profile):
     ids = [s.id for s in cpm.profiled_specs(cfg)]
     assert ids == ["ar", "peftbd", "peftbd_2step", "peftbd_anchored", "peftbd_early_exit",
                    "peftbd_offsets", "fastmtp", "peftbd_head", "peftbd_head_vocab",
-                   "dflash", "dflash_2layers", "dflash_5layers", "peftbd_synthetic",
+                   "dflash", "dflash_2layers", "dflash_5layers", "prompt_lookup", "peftbd_synthetic",
                    "fastmtp_synthetic", "peftbd_head_synthetic"]
     prof = json.loads(json.dumps(tiny_profile))  # JSON as written
     assert CostProfile.from_dict(prof).to_dict() == prof  # and read back as the same profile
@@ -111,10 +112,10 @@ def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypat
     assert cp.run_profile(cfg).decode is None  # rounds only: no measured decode
     kinds = {name for name, _ in seen}
     assert kinds == {NoDrafter.__name__, PeftBDDrafter.__name__, MTPDrafter.__name__,
-                     BDHeadDrafter.__name__}
+                     BDHeadDrafter.__name__, PromptLookupDrafter.__name__}
     # per timed arm: warm-up + counted round + 3 timed rounds (the offsets ablation drafts as
     # peftbd does, so it is timed once; DFlash at three depths); the early-exit arm drafts from 1 layer
-    assert len(seen) == 11 * 5
+    assert len(seen) == 12 * 5
     assert sorted({depth for name, depth in seen if name == "PeftBDDrafter"}) == [1, 2]
 
 

@@ -1,5 +1,9 @@
-"""Prompt-lookup drafting: a model-free drafter that copies what followed an earlier occurrence of
-the context's last few tokens (vLLM's `ngram` proposer, HF's `prompt_lookup_num_tokens`).
+"""Prompt lookup (vLLM's `ngram` proposer, HF's `prompt_lookup_num_tokens`), the whole method in
+one file: a model-free drafter that proposes the tokens which followed an earlier occurrence of
+the context's last n-gram. Nothing to train and nothing to load: it reads only the request's
+tokens, so a split Drafter catches a request up by committing them and its Verifier ships it
+nothing. The reference drafter of text the prompt already holds (the tiny world's grounded
+category: a passage copied or quoted from the prompt).
 
 Each round, per request, over `state.tokens` (prompt + committed output): find the longest suffix
 n-gram, n from `max_ngram` down to `min_ngram`, that also occurs earlier in the context (an
@@ -26,12 +30,37 @@ no features, and holds nothing per request (`state.drafter_state` stays None).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
+from peftbd.config_sections import Config, PositiveInt
 from peftbd.decoding.state import DecodeState, timed
+from peftbd.methods.arm import ArmSpec
+from peftbd.methods.registry import DraftContext, Method, register
+
+ID = "prompt_lookup"
+DEFAULTS = {
+    "num_tokens": 8,  # draft tokens a round at most (vLLM's num_speculative_tokens)
+    "min_ngram": 2,  # the shortest suffix n-gram that may match (vLLM's prompt_lookup_min)
+    "max_ngram": 4,  # the longest, tried first (vLLM's prompt_lookup_max)
+}
+"""The section's values; a preset, a YAML file or --set changes any."""
+
+
+@dataclass(frozen=True)
+class PromptLookupConfig:
+    """The section `prompt_lookup`: how many tokens a round drafts and which n-grams match."""
+
+    num_tokens: PositiveInt
+    min_ngram: PositiveInt
+    max_ngram: PositiveInt
+
+    ORDERED: ClassVar[tuple[tuple[str, str], ...]] = (("min_ngram", "max_ngram"),)
 
 
 def prompt_lookup(tokens: Sequence[int] | npt.NDArray[np.int64], k: int, min_ngram: int,
@@ -107,3 +136,20 @@ class PromptLookupDrafter:
                 ).reshape(1, -1)
                 for state, m in zip(states, max_tokens)
             ]
+
+
+def arms(cfg: Config) -> list[ArmSpec]:
+    s = cfg.prompt_lookup
+    return [ArmSpec(ID, f"Prompt lookup ({s.num_tokens} tokens, n-grams {s.min_ngram}-{s.max_ngram})", ID)]
+
+
+def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> PromptLookupDrafter:
+    s = ctx.cfg.prompt_lookup
+    return PromptLookupDrafter(s.num_tokens, s.min_ngram, s.max_ngram)
+
+
+METHOD = register(Method(
+    id=ID, label="Prompt lookup", what="prompt-lookup drafter", config=PromptLookupConfig,
+    defaults=DEFAULTS, arms=arms,
+    positions=lambda cfg: cfg.prompt_lookup.num_tokens, drafter=drafter,
+))

@@ -11,7 +11,7 @@ import torch
 from peftbd.data.chat import encode_prompt, prompt_messages
 from peftbd.decoding import DecodeState, Drafter, RowCache, SpeculativeDecoder, decode
 from peftbd.decoding.clock import Clock, ForwardLog
-from peftbd.decoding.prompt_lookup_drafter import PromptLookupDrafter, prompt_lookup
+from peftbd.methods.prompt_lookup import PromptLookupDrafter, prompt_lookup
 
 CPU = torch.device("cpu")
 N = 40  # generated tokens per request in the engine tests
