@@ -183,7 +183,9 @@ def code_hashes(modules: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name in modules:
         files = module_files(name)
-        root = Path(importlib.util.find_spec(name.split(".")[0]).origin).parent.parent
+        top = importlib.util.find_spec(name.split(".")[0])
+        assert top is not None and top.origin is not None  # module_files found `name` under it
+        root = Path(top.origin).parent.parent
         for path in files:
             out[str(path.relative_to(root))] = code_hash(path)
     return dict(sorted(out.items()))

@@ -155,7 +155,11 @@ def plan_splits(
     """Count dropped rows by reason, drop every row of a duplicated id (`duplicate_id`), and
     assign the rest with `assign_splits`."""
     dropped = Counter(r for r in drop_reasons if r is not None)
-    counts = Counter(i for i, r in zip(ids, drop_reasons) if r is None)
+    counts: Counter[str] = Counter()
+    for i, r in zip(ids, drop_reasons):
+        if r is None:
+            assert i is not None, "only a dropped row lacks an id (PREPARED_SCHEMA)"
+            counts[i] += 1
     duplicated = sum(n for n in counts.values() if n > 1)
     if duplicated:
         dropped["duplicate_id"] += duplicated

@@ -33,12 +33,14 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Cache, PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
     Qwen3DecoderLayer,
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
@@ -180,6 +182,9 @@ class BDHead(nn.Module):
     """The block-diffusion head bound to a verifier (a `*ForCausalLM` with `.model.embed_tokens`
     and `.lm_head`); created on the verifier's device and dtype, untrained."""
 
+    _shared: tuple[nn.Module, nn.Module]
+    """The verifier's (input embeddings, LM head), set by `bind` outside the module tree."""
+
     def __init__(self, verifier: PreTrainedModel, shape: HeadShape) -> None:
         super().__init__()
         vcfg = verifier.config
@@ -212,6 +217,7 @@ class BDHead(nn.Module):
     def draft_vocabulary(self, vocab_ids: torch.Tensor) -> DraftVocabulary:
         """The draft LM head over `vocab_ids` (N,) only: their rows of the bound LM head."""
         weight = self._shared[1].weight
+        assert isinstance(weight, torch.Tensor)  # the LM head's (vocab, d) Parameter
         ids = vocab_ids.to(device=weight.device, dtype=torch.long)
         return DraftVocabulary(ids, weight[ids].detach(), ids == self.shape.mask_id)
 
@@ -225,7 +231,7 @@ class BDHead(nn.Module):
         cos, sin = self.rotary_emb(context, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for layer in self.layers:
-            attn = layer.self_attn
+            attn = cast(Qwen3Attention, layer.self_attn)
             shape = (*context.shape[:-1], -1, attn.head_dim)
             k = attn.k_norm(attn.k_proj(context).view(shape)).transpose(1, 2)
             v = attn.v_proj(context).view(shape).transpose(1, 2)

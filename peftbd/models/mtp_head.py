@@ -53,6 +53,9 @@ class MTPHead(nn.Module):
     """FastMTP's MTP module bound to a verifier (a `*ForCausalLM` with `.model.embed_tokens`,
     `.model.norm`, `.lm_head`); created on the verifier's device and dtype, untrained."""
 
+    _shared: tuple[nn.Module, nn.Module, nn.Module]
+    """The verifier's (embeddings, final norm, LM head), set by `bind` outside the module tree."""
+
     def __init__(self, verifier: PreTrainedModel) -> None:
         super().__init__()
         config = verifier.config

@@ -63,9 +63,10 @@ def chunked_scores(
     if chunk_rows < 0:
         raise ValueError(f"chunk_rows={chunk_rows}: use 0 (all positions at once) or a positive count")
     if chunk_rows == 0:
-        total, hits = _score(hidden, targets, weights, logits_fn, exclude_id)
-        return TokenScores(total, hits)
-    totals, hits = [], []
+        total, hit = _score(hidden, targets, weights, logits_fn, exclude_id)
+        return TokenScores(total, hit)
+    totals: list[torch.Tensor] = []
+    hits: list[torch.Tensor] = []
     grad = torch.is_grad_enabled()  # the head's own weights may train even if `hidden` does not
     for start in range(0, max(n, 1), chunk_rows):  # one chunk, too, is checkpointed: FastMTP's
         # steps each score one, and their logits would otherwise all wait for the backward

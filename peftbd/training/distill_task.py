@@ -31,7 +31,9 @@ class DistillTask(Protocol):
     export_subdir: str
     block_size: int | None  # the block its rows are counted in (the manifest's data counts)
 
-    def build(self, device: torch.device) -> nn.Module: ...
+    def build(self, device: torch.device) -> nn.Module:
+        """The module DeepSpeed trains (only its trainable parameters train); its `config` is the
+        model config the job hands `step_memory` (the verifier's, for a module beside it)."""
 
     def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor: ...
 

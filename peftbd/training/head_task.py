@@ -70,7 +70,7 @@ class HeadTask:
             t_range=(1.0, 1.0), seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
             decay=h.loss_decay,
         )
-        return head_block_stats(module, self.verifier, draft.to(batch.ids.device),
+        return head_block_stats(_bd_head(module), self.verifier, draft.to(batch.ids.device),
                                 self.cfg.training.logits_chunk_rows)
 
     def train_loss(self, module: nn.Module, batch: SequenceBatch, epoch: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ class HeadTask:
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         blocks = self._stats(module, batch, EVAL_EPOCH)
         d = self.draft_len
-        drafts = head_drafts(module, self.verifier, batch, block_size=d, pad_id=self.pad_id)
+        drafts = head_drafts(_bd_head(module), self.verifier, batch, block_size=d, pad_id=self.pad_id)
         rounds = replay_rounds(drafts, batch, budget=self.cfg.data.max_new_tokens, block_size=d)
         return {
             **round_sums(rounds),
@@ -101,6 +101,7 @@ class HeadTask:
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
+        assert self.verifier is not None, "build() first"
         return head_parameter_counts(module, self.verifier)
 
     def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
@@ -111,4 +112,11 @@ class HeadTask:
                            head=self.head_cfg, head_features=features)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
-        return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)
+        return _bd_head(module).save_pretrained(Path(out_dir) / HEAD_SUBDIR)
+
+
+def _bd_head(module: nn.Module) -> BDHead:
+    """`module` as the head `HeadTask.build` made (the training job passes DeepSpeed's
+    `engine.module`: that very module)."""
+    assert isinstance(module, BDHead), type(module)
+    return module

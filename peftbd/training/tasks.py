@@ -24,9 +24,10 @@ Eval metrics (all over the rows of the val split that are evaluated; see `docs/a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -133,7 +134,7 @@ class PeftBDTask:
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
         path = Path(out_dir) / ADAPTER_SUBDIR
-        module.save_pretrained(str(path))
+        cast(PeftModel, module).save_pretrained(str(path))  # what `build` returned
         return path
 
 
@@ -157,14 +158,14 @@ class MTPTask:
         return self._stats(module, batch)["loss"]
 
     def _stats(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
-        return mtp_stats(module, self.verifier, batch, self.cfg.fastmtp.loss_weights,
+        return mtp_stats(_mtp_head(module), self.verifier, batch, self.cfg.fastmtp.loss_weights,
                          self.cfg.training.logits_chunk_rows)
 
     def eval_sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         sums = self._stats(module, batch)
         del sums["loss"]
         k = self.cfg.fastmtp.num_steps
-        rounds = replay_rounds(mtp_drafts(module, self.verifier, batch, k), batch,
+        rounds = replay_rounds(mtp_drafts(_mtp_head(module), self.verifier, batch, k), batch,
                                budget=self.cfg.data.max_new_tokens, block_size=k)
         return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()}}
 
@@ -188,6 +189,7 @@ class MTPTask:
         }
 
     def parameter_counts(self, module: nn.Module) -> tuple[int, int]:
+        assert self.verifier is not None, "build() first"
         return head_parameter_counts(module, self.verifier)
 
     def step_memory(self, model_config: Any, trainable: int, total: int, plan: BatchPlan,
@@ -195,5 +197,12 @@ class MTPTask:
         return step_memory("mtp", self.cfg, model_config, trainable, total, plan, dtype)
 
     def export(self, module: nn.Module, out_dir: Path) -> Path:
-        return module.save_pretrained(Path(out_dir) / HEAD_SUBDIR)
+        return _mtp_head(module).save_pretrained(Path(out_dir) / HEAD_SUBDIR)
+
+
+def _mtp_head(module: nn.Module) -> MTPHead:
+    """`module` as the head `MTPTask.build` made (the training job passes DeepSpeed's
+    `engine.module`: that very module)."""
+    assert isinstance(module, MTPHead), type(module)
+    return module
 

@@ -1,6 +1,11 @@
-"""The main job end to end on the tiny preset (sizes trimmed with --set to keep CI short)."""
+"""The main job end to end on the tiny preset (sizes trimmed with --set to keep CI short), with a
+plugin method beside the built-in ones: `tests/plugins/toy_bigram_drafter.py`, outside the
+project's packages, named only by `--set methods.plugins=[...]` and importable through PYTHONPATH
+(the job's Ray workers inherit it): it is trained, benchmarked, audited and reported with no
+edit to the project."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -9,7 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "tests" / "plugins"
 TRIM = [
+    "methods.plugins=[toy_bigram_drafter]",
     "data.train_size=240", "data.val_size=16", "data.test_size=16",
     "peftbd.optim.max_steps=20", "fastmtp.optim.max_steps=20",
     "peftbd.optim.eval_every=10", "peftbd.optim.checkpoint_every=10",
@@ -22,10 +29,10 @@ TRIM = [
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
 ]
-STAGES = ("continuations", "peftbd", "fastmtp", "peftbd_head", "dflash", "cost_profile",
-          "benchmark")
-NAMES = ("world", "generate", "train_peftbd", "train_fastmtp", "train_peftbd_head", "train_dflash", "cost_profile",
-         "benchmark")
+STAGES = ("continuations", "peftbd", "fastmtp", "peftbd_head", "dflash", "toy_bigram",
+          "cost_profile", "benchmark")
+NAMES = ("world", "generate", "train_peftbd", "train_fastmtp", "train_peftbd_head", "train_dflash",
+         "train_toy_bigram", "cost_profile", "benchmark")
 """The default main job's stages (the ablations' own trainings run only with --preset tiny-full)."""
 
 
@@ -33,7 +40,10 @@ def _pipeline(out: Path, *extra: str, job: str = "jobs.pipeline") -> str:
     args = [sys.executable, "-m", job, "--out", str(out)]
     for item in TRIM:
         args += ["--set", item]
-    proc = subprocess.run([*args, *extra], cwd=REPO, capture_output=True, text=True, timeout=1500)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(PLUGINS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([*args, *extra], cwd=REPO, capture_output=True, text=True, timeout=1500,
+                          env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
 
@@ -64,6 +74,10 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     results = json.loads((out / "benchmark" / "results.json").read_text())
     audits = [arm["audit"] for arm in results["arms"].values() if arm.get("audit")]
     assert audits and all(a["exact"] == a["prompts"] for a in audits)
+    for plugged in ("toy_bigram", "prompt_lookup"):  # the plugin's arm and the model-free one
+        arm = results["arms"][plugged]
+        assert arm["audit"]["exact"] == arm["audit"]["prompts"] > 0, plugged
+    assert "| Toy bigram (3 tokens) |" in text and "| Prompt lookup (8 tokens" in text
     manifest = json.loads((out / "manifest.json").read_text())
     assert [row["stage"] for row in manifest["stages"]] == list(NAMES)
     assert [row["path"] for row in manifest["stages"]][1:] == [str(out / s) for s in STAGES]

@@ -97,9 +97,11 @@ class BigramTask:
         self.optim = self.section.optim
 
     def build(self, device: torch.device) -> nn.Module:
-        vocab = int(load_verifier(self.cfg, device).config.vocab_size)  # the LM head's rows
+        verifier_config = load_verifier(self.cfg, device).config
         torch.manual_seed(self.cfg.training.seed)
-        return Bigram(vocab, self.section.rank).to(device)
+        model = Bigram(int(verifier_config.vocab_size), self.section.rank).to(device)  # the LM head's rows
+        model.config = verifier_config  # the model config the job's step-memory estimate reads
+        return model
 
     def _sums(self, module: nn.Module, batch: SequenceBatch) -> dict[str, torch.Tensor]:
         ids = batch.ids
