@@ -96,7 +96,8 @@ def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs, sampled = arm_specs(cfg), sampled_prompts(cfg, prompt_set.prompts)
     with relay() as sink:
-        refs = [task.remote(cfg, dirs, specs, prompt_set.prompts[i::n], repeats,
+        # Ray's overloads type `run_shard` (two of its seven arguments defaulted) as five-ary
+        refs = [task.remote(cfg, dirs, specs, prompt_set.prompts[i::n], repeats,  # type: ignore[call-arg]
                             sink and sink.part(i), sampled[i::n]) for i in range(n)]
         return ray.get(refs)
 

@@ -46,6 +46,7 @@ from peftbd.data.sources import (
 from peftbd.layout import GENERATE, WORLD
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib, read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.process_setup import ready
 from peftbd.tiny_world.build import ensure_tiny_world, uses_tiny_world
 from peftbd.stage import StageCall, StageInputs
 
@@ -72,7 +73,7 @@ def read_source(source: Source, cfg: Config, limit: int | None) -> ray.data.Data
 
 @functools.lru_cache(maxsize=2)
 def _tokenizer(cfg: Config) -> Any:
-    return load_tokenizer(cfg)
+    return load_tokenizer(ready(cfg))  # a Ray task: the world it tokenizes with
 
 
 def _prepare_batch(batch: pa.Table, cfg: Config, source: Source) -> pa.Table:
@@ -81,8 +82,9 @@ def _prepare_batch(batch: pa.Table, cfg: Config, source: Source) -> pa.Table:
 
 def prepare(source: Source, cfg: Config, limit: int | None) -> ray.data.Dataset:
     """Every record rendered and tokenized by Ray tasks (PREPARED_SCHEMA), materialized."""
+    # Ray types the function as taking the batch only; `fn_kwargs` gives the rest
     ds = read_source(source, cfg, limit).map_batches(
-        _prepare_batch, fn_kwargs={"cfg": cfg, "source": source}, batch_format="pyarrow",
+        _prepare_batch, fn_kwargs={"cfg": cfg, "source": source}, batch_format="pyarrow",  # type: ignore[arg-type]
         batch_size=PREPARE_BATCH_ROWS,
     )
     try:
@@ -126,7 +128,7 @@ class VerifierActor:
         import torch
 
         torch.set_num_threads(max(1, int(cfg.generate.num_cpus_per_actor)))
-        tokenizer = load_tokenizer(cfg)
+        tokenizer = load_tokenizer(ready(cfg))  # an actor process: the world it loads
         self.model = load_verifier(cfg)
         self.eos_ids = eos_token_ids(self.model, tokenizer)
         self.max_new_tokens = cfg.data.max_new_tokens
@@ -152,7 +154,8 @@ class VerifierActor:
 def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> ray.data.Dataset:
     """The `todo` rows (id -> split) continued by an actor pool of verifiers."""
     g = cfg.generate
-    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow",
+    # (Ray types the function as taking the batch only; `fn_kwargs` gives the rest)
+    ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow",  # type: ignore[arg-type]
                               batch_size=PREPARE_BATCH_ROWS)  # late in a run most hold no todo row
     # One block per batch: actors share the work evenly and each finished batch becomes a part.
     ds = ds.repartition(target_num_rows_per_block=g.batch_size, strict=True)
@@ -206,8 +209,9 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
     rows = len(done)
     progress.report(rows, len(plan.splits))
     if todo:
-        for block in generate(prepared, todo, cfg).iter_batches(batch_size=None,
+        for batch in generate(prepared, todo, cfg).iter_batches(batch_size=None,
                                                                  batch_format="pyarrow"):
+            block: pa.Table = batch  # batch_format="pyarrow"
             if block.num_rows:
                 new_parts.append(store.write(block))
                 rows += block.num_rows
@@ -217,7 +221,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
     table = store.read_complete(plan.splits)
     for split in SPLITS:
         write_split(tmp, split, table.filter(pc.equal(table["split"], split)))
-    sections = {
+    sections: dict[str, Any] = {
         "source": dataclasses.asdict(src),
         "limit": limit,
         "counts": {

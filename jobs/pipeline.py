@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def forced_stages(names: list[str], start: str | None, calls: list[StageCall]) -
     return set(names) | (set(order[order.index(start):]) if start else set())
 
 
-def run_pipeline(cfg: Config, out_dir: Path, force: set[str] = frozenset(), start: str | None = None,
+def run_pipeline(cfg: Config, out_dir: Path, force: AbstractSet[str] = frozenset(), start: str | None = None,
                  dry_run: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Plan the stages under `out_dir`, show the plan, run those that must run; return the
     pipeline manifest (also written to `out_dir/manifest.json` unless `dry_run`). Library and Ray
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="print the plan (what would run, and why) and exit")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, ready_process=False)  # the world is a stage of its plan
     out = args.out or output_root(cfg)
     from jobs.ray_env import shutdown
     from peftbd.cli import exit_on_user_error
@@ -197,4 +198,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,6 +1,7 @@
 """The placement experiment: the same prompts through the colocated and the split app (and, on a
 cluster, split across nodes, on one node, on fractional GPUs), per method of
-`serving.placement_methods` (greedy AR or any registered drafting method, `peftbd.methods`).
+`serving.placement_methods` (greedy AR or any registered drafting method, `peftbd.methods`; empty:
+all of them).
 
     python -m jobs.placement --preset tiny --out outputs/tiny/placement
     python -m jobs.placement --preset qwen3-0.6b --adapter-dir A --mtp-dir M --head-dir H --out ...
@@ -69,7 +70,7 @@ from peftbd.serving.models import DrafterDirs
 from peftbd.serving.roles import MODEL_ROLES, VERIFIER_ROLES, Role
 from peftbd.serving.schemas import SpecStats, Usage
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
-from peftbd.serving.validation import check_serving_config
+from peftbd.serving.validation import check_serving_config, placement_methods
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
@@ -148,7 +149,7 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     rates = synthetic_rates(cfg)
     records: list[RequestRecord] = []
     windows: list[Window] = []
-    for method in cfg.serving.placement_methods:
+    for method in placement_methods(cfg.serving):
         label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
         for concurrency in cfg.serving.client_concurrency:
@@ -264,7 +265,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         else:
             runnable.append((name, app, options))
     s = cfg.serving
-    tally = Tally(len(runnable) * len(s.placement_methods) * len(s.client_concurrency)
+    tally = Tally(len(runnable) * len(placement_methods(s)) * len(s.client_concurrency)
                   * len(prompts) * cfg.decoding.repeats)
     for name, app, options in runnable:
         log.info("placement %s: deploying the %s app", name, app)

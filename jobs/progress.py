@@ -54,7 +54,8 @@ def relay() -> Iterator[RemoteSink | None]:
     if local is None:
         yield None
         return
-    actor = _Latest.remote()
+    # @ray.remote made `_Latest` an ActorClass; the type checker keeps a decorated class's type
+    actor = _Latest.remote()  # type: ignore[attr-defined]
     stop = threading.Event()
 
     def poll() -> None:

@@ -15,7 +15,6 @@ holds the result of the same artifact, config and code; a rerun resumes the late
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from jobs.ray_env import shutdown
@@ -72,4 +71,4 @@ if __name__ == "__main__":
     # Run from the importable module, so Ray pickles `jobs.train.*` by reference, not `__main__`.
     from jobs.train import main as _main
 
-    sys.exit(_main())
+    _main()

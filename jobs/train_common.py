@@ -43,11 +43,12 @@ from jobs.progress import relay
 from jobs.ray_env import init_ray
 from jobs.resources import wait_for_resources
 from jobs.train_failures import Trainer, raise_unhealable
-from peftbd.config import Config, import_plugins
+from peftbd.config import Config
 from peftbd.data.artifact import ArtifactError
 from peftbd.layout import GENERATE
 from peftbd.manifest import WorkerPeaks
 from peftbd.models.loading import load_tokenizer
+from peftbd.process_setup import ready
 from peftbd.stage import StageCall, StageInputs, StageSpec
 from peftbd.training.checkpoint import (
     EXPORT_DIR,
@@ -82,7 +83,7 @@ def train_loop_per_worker(args: WorkerArgs) -> None:
     the final checkpoint with the export."""
     import deepspeed  # here, not at the top: the driver never needs it (its import logs a warning)
 
-    import_plugins(args.cfg.methods.plugins)  # a plugin method's task and section
+    ready(args.cfg)  # a worker process: a plugin method's task and section, the world
     cfg = args.cfg
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -258,14 +259,17 @@ def _train(tmp: Path, inputs: StageInputs, recipe: TrainingRecipe, cfg: Config, 
         except WorkerGroupError as exc:
             raise_unhealable(exc)  # not retried: fail with its own one-line message
             raise
-    with result.checkpoint.as_directory() as ckpt_dir:
+    checkpoint, metrics = result.checkpoint, result.metrics
+    if checkpoint is None or metrics is None:  # the workers' last report has both
+        raise RuntimeError(f"the {kind} training run reported no checkpoint or no metrics")
+    with checkpoint.as_directory() as ckpt_dir:
         shutil.copytree(Path(ckpt_dir) / EXPORT_DIR, tmp, dirs_exist_ok=True)
     log.info("trained %s drafter -> %s", kind, out_dir)
     return {
-        **training_sections(kind, result.metrics, plan, train.num_rows),
+        **training_sections(kind, metrics, plan, train.num_rows),
         "untrained": bool(untrained), "untrained_reasons": untrained,
         "outputs": {task.export_subdir: task.export_subdir},
-        "checkpoint": result.checkpoint.path,
+        "checkpoint": checkpoint.path,
         "ray_run": {"storage_path": storage, "name": name},
         "data": {"artifact_dir": str(data_dir), "train": train_counts.to_dict(),
                  "val": {**val_counts.to_dict(), "evaluated_rows": n_eval}},

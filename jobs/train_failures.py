@@ -9,10 +9,11 @@ failure policy of its own (the controller's `failure_policy` argument: Ray Train
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from peftbd.config import ConfigError
@@ -60,5 +61,10 @@ class Trainer(TorchTrainer):
     """A `TorchTrainer` whose controller does not retry unhealable errors."""
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
-        controller_init_kwargs["failure_policy"] = NoRetryOfUnhealable(self.run_config.failure_config)
-        return super()._initialize_and_run_controller(**controller_init_kwargs)
+        # Ray Train V2's RunConfig fills in its own FailureConfig (`ray.train.FailureConfig`)
+        failure = cast(FailureConfig, self.run_config.failure_config)
+        controller_init_kwargs["failure_policy"] = NoRetryOfUnhealable(failure)
+        # the type checker reads `ray.train.torch`'s V1 TorchTrainer; Ray Train V2 (the default,
+        # this module's policy is V2's) gives the V2 one, which has this method
+        return super()._initialize_and_run_controller(  # type: ignore[misc]
+            **controller_init_kwargs)

@@ -13,6 +13,7 @@ from peftbd.console import Console
 from peftbd.errors import UserError, error_line, one_line, user_error
 from peftbd.manifest import is_complete
 from peftbd.output_lock import check_writable
+from peftbd.process_setup import ready
 from peftbd.stage import Decision, StageCall, StageSpec
 
 
@@ -37,11 +38,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the config from parsed args; a bad key or value (`ConfigError`, a `UserError`)
-    exits with status 2 and the one line `error: <reason>`."""
+def config_from_args(args: argparse.Namespace, ready_process: bool = True) -> Config:
+    """Build the config from parsed args and make this process ready for it
+    (`peftbd.process_setup.ready`: its plugins, its tiny world; `ready_process=False`: plugins
+    only, for the main job, whose plan holds the world stage); a bad key or value (`ConfigError`,
+    a `UserError`) exits with status 2 and the one line `error: <reason>`."""
     try:
-        return load_config(args.preset, args.config, args.overrides)
+        cfg = load_config(args.preset, args.config, args.overrides)
+        return ready(cfg) if ready_process else cfg
     except UserError as exc:
         print(error_line(exc), file=sys.stderr)
         sys.exit(2)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from peftbd.config import Config, load_config, load_plugins
 from peftbd.methods import methods, renamed
+from peftbd.process_setup import ready
 from peftbd.serving.roles import Role
 from peftbd.serving.synthetic import read_references, synthetic_rates
 from peftbd.serving.validation import check_serving_config
@@ -89,7 +90,7 @@ class AppArgs(BaseModel):
 
     def load(self) -> Config:
         """The config these args name, checked for serving."""
-        cfg = load_config(self.preset, self.config, self.overrides)
+        cfg = ready(load_config(self.preset, self.config, self.overrides))  # plugins, the world
         check_serving_config(cfg.serving)
         synthetic_rates(cfg)
         return cfg

@@ -194,13 +194,13 @@ class SplitBackend:
             share = max(wall - replies[0].handler_ms, 0.0) / len(idx)
             return [(reply, share) for reply in replies]
 
-        out: list[Reply | BaseException] = [None] * len(items)  # type: ignore[list-item]
+        out: dict[int, Reply | BaseException] = {}  # item index: its reply or its shard's error
         done = await asyncio.gather(*(shard(k, idx) for k, idx in groups.items()),
                                     return_exceptions=True)
         for idx, result in zip(groups.values(), done):
             for n, i in enumerate(idx):
                 out[i] = result if isinstance(result, BaseException) else result[n]
-        return out
+        return [out[i] for i in range(len(items))]
 
     def _changed(self) -> None:
         for gather in self._gathers.values():

@@ -41,8 +41,17 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_cfg() -> Config:
-    """The `tiny` preset (its world is built once into the cache dir and reused)."""
-    return load_config("tiny")
+    """The `tiny` preset, this process ready for it (`peftbd.process_setup.ready`: its world built
+    once into the cache dir and reused)."""
+    from peftbd.process_setup import ready
+
+    return ready(load_config("tiny"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def tiny_world_built(tiny_cfg: Config) -> None:
+    """Every test may load the tiny world's models: its stage runs once per test process, as a
+    job's command line runs it (resolvers only locate it)."""
 
 
 @pytest.fixture(scope="session")

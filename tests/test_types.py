@@ -13,10 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-CHECKED = (
-    "peftbd/decoding", "peftbd/serving", "peftbd/benchmarking", "peftbd/analysis", "peftbd/methods")
-"""Kept clean: the engine, the drafting methods, the serving library, and results.json's writer
-and readers (their shared types: `peftbd.benchmarking.schema`)."""
+CHECKED = ("peftbd", "serve_apps", "jobs")
+"""Every package: the library, the Serve apps and the Ray jobs, whose messages across processes
+are the library's typed ones (round events, replica stats, placement.json:
+`peftbd.serving.rounds`, `peftbd.serving.messages`, `peftbd.analysis.placement_verdict`)."""
 
 
 def test_the_checked_packages_type_check_clean() -> None:

@@ -70,7 +70,7 @@ from peftbd.benchmarking.environment import hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
 from peftbd.benchmarking.shape_decode import decode_at_shape
-from peftbd.config import Config, import_plugins
+from peftbd.config import Config
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.ragged import RowCache
@@ -87,6 +87,7 @@ from peftbd.models.peft_bd import (
     draft_input_ids,
     draft_logits,
 )
+from peftbd.process_setup import ready
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ def _time_arms(arms: Sequence[_Arm], models: ArmModels, repeats: int) -> None:
 @torch.inference_mode()
 def run_profile(cfg: Config) -> CostProfile:
     """Profile every arm at `cfg.cost_profile`'s architecture, KV length and dtypes."""
-    import_plugins(cfg.methods.plugins)  # a Ray task: the methods its arms name
+    ready(cfg)  # a Ray task: the methods its arms name, the world's tokenizer
     cp, started = cfg.cost_profile, time.perf_counter()
     if cp.threads > 0:
         torch.set_num_threads(cp.threads)

@@ -90,11 +90,15 @@ def spec_bench_prompts(tokenizer: PreTrainedTokenizerBase, path: str | Path, max
     return PromptSet(interleaved[:limit], "spec-bench", source.location, dict(dropped))
 
 
-def load_prompts(cfg: Config, continuations_dir: str | Path, prompts: str) -> PromptSet:
+def load_prompts(cfg: Config, continuations_dir: str | Path | None, prompts: str) -> PromptSet:
     """`prompts` = "test" (the held-out split of the artifact in `continuations_dir`) or
-    "spec-bench:PATH" (Spec-Bench's question.jsonl); at most `decoding.num_prompts` of them."""
+    "spec-bench:PATH" (Spec-Bench's question.jsonl, no artifact needed: `continuations_dir` may
+    be None); at most `decoding.num_prompts` of them."""
     limit = cfg.decoding.num_prompts
     if prompts == "test":
+        if continuations_dir is None:
+            raise PromptError("prompts='test' reads the held-out split of the generate stage's "
+                              "artifact, and none was given")
         return held_out_prompts(continuations_dir, limit)
     if prompts.startswith(SPEC_BENCH_PREFIX):
         return spec_bench_prompts(load_tokenizer(cfg), prompts[len(SPEC_BENCH_PREFIX):],

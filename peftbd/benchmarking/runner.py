@@ -38,11 +38,12 @@ from peftbd.benchmarking.sampled import (
     sampled_temperatures,
     samples,
 )
-from peftbd.config import Config, import_plugins
+from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.controlled import Oracle, reference_oracle
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
+from peftbd.process_setup import ready
 from peftbd.progress import Sink
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ def run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec], prompts:
     """Load the models (`dirs`: where the drafters lie), time every arm over `prompts` and audit
     them (one process, serial); `sink` hears of every decoded prompt; `sampled`: the prompts of
     the sampled passes (None: `sampled_prompts` of `prompts`)."""
-    import_plugins(cfg.methods.plugins)  # a Ray task: the methods its arms name
+    ready(cfg)  # a Ray task: the methods its arms name, the world it loads
     if sampled is None:
         sampled = sampled_prompts(cfg, prompts)
     plan = SamplingPlan(sampled_temperatures(cfg), tuple(sampled), cfg.decoding.sampling_seed)

@@ -87,10 +87,10 @@ def resolve_source(cfg: Config, source: str | None = None) -> Source:
     """The source named by `source` (default `cfg.data.source`); fails at once if it is unreadable
     (a missing path, or a hub id while the hub is unreachable)."""
     name = source or cfg.data.source
-    if name == EMBEDDED_TINY:
-        from peftbd.tiny_world.build import ensure_tiny_world
+    if name == EMBEDDED_TINY:  # resolved, not built (the world stage builds it)
+        from peftbd.tiny_world.location import locate_tiny_world
 
-        world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
+        world = locate_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
         return Source("jsonl", str(world.corpus_path), name)
     if name.startswith(SPEC_BENCH_PREFIX):
         return spec_bench_source(name[len(SPEC_BENCH_PREFIX):])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from peftbd.config import EMBEDDED_TINY, RANDOM_WEIGHTS, Config
 from peftbd.errors import UserError
-from peftbd.tiny_world.build import ensure_tiny_world
+from peftbd.tiny_world.location import locate_tiny_world
 
 
 class ModelUnavailableError(UserError, RuntimeError):
@@ -15,11 +15,12 @@ class ModelUnavailableError(UserError, RuntimeError):
 
 
 def model_dirs(cfg: Config) -> tuple[str, str]:
-    """(tokenizer source, model source): hub ids or local paths; builds the tiny world if needed
-    (a `random:` model's tokenizer is the tiny world's; its model source is the name itself)."""
+    """(tokenizer source, model source): hub ids or local paths, resolved, nothing built (the
+    world stage builds the tiny world: `peftbd.process_setup.ready`); a `random:` model's
+    tokenizer is the tiny world's, its model source the name itself."""
     name = cfg.model.name_or_path
     if name == EMBEDDED_TINY or name.startswith(RANDOM_WEIGHTS):
-        world = ensure_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
+        world = locate_tiny_world(cfg.tiny_world, cfg.paths.cache_dir)
         return str(world.tokenizer_dir), name if name.startswith(RANDOM_WEIGHTS) else str(world.verifier_dir)
     return name, name
 

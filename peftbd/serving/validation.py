@@ -89,6 +89,12 @@ def check_serving_config(serving: ServingConfig) -> None:
         )
 
 
+def placement_methods(serving: ServingConfig) -> tuple[str, ...]:
+    """What `jobs.placement` measures: `serving.placement_methods`, or when empty greedy AR and
+    every registered method (a new one, a plugin's too, with no edit)."""
+    return tuple(serving.placement_methods) or serving_names()
+
+
 def served_model_ids(served_name: str) -> list[str]:
     """The ids `GET /v1/models` lists: the served name (default method) and `<name>:<method>`."""
     return [served_name] + [f"{served_name}:{m}" for m in serving_names()]

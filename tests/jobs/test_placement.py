@@ -131,7 +131,8 @@ def test_placement_job_on_this_machine(tmp_path):
     cfg = load_config("tiny", overrides=[
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
         "serving.client_concurrency=[1, 2]", "serving.synthetic=[peftbd=3]",
-        "serving.placements=[colocated, split, split-cross-node]"])
+        "serving.placements=[colocated, split, split-cross-node]",
+        "serving.placement_methods=[ar, peftbd, fastmtp, peftbd_head]"])
     import ray
 
     try:

@@ -20,6 +20,8 @@ NOT_OUTPUT = {  # what these decide is not a stage's output
     "peftbd.config_sections": "the config tree's sections (as above)",
     "peftbd.layout": "the stage declarations",
     "peftbd.method_catalog": "which methods are registered (each method's code is fingerprinted)",
+    "peftbd.process_setup": "imports the config's plugins and runs the world stage (its own)",
+    "peftbd.tiny_world.location": "where the world stage put the world (its content is an input)",
     "peftbd.stage": "the stage contract",
     "peftbd.manifest": "where manifests, wall time and peak memory are written",
     "peftbd.progress": "progress reports",

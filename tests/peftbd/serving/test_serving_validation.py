@@ -257,3 +257,14 @@ def test_sampling_fields_make_the_requests_sampling(tok, serving):
     assert unseeded[0].seed != unseeded[1].seed and unseeded[0].top_k == 0
     greedy = _spec({"model": MODEL, "prompt": "x", "top_k": -1, "seed": 9}, tok, serving).sampling
     assert greedy.greedy and greedy.top_k == 0
+
+
+def test_no_placement_methods_means_ar_and_every_registered_method(tiny_cfg):
+    from peftbd.methods import serving_names
+    from peftbd.serving.validation import placement_methods
+
+    assert tiny_cfg.serving.placement_methods == ()  # the preset's: every method, a new one too
+    assert placement_methods(tiny_cfg.serving) == serving_names()
+    assert "prompt_lookup" in placement_methods(tiny_cfg.serving)
+    chosen = dataclasses.replace(tiny_cfg.serving, placement_methods=("ar", "fastmtp"))
+    assert placement_methods(chosen) == ("ar", "fastmtp")
