@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.local_cluster import NodeError, local_cluster
+from jobs.placement_options import FORWARD_SYNC, placement_options, replica_counts, skip_reason
 from jobs.ray_env import DASHBOARD_ENV, shutdown
 from peftbd.analysis.placement import (
     Devices,
@@ -67,67 +68,13 @@ from peftbd.methods import methods, serving_names
 from peftbd.progress import Tally
 from peftbd.serving.messages import ReplicaStats
 from peftbd.serving.models import DrafterDirs
-from peftbd.serving.roles import MODEL_ROLES, VERIFIER_ROLES, Role
+from peftbd.serving.roles import VERIFIER_ROLES
 from peftbd.serving.schemas import SpecStats, Usage
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.serving.validation import check_serving_config, placement_methods
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
-CLUSTER_RESOURCES = ("drafter", "verifier")  # custom resources of cluster.yaml's GPU node types
-
-
-def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(app, per-role `.options(...)` overrides) of a named placement.
-
-    colocated: drafter_replicas + verifier_replicas Engine replicas (split's devices).
-    split-cross-node: Drafter on a `drafter` node, Verifier on a `verifier` node, whole GPUs.
-    split-same-node: both on one `verifier` node, sharing its GPU (half each).
-    split-fractional-gpu: cross-node with two replicas of each at half a GPU.
-    split-forward: split whose Drafter catches up with its own verifier forward
-    (`serving.drafter_sync: forward`) instead of the state the Verifier ships.
-    """
-    s = cfg.serving
-
-    def role(resource: str, share: float, gpus: float, replicas: int = 1) -> dict[str, Any]:
-        return {"num_replicas": replicas, "ray_actor_options": {
-            "num_cpus": s.replica_num_cpus, "num_gpus": gpus, "resources": {resource: share}}}
-
-    engines = {"num_replicas": s.drafter_replicas + s.verifier_replicas,  # the same devices
-               "ray_actor_options": {"num_cpus": s.replica_num_cpus,
-                                     "num_gpus": s.verifier_num_gpus}}
-    drafter, verifier = Role.DRAFTER, Role.VERIFIER
-    table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
-        "colocated": ("colocated", {Role.ENGINE: engines}),
-        "split": ("split", {}),
-        "split-forward": ("split", {}),  # with FORWARD_SYNC
-        "split-cross-node": ("split", {drafter: role("drafter", 1, s.drafter_num_gpus),
-                                       verifier: role("verifier", 1, s.verifier_num_gpus)}),
-        "split-same-node": ("split", {drafter: role("verifier", 0.5, s.drafter_num_gpus / 2),
-                                      verifier: role("verifier", 0.5, s.verifier_num_gpus / 2)}),
-        "split-fractional-gpu": ("split", {
-            drafter: role("drafter", 0.5, s.drafter_num_gpus / 2, replicas=2),
-            verifier: role("verifier", 0.5, s.verifier_num_gpus / 2, replicas=2)}),
-    }
-    if name not in table:
-        raise ValueError(f"serving.placements: unknown placement {name!r}; known: {list(table)}")
-    return table[name]
-
-
-FORWARD_SYNC = {"split-forward": ["serving.drafter_sync=forward"]}
-"""Placements that change the app's config: split with the Drafter's own catch-up forward
-instead of the Verifier's shipped state (bytes against ms)."""
-
-
-def _skip_reason(options: dict[str, dict[str, Any]], available: dict[str, float]) -> str | None:
-    needed = {r for o in options.values() for r in o["ray_actor_options"].get("resources", {})}
-    missing = sorted(needed - set(available))
-    if missing:
-        return (f"needs the custom resources {missing} of cluster.yaml's GPU node types; this "
-                f"cluster has {sorted(k for k in available if not k.startswith('node:'))}")
-    return None
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -258,7 +205,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     runnable = []
     for name in cfg.serving.placements:
         app, options = placement_options(name, cfg)
-        reason = _skip_reason(options, ray.cluster_resources())
+        reason = skip_reason(options, ray.cluster_resources())
         if reason:
             skipped[name] = reason
             log.info("placement %s: skipped (%s)", name, reason)
@@ -271,7 +218,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         log.info("placement %s: deploying the %s app", name, app)
         app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
         serve.run(builders[app](app_args, options), name="placement", route_prefix="/placement")
-        roles = _replica_counts(app, options, cfg)
+        roles = replica_counts(app, options, cfg)
         replicas = {role.value: (serve.get_deployment_handle(role.deployment, "placement"), n)
                     for role, n in roles.items()}
         devices[name] = Devices(total=sum(roles.values()),
@@ -307,13 +254,6 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         counts={"prompts": len(prompts), "requests": len(records)}, placements=list(devices),
         skipped=skipped, outputs_identical=report.outputs_identical,
         verdicts=[sentence(v) for v in found]).to_sections()
-
-
-def _replica_counts(app: str, options: dict[str, dict[str, Any]], cfg: Config) -> dict[Role, int]:
-    """{role: replicas} of the model deployments of a deployed placement."""
-    from serve_apps.args import actor_options
-
-    return {r: (options.get(r) or actor_options(cfg, r))["num_replicas"] for r in MODEL_ROLES[app]}
 
 
 def greedy_references(cfg: Config, prompts: list[list[int]]) -> dict[tuple[int, ...], list[int]]:
@@ -355,12 +295,13 @@ def _skipped_some(out: Path) -> bool:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.placement", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
-    add_stage_args(parser, placement_stage())
-    for m, stage in ((m, m.stage) for m in methods()):
-        if stage is None:
+    placement = placement_stage()
+    add_stage_args(parser, placement)
+    for m in methods():
+        if m.stage is None:
             continue
         parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
-                            help=f"a trained {m.what}: the output dir of {stage.name} "
+                            help=f"a trained {m.what}: the output dir of {m.stage.name} "
                                  f"(serves {m.serving}; default: untrained)")
     parser.add_argument("--drafter-dir", action="append", default=[], metavar="METHOD=DIR",
                         help="any trained method's output dir, e.g. a methods.plugins method's "
@@ -388,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.placements:
         args.overrides.append(f"serving.placements=[{args.placements}]")
     cfg = config_from_args(args)
-    out = stage_out(args, cfg, placement_stage())
+    out = stage_out(args, cfg, placement)
     dirs = {m.serving: getattr(args, m.dir_arg, None) for m in methods()}
     for item in args.drafter_dir:
         name, sep, path = item.partition("=")
@@ -413,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[placement] local cluster at {cluster.address}, dashboard "
                   f"{cluster.dashboard_url or 'off'}; stopped after the run", flush=True)
         # plain ValueErrors too (as before UserError): one line each
-        run_stage_job(placement_stage(), out, call, force, args.verbose, (ValueError,),
+        run_stage_job(placement, out, call, force, args.verbose, (ValueError,),
                       before_exit=shutdown)
     print((out / "placement.md").read_text())
     print(f"[placement] wrote {out / 'placement.json'} and {out / 'placement.md'}", flush=True)

@@ -53,7 +53,7 @@ ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
 Method = str  # a method id of peftbd.methods: peftbd.serving.validation.check_serving_config
 DrafterSync = Literal["ship", "forward"]  # peftbd.methods.Method.ships
-Placement = Literal[  # jobs.placement.placement_options
+Placement = Literal[  # jobs.placement_options.placement_options
     "colocated", "split", "split-forward", "split-cross-node", "split-same-node",
     "split-fractional-gpu",
 ]

@@ -7,14 +7,8 @@ import zlib
 
 import pytest
 
-from jobs.placement import (
-    _busy,
-    _overrides,
-    _replica_counts,
-    _skip_reason,
-    _skipped_some,
-    placement_options,
-)
+from jobs.placement import _busy, _overrides, _skipped_some
+from jobs.placement_options import placement_options, replica_counts, skip_reason
 from peftbd.analysis.placement import Devices
 from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.config import load_config
@@ -28,8 +22,8 @@ def test_cluster_placements_need_the_cluster_yaml_resources():
     assert app == "split"
     assert opts["drafter"]["ray_actor_options"]["resources"] == {"verifier": 0.5}
     assert opts["drafter"]["ray_actor_options"]["num_gpus"] == 0.5
-    assert _skip_reason(opts, {"CPU": 4.0}) is not None
-    assert _skip_reason(opts, {"CPU": 4.0, "verifier": 1.0, "GPU": 1.0}) is None
+    assert skip_reason(opts, {"CPU": 4.0}) is not None
+    assert skip_reason(opts, {"CPU": 4.0, "verifier": 1.0, "GPU": 1.0}) is None
     app, opts = placement_options("colocated", cfg)  # split's devices: one Engine each
     assert app == "colocated" and opts["engine"]["num_replicas"] == 2
     with pytest.raises(ValueError, match="unknown placement"):
@@ -98,12 +92,12 @@ def test_each_app_counts_the_replicas_of_its_model_roles():
     cfg = load_config("qwen3-0.6b")
     for name in ("colocated", "split-fractional-gpu", "split"):
         app, options = placement_options(name, cfg)
-        counts = _replica_counts(app, options, cfg)
+        counts = replica_counts(app, options, cfg)
         assert tuple(counts) == MODEL_ROLES[app]
-    assert _replica_counts(*placement_options("colocated", cfg), cfg) == {Role.ENGINE: 2}
-    assert _replica_counts(*placement_options("split-fractional-gpu", cfg), cfg) == {
+    assert replica_counts(*placement_options("colocated", cfg), cfg) == {Role.ENGINE: 2}
+    assert replica_counts(*placement_options("split-fractional-gpu", cfg), cfg) == {
         Role.DRAFTER: 2, Role.VERIFIER: 2}
-    assert [r.deployment for r in _replica_counts("split", {}, cfg)] == ["Drafter", "Verifier"]
+    assert [r.deployment for r in replica_counts("split", {}, cfg)] == ["Drafter", "Verifier"]
 
 
 def test_a_local_cluster_rerun_rebuilds_an_output_that_skipped_placements(tmp_path):
