@@ -151,8 +151,8 @@ def layout_inputs(cfg: Config, artifacts_dir: str | Path, prompts: str = "test")
     for the report's "cost at the paper's architecture"; the placement experiment's output when
     it exists, for its verdict)."""
     root = Path(artifacts_dir)
-    needed = training_stages(cfg)
-    needed += [cost_profile_stage()] if is_complete(root / cost_profile_stage().subdir) else []
+    needed, profile = training_stages(cfg), cost_profile_stage()
+    needed += [profile] if is_complete(root / profile.subdir) else []
     needed += [e for e in experiments() if is_complete(root / e.subdir)]
     if prompts == "test" or is_complete(root / GENERATE.subdir):
         needed.insert(0, GENERATE)
@@ -188,12 +188,14 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
              len(prompt_set.prompts), len(arm_specs(cfg)), repeats, cfg.decoding.workers)
     dirs, vocab = drafter_dirs(cfg, upstream)
     shards = time_on_workers(cfg, dirs, prompt_set, repeats)
+    vocab_stages = _vocab_stages(cfg)
     drafters = {spec.subdir: _drafter_info(upstream[spec.name],
-                                           vocab if spec.name in _vocab_stages(cfg) else None)
+                                           vocab if spec.name in vocab_stages else None)
                 for spec in training_stages(cfg)}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
-    if cost_profile_stage().name in upstream:
-        results.cost_at_scale = CostProfile.read(upstream[cost_profile_stage().name] / PROFILE_FILE)
+    profile = cost_profile_stage().name
+    if profile in upstream:
+        results.cost_at_scale = CostProfile.read(upstream[profile] / PROFILE_FILE)
     stats = stage_stats(timer.stats(), shards)  # the same numbers in the report and the manifest
     manifests = {**read_stage_manifests(upstream), BENCHMARK_STAGE: stats}
     for experiment in experiments():  # beside the main job: summarised
@@ -238,16 +240,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     args.artifacts = args.artifacts or output_root(cfg)
+    bench = benchmark_stage()
     if args.prompts == ["test"]:
-        prompts, default_out = "test", args.artifacts / benchmark_stage().subdir
+        prompts, default_out = "test", args.artifacts / bench.subdir
     elif len(args.prompts) == 2 and args.prompts[0] == "spec-bench":
         prompts = f"{SPEC_BENCH_PREFIX}{args.prompts[1]}"
-        default_out = args.artifacts / f"{benchmark_stage().subdir}-spec-bench"
+        default_out = args.artifacts / f"{bench.subdir}-spec-bench"
     else:
         parser.error(f"--prompts {' '.join(args.prompts)}: use 'test' or 'spec-bench PATH'")
     out = args.out or default_out
     inputs = layout_inputs(cfg, args.artifacts, prompts)
-    run_stage_job(benchmark_stage(), out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
+    run_stage_job(bench, out, lambda: benchmark_call(cfg, inputs, out, prompts, args.repeats),
                   args.force, args.verbose, before_exit=shutdown)
     print("\n".join(summary_lines(Results.read(out / RESULTS))))
     print(f"benchmark report: {(out / REPORT).resolve()}")

@@ -77,12 +77,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
-    add_stage_args(parser, cost_profile_stage())
+    stage = cost_profile_stage()
+    add_stage_args(parser, stage)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    out = stage_out(args, cfg, cost_profile_stage())
+    out = stage_out(args, cfg, stage)
     # plain ValueErrors too (as before UserError): one line each
-    run_stage_job(cost_profile_stage(), out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
+    run_stage_job(stage, out, lambda: cost_profile_call(cfg, out), args.force, args.verbose,
                   (ValueError,), before_exit=shutdown)
     print("\n".join(summary_lines(CostProfile.read(out / PROFILE_FILE))))
     print(f"wrote {out / PROFILE_FILE} and {out / 'manifest.json'}")

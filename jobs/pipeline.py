@@ -55,12 +55,13 @@ def stage_calls(cfg: Config, root: Path) -> list[StageCall]:
     for method in methods():  # every registered drafter's training stages
         for spec, stage_cfg in method.training_stages(cfg):
             calls[spec.name] = train_call(method.recipe, stage_cfg, data, root / spec.subdir, spec=spec)
-    calls[cost_profile_stage().name] = cost_profile_call(cfg, root / cost_profile_stage().subdir)
-    inputs = {name: call.out for name, call in calls.items() if name in benchmark_stage().input_names}
+    profile, bench = cost_profile_stage(), benchmark_stage()
+    calls[profile.name] = cost_profile_call(cfg, root / profile.subdir)
+    inputs = {name: call.out for name, call in calls.items() if name in bench.input_names}
     for experiment in experiments():  # run beside the main job: the report shows them
         if is_complete(root / experiment.subdir):
             inputs[experiment.name] = root / experiment.subdir
-    calls[benchmark_stage().name] = benchmark_call(cfg, inputs, root / benchmark_stage().subdir)
+    calls[bench.name] = benchmark_call(cfg, inputs, root / bench.subdir)
     return list(calls.values())
 
 

@@ -160,7 +160,7 @@ def build_config(tree: dict[str, Any]) -> Config:
     section from the method's defaults with the tree's values on top."""
     core, parts = _split(tree)
     cfg = build(Config, core)
-    sections = {m.id: build(m.config, _deep_merge(dict(m.defaults), parts.get(m.id, {})), f"{m.id}.")
+    sections: dict[str, Any] = {m.id: build(m.config, _deep_merge(dict(m.defaults), parts.get(m.id, {})), f"{m.id}.")
                 for m in entries()}
     return dataclasses.replace(cfg, sections=sections)
 
@@ -199,8 +199,11 @@ def _split(tree: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, An
 
 def _plugins(preset: dict[str, Any], file_tree: dict[str, Any], overrides: typing.Sequence[str]) -> list[str]:
     """`methods.plugins` as the layers set it (the last one that sets it wins)."""
-    found = (preset.get("methods") or {}).get("plugins") or []
-    found = (file_tree.get("methods") or {}).get("plugins", found) if isinstance(file_tree.get("methods"), dict) else found
+    found: Any = []
+    for tree in (preset, file_tree):
+        section = tree.get("methods")
+        if isinstance(section, dict) and "plugins" in section:
+            found = section["plugins"] or []
     for item in overrides:
         key, _, raw = item.partition("=")
         if key.strip() == "methods.plugins":

@@ -5,7 +5,7 @@ decisions (`peftbd.stage`) and the report's stage table all read them from here.
 
 from __future__ import annotations
 
-from peftbd.method_catalog import Entry, entries
+from peftbd.method_catalog import entries
 from peftbd.stage import StageSpec
 
 _PLACEMENT_ONLY = ("training.storage_path", "training.max_failures", "training.allow_untrained")
@@ -50,31 +50,27 @@ def training_stage(method_id: str, title: str, *, variant: str = "", reads: tupl
     )
 
 
-def _methods() -> tuple[Entry, ...]:
-    return entries()
-
-
 def method_sections() -> tuple[str, ...]:
     """Every registered method's config section (its id)."""
-    return tuple(m.id for m in _methods())
+    return tuple(m.id for m in entries())
 
 
 def plugin_modules() -> tuple[str, ...]:
     """The modules of registered methods outside the package (`methods.plugins`): their source
     decides what the stages that draft with them compute."""
-    found = (m.arms.__module__ for m in _methods())
+    found = (m.arms.__module__ for m in entries())
     package = __name__.split(".")[0]
     return tuple(dict.fromkeys(name for name in found if name.split(".")[0] != package))
 
 
 def training_stages() -> tuple[StageSpec, ...]:
     """Every registered method's training stages, in registration order."""
-    return tuple(s for m in _methods() for s in m.stages)
+    return tuple(s for m in entries() for s in m.stages)
 
 
 def _cost_reads() -> tuple[str, ...]:
     """The method keys the cost profile reads (`Method.cost_reads`; None: the whole section)."""
-    return tuple(key for m in _methods()
+    return tuple(key for m in entries()
                  for key in ((m.id,) if m.cost_reads is None else (f"{m.id}.{k}" for k in m.cost_reads)))
 
 
@@ -86,7 +82,7 @@ def cost_profile_stage() -> StageSpec:
         "cost_profile", "cost profile at the paper's architecture", "cost_profile",
         reads=("cost_profile", "model.attn_implementation", *_cost_reads(), "training.seed",
                "decoding.synthetic", "decoding.synthetic_seed"),
-        ignores=tuple(f"{m.id}.optim" for m in _methods() if m.cost_reads is None),
+        ignores=tuple(f"{m.id}.optim" for m in entries() if m.cost_reads is None),
         code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.misfit",
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
@@ -105,13 +101,13 @@ def placement_stage() -> StageSpec:
         "placement", "placement experiment", "placement",
         reads=("preset", "model", "tiny_world", "data.source", *method_sections(), "serving",
                "decoding", "training.seed"),  # the seed: a random: model's weights
-        inputs=tuple(m.stages[0] for m in _methods() if m.stages),  # each method's main stage
+        inputs=tuple(m.stages[0] for m in entries() if m.stages),  # each method's main stage
         code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
               "peftbd.analysis.placement", "peftbd.analysis.placement_verdict",
               "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",
-              "jobs.placement", "jobs.local_cluster", *plugin_modules()),
+              "jobs.placement", "jobs.placement_options", "jobs.local_cluster", *plugin_modules()),
         command="python -m jobs.placement",
     )
 
@@ -173,9 +169,6 @@ def stages() -> tuple[StageSpec, ...]:
     training stages, the cost profile, the benchmark."""
     return (WORLD, GENERATE, *training_stages(), cost_profile_stage(), benchmark_stage())
 
-
-BENCHMARK_NAME, PLACEMENT_NAME = "benchmark", "placement"
-"""The stage names (and output dirs) of the benchmark and the placement experiment."""
 
 ENGINE_SPEED = StageSpec(
     "engine_speed", "engine speed check", "engine_speed",

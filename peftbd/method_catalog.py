@@ -53,7 +53,7 @@ class Entry(Protocol):
 _ENTRIES: dict[str, Any] = {}
 
 
-def entries() -> tuple[Any, ...]:
+def entries() -> tuple[Entry, ...]:
     """Every registered method, the built-in ones first, in registration order."""
     importlib.import_module(BUILTINS)
     return tuple(_ENTRIES.values())
@@ -70,7 +70,7 @@ def renamed(name: str) -> str | None:
     is called now, in that name's form; None: no method did."""
     for m in entries():
         if name in (m.former.section, m.former.serving):
-            return str(m.id)
+            return m.id
         if name == m.former.dir_arg:
-            return str(m.dir_arg)
+            return m.dir_arg
     return None

@@ -123,6 +123,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
     if sampling.sampled(results):
         save_png(acceptance_vs_temperature(results), out_dir / FIGURE_5)
     mo, pr, tm = results.measured_on, results.prompts, results.timing
+    ablation, study = recipe_ablation_stage(), acceptance_study_stage()
     parts = [
         f"# PEFT-BD benchmark report ({results.preset})",
         f"Measured on: **{mo.model}** ({mo.dtype}), engine: {mo.engine}, "
@@ -193,8 +194,8 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *sampling.section(results, FIGURE_5),
         *placement_section(manifests),
         *learning_curves.section(manifests),
-        *ablation_section(manifests.get(recipe_ablation_stage().title), recipe_ablation_stage().subdir),
-        *study_section(manifests.get(acceptance_study_stage().title), acceptance_study_stage().subdir),
+        *ablation_section(manifests.get(ablation.title), ablation.subdir),
+        *study_section(manifests.get(study.title), study.subdir),
     ]
     parts += category_section(results)
     parts += [
@@ -230,13 +231,14 @@ def decode_section(results: Results) -> list[str]:
 def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
     """The placement experiment's verdict, when its output sits beside this run's (its manifest:
     `jobs.placement` records the verdict sentences there)."""
-    manifest = manifests.get(placement_stage().title)
+    stage = placement_stage()
+    manifest = manifests.get(stage.title)
     if not manifest:
         return []
     placement = PlacementSections.from_manifest(manifest)
     measured = ", ".join(placement.placements) or "none"
     return ["## Placement: does splitting draft and verify change the cost asymmetry?",
-            f"From the placement experiment beside this run (`{placement_stage().subdir}/placement.md`; "
+            f"From the placement experiment beside this run (`{stage.subdir}/placement.md`; "
             f"placements measured: {measured}; outputs identical across placements: "
             f"{'yes' if placement.outputs_identical else 'NO'}).",
             "\n".join(f"- {line}" for line in placement.verdicts)

@@ -71,16 +71,11 @@ def no_draft(state: DecodeState) -> torch.Tensor:
     return torch.empty(1, 0, dtype=torch.long, device=state.device)
 
 
-def reads_state(drafter: Drafter) -> bool:
-    """Whether drafting reads any verifier state (KV, final hidden states or features); one that
-    reads only the tokens (prompt lookup) is caught up by committing them, no forward."""
-    return bool(drafter.reads_hidden or drafter.feature_layers or drafter.reads_kv_layers != 0)
-
-
 def catch_up_layers(drafter: Drafter) -> int | None:
     """How many leading verifier layers a forward that catches a state up for `drafter` must run
     (`peftbd.decoding.verify.advance`): its KV layers when they are all it reads (an early-exit
-    PEFT-BD drafter's k), else every layer (None), which `hidden`, `features` and verifying need."""
-    if drafter.reads_hidden or drafter.feature_layers or not drafter.reads_kv_layers:
+    PEFT-BD drafter's k; 0 for one that reads no verifier state, prompt lookup: no forward at
+    all), else every layer (None), which `hidden`, `features` and verifying need."""
+    if drafter.reads_hidden or drafter.feature_layers or drafter.reads_kv_layers is None:
         return None
     return drafter.reads_kv_layers

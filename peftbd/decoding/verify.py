@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.clock import Clock, ForwardLog
-from peftbd.decoding.drafter import Drafter, catch_up_layers, reads_state
+from peftbd.decoding.drafter import Drafter, catch_up_layers
 from peftbd.decoding.fast_path import FastVerify
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
@@ -246,7 +246,7 @@ def advance(model: torch.nn.Module, state: DecodeState, new_tokens: Sequence[int
     `drafter`: catch up only what it reads (`catch_up_layers`; None: everything). An early-exit
     PEFT-BD drafter reads the first k KV layers only: deeper layers then fall behind and
     `hidden` becomes None, so such a state may draft but never verify; one that reads no verifier
-    state (`reads_state`: prompt lookup) runs no forward at all, its cache falling behind."""
+    state (`catch_up_layers` 0: prompt lookup) runs no forward at all, its cache falling behind."""
     return advance_rows(model, [state], [new_tokens], drafter)[0]
 
 
@@ -261,12 +261,12 @@ def advance_rows(model: torch.nn.Module, states: Sequence[DecodeState],
             raise ValueError("advance() got no new_tokens; pass the tokens a verify step committed")
     uncached = [s.tokens[-1:] for s in states]
     kept = [_commit(s, new) for s, new in zip(states, new_tokens)]
-    if drafter is not None and not reads_state(drafter):  # it drafts from the tokens alone
+    layers = None if drafter is None else catch_up_layers(drafter)
+    if layers == 0:  # it drafts from the tokens alone
         for state in states:
             state.hidden = state.features = None
         return kept
     inputs = [u + k[:-1] for u, k in zip(uncached, kept)]
-    layers = None if drafter is None else catch_up_layers(drafter)
     with first_layers(unwrap(model).config, layers):
         kv, hidden, features, _ = _forward(model, states, inputs, "sync")
     kv.commit([len(x) for x in inputs])

@@ -146,12 +146,12 @@ class Method:
     @property
     def trains(self) -> bool:
         """Whether it has a training stage (a model-free method has none)."""
-        return self.task is not None and bool(self.stages)
+        return self.task is not None  # `register`: a task comes with its stages
 
     @property
     def recipe(self) -> TrainingRecipe:
         """What the training job needs of this method (`peftbd.training.recipe`)."""
-        if self.task is None or not self.stages:
+        if self.task is None:
             raise ValueError(f"method {self.id!r} has nothing to train (no task, no stage)")
         return TrainingRecipe(self.id, self.what, self.id, self.stages, self.task, self.stage_configs)
 

@@ -195,7 +195,8 @@ def resolve_method(model: str, method: str | None, served_name: str, default: st
     if model not in served_model_ids(served_name):
         raise RequestError(
             f"model {model!r} is not served here{rename_hint(model.partition(':')[2])}; use one "
-            f"of {served_model_ids(served_name)} (GET /v1/models lists them)", param="model", status=404, type="not_found_error",
+            f"of {served_model_ids(served_name)} (GET /v1/models lists them)",
+            param="model", status=404, type="not_found_error",
         )
     from_model = model.partition(":")[2] or None
     if from_model and method and from_model != method:
