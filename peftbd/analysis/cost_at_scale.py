@@ -159,7 +159,7 @@ def decode_table(results: Results) -> str | None:
     for a in prof.decode.arms.values():
         draft = "-" if a.draft_ms_forward is None else f"{a.draft_ms_round:.1f}"
         rows.append([a.label, fmt(a.synthetic), fmt(a.mean_accepted),
-                     fmt(a.tokens_per_s, 2), fmt(a.speedup_vs_ar),
+                     fmt(a.tokens_per_s, 1), fmt(a.speedup_vs_ar),
                      "yes" if a.exact else "**NO**",
                      f"{draft} / {a.verify_ms_round:.1f} / {a.host_ms_round:.1f}",
                      fmt(a.draft_x_over_floor, 1),

@@ -25,8 +25,8 @@ def _point_cell(point: dict[str, Any] | None) -> str:
     if point is None or point.get("accepted_prefix_mean") is None:
         return "n/a"
     ci = point.get("ci95")
-    interval = "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return f"{point['accepted_prefix_mean']:.3f}{interval} (step {point['step']})"
+    interval = "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"{point['accepted_prefix_mean']:.2f}{interval} (step {point['step']})"
 
 
 def _flag(value: bool | None) -> str:

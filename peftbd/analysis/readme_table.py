@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.analysis.report import untrained_note
-from peftbd.analysis.tables import fmt, fmt_ci, fmt_stat, markdown_table
+from peftbd.analysis.tables import fmt, fmt_ci, fmt_tokens_per_s, markdown_table
 from peftbd.benchmarking.schema import Arm, Results
 from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
@@ -37,15 +37,6 @@ HEADER = ("arm", "accepted tokens / round", "tok/s, batch 1", "speedup vs AR", "
 class ReadmeTableError(UserError, ValueError):
     """What stops the table from being written (no results, no markers, an unreadable README),
     said in one line that names the fix."""
-
-
-def _tokens_per_s(arm: Arm) -> str | None:
-    """Mean tok/s at batch 1 with its bootstrap interval over the prompts (`ci95`) when
-    results.json has one, else ± the std over repeats when there was more than one."""
-    tps = arm.tokens_per_s
-    if tps.ci95 or len(arm.repeats) <= 1:
-        return fmt_ci(tps.mean, tps.ci95, 1)
-    return fmt_stat(tps, 1, repeats=len(arm.repeats))
 
 
 def _speedup(arm: Arm, ar_tps: float | None) -> str | None:
@@ -100,7 +91,7 @@ def render(results: Results, pipeline_manifest: dict[str, Any] | None = None) ->
     ar = results.arms.get(AR)
     ar_tps = ar.tokens_per_s.mean if ar else None
     rows = [[arm.label, fmt_ci(arm.mean_accepted.mean, arm.mean_accepted_ci95, 2),
-             _tokens_per_s(arm),
+             fmt_tokens_per_s(arm.tokens_per_s, len(arm.repeats)),
              _speedup(arm, ar_tps), _audit(arm)] for _, arm in arms]
     return markdown_table(HEADER, rows) + "\n\n" + caption(results, pipeline_manifest)
 

@@ -109,11 +109,11 @@ def ablation_rows(full: dict[str, Any], head: dict[str, Any] | None,
 
 
 def _num(value: float | None, signed: bool = False) -> str:
-    return "n/a" if value is None else (f"{value:+.3f}" if signed else f"{value:.3f}")
+    return "n/a" if value is None else (f"{value:+.2f}" if signed else f"{value:.2f}")
 
 
 def _half(value: float | None) -> str:
-    return "n/a" if value is None else f"±{value:.3f}"
+    return "n/a" if value is None else f"±{value:.2f}"
 
 
 def ablation_markdown(rows: list[AblationRow]) -> str:

@@ -90,8 +90,8 @@ def concurrency_section(results: Results) -> list[str]:
         "Every arm decodes the same prompts with continuous batching: at most B requests at once, "
         "a finished one's place taken by the next prompt before the next round. Each pass over "
         "the prompts is timed whole (batch 1: the batch-1 pass above), aggregate tok/s = "
-        f"generated tokens / its wall time, median over the {timing.repeats} repeats (at B > 1 "
-        f"the first {timing.sweep_repeats}); vs AR = over AR's tok/s at the "
+        f"generated tokens / its wall time, {_median_words(timing.repeats, timing.sweep_repeats)}; "
+        "vs AR = over AR's tok/s at the "
         "same B; exact = every output equals AR's batch-1 output for its prompt (on a GPU in "
         "bf16, batch-shape-dependent kernels can flip a near-tie, so a \"no\" there need not be a bug).",
         concurrency.concurrency_table(results),
@@ -100,6 +100,18 @@ def concurrency_section(results: Results) -> list[str]:
         "\n".join(f"- {line}" for line in
                   [*concurrency.crossovers(results), concurrency.engine_goal_sentence(results)]),
     ]
+
+
+def _runs_words(repeats: int) -> str:
+    """"1 timed run" / "3 timed runs"."""
+    return f"{repeats} timed run{'s' if repeats != 1 else ''}"
+
+
+def _median_words(repeats: int, sweep_repeats: int) -> str:
+    """How Table 8's aggregate tok/s is taken over the repeats (one pass: no median)."""
+    if repeats <= 1:
+        return "one timed pass"
+    return f"median over the {repeats} repeats (at B > 1 the first {sweep_repeats})"
 
 
 def _sweep_words(results: Results) -> str:
@@ -131,7 +143,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         f"Prompts: {pr.count} from {pr.source} (`{pr.path}`), greedy, batch 1"
         f"{_sweep_words(results)}{sampling.intro_words(results)}, "
         f"at most {pr.max_new_tokens} new tokens; "
-        f"{tm.repeats} repeated runs per arm. "
+        f"{_runs_words(tm.repeats)} per arm. "
         f"Timing: {tm.workers} worker(s), {tm.torch_threads} torch thread(s) each; {tm.how}",
         *filter(None, [untrained_note(results)]),
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),

@@ -41,7 +41,7 @@ def _cells(arm: SampledArm, t: float) -> list[str | None]:
     if e is None:
         return ["skipped" if arm.skipped else None] * (5 if t > 0 else 3)
     rate = e.per_position.rate
-    cells = [fmt(e.mean_accepted, 2), fmt(rate[0] if rate else None, 3), fmt(e.tokens_per_s, 1)]
+    cells = [fmt(e.mean_accepted, 2), fmt(rate[0] if rate else None, 2), fmt(e.tokens_per_s, 1)]
     if t > 0:
         valid = None if e.check is None else f"{e.check.valid}/{e.check.prompts}"
         cells += [fmt(survives(arm, t), 2), valid]

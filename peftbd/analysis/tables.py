@@ -12,8 +12,10 @@ from typing import Any
 from peftbd.analysis.paper import METRICS, PAPER_VALUES, SETUPS, PaperValue
 from peftbd.benchmarking.schema import (
     ORACLE_TARGETS,
+    Arm,
     Results,
     Stat,
+    Throughput,
     draft_verify_per_call,
     draft_verify_per_round,
 )
@@ -40,11 +42,30 @@ def fmt(value: float | None, digits: int = 2) -> str | None:
 
 
 def fmt_stat(s: Stat | None, digits: int = 2, *, repeats: int) -> str | None:
-    """`mean ± std` of a Stat over `repeats` runs; the mean alone for a single run (its std of 0
-    would be false precision)."""
+    """`mean ± std` of a Stat over `repeats` runs; the mean alone for a single run or a std that
+    rounds to 0 at `digits` (a "± 0.0" would be false precision)."""
     if s is None:
         return None
-    return f"{s.mean:.{digits}f}" if repeats <= 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+    spread = f"{s.std:.{digits}f}"
+    if repeats <= 1 or float(spread) == 0:
+        return f"{s.mean:.{digits}f}"
+    return f"{s.mean:.{digits}f} ± {spread}"
+
+
+def fmt_tokens_per_s(tps: Throughput, repeats: int) -> str:
+    """Mean tok/s (1 decimal) with its 95% bootstrap interval over the prompts when it has one,
+    else ± the std over more than one repeat, else the mean alone."""
+    if tps.ci95:
+        return f"{tps.mean:.1f} ({tps.ci95[0]:.1f}-{tps.ci95[1]:.1f})"
+    return fmt_stat(tps, 1, repeats=repeats) or NA
+
+
+def tokens_per_s_header(results: Results) -> str:
+    """Table 2's tok/s column header, naming the spread `fmt_tokens_per_s` shows."""
+    arms = [arm for _, arm in results.arm_items()]
+    if any(arm.tokens_per_s.ci95 for arm in arms):
+        return "tok/s (95% interval)"
+    return "tok/s (mean ± std)" if any(len(arm.repeats) > 1 for arm in arms) else "tok/s"
 
 
 def fmt_ci(value: float | None, interval: Sequence[float] | None, digits: int = 2) -> str | None:
@@ -67,10 +88,10 @@ def forward_table(results: Results) -> str:
     rows = []
     for _, arm in results.arm_items():
         d, v, rnd, floor = arm.forward.draft, arm.forward.verify, arm.round, arm.floor
-        rows.append([arm.label, fmt(draft_verify_per_round(arm), 3),
-                     fmt(rnd.draft_ms, 3) if arm.speculative else None, fmt(rnd.verify_ms, 3),
-                     d.calls, fmt(d.mean_ms, 3), v.calls, fmt(v.mean_ms, 3),
-                     fmt(draft_verify_per_call(arm), 3),
+        rows.append([arm.label, fmt(draft_verify_per_round(arm)),
+                     fmt(rnd.draft_ms) if arm.speculative else None, fmt(rnd.verify_ms),
+                     d.calls, fmt(d.mean_ms), v.calls, fmt(v.mean_ms),
+                     fmt(draft_verify_per_call(arm)),
                      fmt(None if floor is None else floor.draft_x, 1),
                      fmt(None if floor is None else floor.verify_x, 1)])
     return markdown_table(
@@ -92,11 +113,11 @@ def acceptance_table(results: Results) -> str:
         rows.append([
             arm.label, fmt_ci(arm.mean_accepted.mean, arm.mean_accepted_ci95),
             fmt_pct(arm.token_acceptance), fmt_pct(arm.block_acceptance), exact,
-            fmt_stat(arm.tokens_per_s, repeats=len(arm.repeats)),
+            fmt_tokens_per_s(arm.tokens_per_s, len(arm.repeats)),
         ])
     return markdown_table(
         ["arm", "accepted tokens / round (95% interval)", "token acceptance", "block acceptance",
-         "greedy audit exact", "tokens/s"], rows)
+         "greedy audit exact", tokens_per_s_header(results)], rows)
 
 
 def fmt_interval(interval: Sequence[float] | None, digits: int = 2) -> str | None:
@@ -116,27 +137,35 @@ def timing_noise(results: Results) -> str:
             f"AR){span}.")
 
 
+def _runs(arm: Arm, n: int) -> list[str | None]:
+    """Each of the arm's `n` runs' tok/s and their mean ± std, when there is more than one run
+    (one run's tok/s is the mean, in its own column); empty for one."""
+    if n <= 1:
+        return []
+    runs = [fmt(r.tokens_per_s, 1) for r in arm.repeats]
+    return [*runs, *[None] * (n - len(runs)), fmt_stat(arm.tokens_per_s, 1, repeats=len(runs))]
+
+
 def repeats_table(results: Results) -> str:
-    """Table 3a: each repeated run's throughput, mean ± std per arm (the mean alone for one run),
-    the bootstrap interval over the prompts of its tok/s and of its speedup vs AR."""
+    """Table 3a: with more than one repeated run, each run's throughput and mean ± std per arm;
+    the mean tok/s with its bootstrap interval over the prompts, and the speedup vs AR with its
+    paired one. Accepted tokens per round without a spread: greedy repeats decode the same rounds
+    (Table 2 gives its interval over the prompts)."""
     arms = results.arm_items()
     n = max((len(arm.repeats) for _, arm in arms), default=0)
     rows = []
     for _, arm in arms:
-        runs = [fmt(r.tokens_per_s) for r in arm.repeats]
         shortest = min((r.decode_s for r in arm.repeats), default=None)
         speedup = arm.speedup_vs_ar
-        rows.append([arm.label, *runs, *[None] * (n - len(runs)),
-                     fmt_stat(arm.tokens_per_s, repeats=len(arm.repeats)),
+        rows.append([arm.label, *_runs(arm, n), fmt(arm.tokens_per_s.mean, 1),
                      fmt_interval(arm.tokens_per_s.ci95, 1),
                      fmt(None if speedup is None else speedup.mean),
                      fmt_interval(None if speedup is None else speedup.ci95),
-                     fmt_stat(arm.mean_accepted, 3, repeats=len(arm.repeats)), fmt(shortest, 2)])
-    spread = " (mean ± std)" if n > 1 else ""
+                     fmt(arm.mean_accepted.mean), fmt(shortest, 1)])
+    runs = [*[f"run {i + 1} tok/s" for i in range(n)], "tok/s (mean ± std)"] if n > 1 else []
     return markdown_table(
-        ["arm", *[f"run {i + 1} tok/s" for i in range(n)], f"tokens/s{spread}",
-         "tok/s 95% interval", "speedup vs AR", "speedup 95% interval",
-         f"accepted / round{spread}", "timed s per run (shortest)"], rows)
+        ["arm", *runs, "tok/s (mean)", "tok/s 95% interval", "speedup vs AR",
+         "speedup 95% interval", "accepted / round", "timed s per run (shortest)"], rows)
 
 
 def oracle_table(results: Results) -> str:
@@ -155,7 +184,7 @@ def oracle_table(results: Results) -> str:
         by_r = {red.r: red.tokens_per_s for red in oracle.reductions}
         rows.append([
             arm.label, fmt(arm.round.t0_s, 4), fmt(arm.round.draft_share, 3),
-            fmt(arm.mean_accepted.mean, 3), *[fmt(by_r.get(r)) for r in rs],
+            fmt(arm.mean_accepted.mean), *[fmt(by_r.get(r), 1) for r in rs],
             *[fmt(oracle.needed_accepted.get(t), 2) for t in targets],
         ])
     return markdown_table(
@@ -211,8 +240,8 @@ def offline_table(results: Results) -> str:
             continue
         verdict = None if not replay else (
             "yes" if abs(engine / replay - 1) <= OFFLINE_AGREES else "no")
-        rows.append([arm.label, fmt(engine, 3), fmt(replay, 3), _relative(engine, replay),
-                     verdict, fmt(training, 3), _relative(training, replay)])
+        rows.append([arm.label, fmt(engine), fmt(replay), _relative(engine, replay),
+                     verdict, fmt(training), _relative(training, replay)])
     if not rows:
         return "_No arm has an offline estimate._"
     return markdown_table(["arm", "engine (this benchmark)", "offline replay (these prompts)",

@@ -87,6 +87,6 @@ def test_table_9_sets_the_measured_decode_against_the_floor(tmp_path, profiled):
     text = build_report(profiled, {}, tmp_path).read_text()
     table = text.split("## Table 9", 1)[1].split("\n## ", 1)[0]
     assert "SYNTHETIC" in table and "20.0 GB/s" in table
-    assert "| PEFT-BD [synthetic: 2.881/round] | 2.88 | 2.88 | 3.10 | 1.55 | yes | 420.0 / 400.0 / 3.0 | 4.2 | 400.0 (160.0) | 2.5 |" in table
+    assert "| PEFT-BD [synthetic: 2.881/round] | 2.88 | 2.88 | 3.1 | 1.55 | yes | 420.0 / 400.0 / 3.0 | 4.2 | 400.0 (160.0) | 2.5 |" in table
     decoded = next(s for s in break_even.cost_sources(profiled) if "decoded" in s.name)
     assert decoded.ar_ms == pytest.approx(403.0) and decoded.round_ms["peftbd"] == pytest.approx(823.0)

@@ -1,13 +1,20 @@
-"""The figures draw every arm visibly, also arms whose points coincide."""
+"""The figures draw every arm visibly, also arms whose points coincide, and no title, label or
+legend collides with another or hides the data."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pytest
 from matplotlib.lines import Line2D
+from matplotlib.transforms import Bbox
 
-from peftbd.analysis.figures import acceptance_by_position, throughput_vs_accepted
-from peftbd.benchmarking.schema import Results
+from peftbd.analysis.figures import (
+    acceptance_by_position,
+    speedup_vs_accepted,
+    throughput_vs_accepted,
+    throughput_vs_batch,
+)
+from peftbd.benchmarking.schema import ConcurrencyRow, Results
 
 SAME = {"draft_call_ms": 11.7, "accepted_per_position": [70, 45, 25, 12]}
 
@@ -71,4 +78,63 @@ def test_figure_2_draws_every_speculative_arm_and_gamma(coinciding) -> None:
     assert list(lines["FastMTP"].get_ydata()) == [0.85, 0.62, 0.40]
     assert list(lines["PEFT-BD 1 step"].get_xdata()) == [1, 2, 3, 4]
     _check_visible(list(lines.values()))
+    plt.close(fig)
+
+
+LONG_HARDWARE = "CPU Intel(R) Xeon(R) Processor (2 cores, torch threads: 2)"
+
+
+@pytest.fixture
+def crowded(sample_results, cost_profile_of) -> Results:
+    """The sample run on long-named hardware with a batch sweep and a cost profile (Figure 4's
+    panels: this run, one round at scale, the roofline), so every figure has long titles."""
+    rows = [ConcurrencyRow(a, b, 100.0 * b, 2.0, True, 1.0 if a == "ar" else 0.5, 4.0)
+            for a in sample_results.arms for b in (1, 4, 16)]
+    profile = cost_profile_of({"ar": (0.0, 100.0), "peftbd": (100.0, 100.0),
+                               "fastmtp": (30.0, 100.0)})
+    profile.hardware = LONG_HARDWARE
+    results = sample_results.model_copy(update={"concurrency": rows, "cost_at_scale": profile})
+    results.measured_on.hardware = LONG_HARDWARE
+    return results
+
+
+def _text_boxes(fig) -> list[Bbox]:
+    """The display boxes of the figure's title, every axes title and axis label and every legend,
+    after the layout."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    texts = [fig._suptitle] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+    boxes = [t.get_window_extent(renderer) for t in texts if t.get_text()]
+    return boxes + [legend.get_window_extent(renderer) for legend in _legends(fig)]
+
+
+def _legends(fig) -> list:
+    return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+
+
+@pytest.mark.parametrize("draw", [throughput_vs_accepted, acceptance_by_position,
+                                  throughput_vs_batch, speedup_vs_accepted])
+def test_no_title_label_or_legend_collides_or_hides_data(crowded, draw) -> None:
+    fig = draw(crowded)
+    boxes = _text_boxes(fig)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert all(fig.bbox.x0 <= b.x0 and b.x1 <= fig.bbox.x1 and fig.bbox.y0 <= b.y0
+               and b.y1 <= fig.bbox.y1 for b in boxes)  # nothing cut off
+    renderer = fig.canvas.get_renderer()
+    for legend in _legends(fig):  # outside every axes: it hides no data
+        assert not any(legend.get_window_extent(renderer).overlaps(ax.bbox) for ax in fig.axes)
+    plt.close(fig)
+
+
+def test_figure_4_wraps_long_panel_titles_apart(crowded) -> None:
+    fig = speedup_vs_accepted(crowded)
+    assert len(fig.axes) == 3 and any("\n" in ax.get_title() for ax in fig.axes)
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    titles = [ax.title.get_window_extent(renderer) for ax in fig.axes]
+    assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1:])
+    assert all(t.x0 >= ax.bbox.x0 - 30 and t.x1 <= ax.bbox.x1 + 30  # over its own panel
+               for t, ax in zip(titles, fig.axes))
     plt.close(fig)

@@ -52,10 +52,10 @@ def test_the_table_has_each_drafters_quarter_half_and_end_with_intervals():
     assert text.startswith(learning_curves.TITLE)
     assert "sequence tokens (test)" in text
     lines = text.splitlines()
-    assert ("| train PEFT-BD adapter | 0.800 [0.700, 0.900] (step 50) | 1.200 [1.100, 1.300] "
-            "(step 100) | 1.900 [1.800, 2.000] (step 200) | 102,400 | **yes** |") in lines
-    assert ("| train FastMTP head | 0.300 [0.250, 0.350] (step 10) | 0.610 [0.560, 0.660] "
-            "(step 20) | 0.640 [0.590, 0.690] (step 40) | 20,480 | no |") in lines
+    assert ("| train PEFT-BD adapter | 0.80 [0.70, 0.90] (step 50) | 1.20 [1.10, 1.30] "
+            "(step 100) | 1.90 [1.80, 2.00] (step 200) | 102,400 | **yes** |") in lines
+    assert ("| train FastMTP head | 0.30 [0.25, 0.35] (step 10) | 0.61 [0.56, 0.66] "
+            "(step 20) | 0.64 [0.59, 0.69] (step 40) | 20,480 | no |") in lines
     assert "| train DFlash head | n/a | n/a | n/a | n/a | n/a |" in lines
     assert not any("generate" in line for line in lines if line.startswith("|"))
 
@@ -68,7 +68,7 @@ def test_no_training_manifest_no_section():
 def test_the_report_shows_the_learning_curves(tmp_path: Path, sample_results):
     text = build_report(sample_results, MANIFESTS, tmp_path).read_text()
     assert learning_curves.TITLE in text
-    assert "| train PEFT-BD adapter | 0.800 [0.700, 0.900] (step 50)" in text
+    assert "| train PEFT-BD adapter | 0.80 [0.70, 0.90] (step 50)" in text
     bare = build_report(sample_results, {}, tmp_path / "bare").read_text()
     assert learning_curves.TITLE not in bare
 
@@ -97,10 +97,10 @@ def test_the_ablation_marks_a_difference_resolved_only_beyond_the_combined_inter
     head = by["today's head (none of them)"]
     assert head.buys == pytest.approx(1.5) and head.verdict == RESOLVED
     table = ablation_markdown(rows)
-    assert "| 2.400 ±0.400 | +0.600 (noise ±0.500) | resolved |" in table
-    assert "| 2.600 ±0.400 | +0.400 (noise ±0.500) | within noise |" in table
-    assert "| 2.000 | +1.000 | n/a (no interval) |" in table
-    assert "| DFlash (all four changes) |  | 3.000 ±0.300 | n/a |  |" in table
+    assert "| 2.40 ±0.40 | +0.60 (noise ±0.50) | resolved |" in table
+    assert "| 2.60 ±0.40 | +0.40 (noise ±0.50) | within noise |" in table
+    assert "| 2.00 | +1.00 | n/a (no interval) |" in table
+    assert "| DFlash (all four changes) |  | 3.00 ±0.30 | n/a |  |" in table
 
 
 def test_an_ablation_manifest_without_intervals_still_renders():
@@ -109,5 +109,5 @@ def test_an_ablation_manifest_without_intervals_still_renders():
                     {"variant": "DFlash without its anchors", "reverted": "anchors",
                      "tokens_per_round": 2.25, "buys": 0.25}]}
     text = "\n".join(ablation_section(old, "recipe_ablation"))
-    assert "| 2.250 | +0.250 | n/a (no interval) |" in text
+    assert "| 2.25 | +0.25 | n/a (no interval) |" in text
     assert AblationRow(**old["rows"][1]).verdict is None

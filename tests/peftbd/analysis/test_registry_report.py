@@ -53,7 +53,7 @@ def test_a_registered_methods_arms_appear_in_every_per_arm_table_and_figure(
         assert "| Toy narrow |" in text and "| Toy wide |" in text
     # its stage's training estimate sits beside its first arm only (no replay here)
     offline = tables.offline_table(results)
-    assert "| Toy narrow | 0.600 | n/a | n/a | n/a | 0.450 | n/a |" in offline
+    assert "| Toy narrow | 0.60 | n/a | n/a | n/a | 0.45 | n/a |" in offline
     assert "Toy wide" not in offline
     fig = throughput_vs_accepted(results)
     assert {"Toy narrow", "Toy wide"} <= set(fig.axes[0].get_legend_handles_labels()[1])

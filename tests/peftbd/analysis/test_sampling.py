@@ -56,8 +56,8 @@ def test_table_11_gives_each_arm_per_temperature_and_what_survives(sample_result
     assert ("| arm | T=0 tokens / round | T=0 position-1 acceptance | T=0 tok/s | T=1 tokens / round "
             "| T=1 position-1 acceptance | T=1 tok/s | T=1 survives | T=1 valid samples | note |") in text
     assert "| AR | 1.00 | n/a | 400.0 | 1.00 | n/a | 390.0 | 1.00 | 16/16 |  |" in text
-    assert "| PEFT-BD 1 step | 2.00 | 0.600 | 122.5 | 1.50 | 0.400 | 101.2 | 0.75 | 16/16 |  |" in text
-    assert (f"| FastMTP | 1.81 | 0.700 | 310.0 | skipped | skipped | skipped | skipped | skipped "
+    assert "| PEFT-BD 1 step | 2.00 | 0.60 | 122.5 | 1.50 | 0.40 | 101.2 | 0.75 | 16/16 |  |" in text
+    assert (f"| FastMTP | 1.81 | 0.70 | 310.0 | skipped | skipped | skipped | skipped | skipped "
             f"| {SKIPPED} |") in text
     assert "proven by the statistical tests" in text and "not by the audit" in text
     assert "first 16 prompts" in text and f"![Figure 5]({FIGURE_5})" in text
