@@ -21,6 +21,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
+from peftbd.budgets import MAIN_JOB, Check, main_job_check, record
 from peftbd.cli import LOGS, add_config_args, add_verbose_arg, config_from_args, output_root
 from peftbd.config import Config
 from peftbd.layout import GENERATE, WORLD, benchmark_stage, cost_profile_stage, experiments, stages
@@ -137,7 +138,10 @@ def run_pipeline(cfg: Config, out_dir: Path, force: AbstractSet[str] = frozenset
                      "peak_gpu_mib": m.get("peak_gpu_mib"), "workers": m.get("workers")})
     manifest = {"preset": cfg.preset, "config": cfg.to_dict(), "versions": versions(),
                 "stages": rows, **timer.stats()}
+    budget = main_job_check(cfg, manifest["wall_seconds"], [d.run for d in decisions])
+    manifest["budget"] = budget.manifest_section()
     write_manifest(out_dir, manifest)
+    record(budget, cfg.paths.cache_dir)
     return manifest
 
 
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if args.dry_run:
             return
-        console.line(f"\npeftbd pipeline ({cfg.preset}) finished in {manifest['wall_seconds']:.0f}s; "
+        total = Check(MAIN_JOB, manifest["wall_seconds"], manifest["budget"]["complete_run"])
+        console.line(f"\npeftbd pipeline ({cfg.preset}) finished: total {total.describe()}; "
                      f"outputs under {out.resolve()} (logs: {(out / LOGS).resolve()}):")
         for row in manifest["stages"]:
             console.line(f"  {row['title']:<34} {row['path']}")

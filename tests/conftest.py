@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
 
+pytest_plugins = ["tests.budget_plugin"]  # the suite's and quick loop's times vs their budgets
+
 # Local Ray clusters in tests start without the dashboard (2-3 s and a few processes less each).
 os.environ.setdefault("PEFTBD_RAY_DASHBOARD", "0")
 

@@ -61,6 +61,8 @@ COMMANDS: dict[str, Runner] = {
 }
 NOT_USER_COMMANDS = {
     "peftbd.oracle": "takes numbers, no config, output or Ray: a bad one is argparse's usage error",
+    "peftbd.budgets": "prints the budget lines, no config, output or Ray: an unreadable ledger is "
+                      "one of its lines, not an error",
     "peftbd.tiny_world.refresh": "a maintainer's rebuild of the shipped world from the tiny recipe",
     "scripts.device_check": "a developer's GPU check on a borrowed device (no Ray, no stage)",
     "jobs.local_cluster": "starts a local two-node Ray cluster; no config, output or stage: a "
