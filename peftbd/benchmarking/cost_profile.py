@@ -14,8 +14,9 @@ drafter joins by joining the benchmark) and times their rounds with the engine's
   adapters off, the MTP head and the block-diffusion head (`head.layers`, three feature layers
   spread over the depth, DFlash's choice; its draft-vocabulary arm over `cost_profile.draft_vocab`
   tokens) are random and bound to the same backbone;
-- the state is prefilled once over `kv_len` random tokens (once more keeping the verifier
-  features the head reads; the other arms' verify forwards keep none); each arm runs one untimed warm-up
+- the state is prefilled once over `kv_len` random tokens, keeping every layer's features; each
+  arm starts from it keeping the features its drafter reads (the head's; the other arms' verify
+  forwards keep none: `with_feature_layers`); each arm runs one untimed warm-up
   round, then every timed round starts from a copy of that state, so all rounds see the same KV
   length; arms take turns per repeat; medians (and minima) over `repeats`; arms that draft with
   the same settings (`cost_key`: the offsets ablation and `peftbd`) are timed once;
@@ -74,7 +75,7 @@ from peftbd.config import Config
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.ragged import RowCache
-from peftbd.decoding.state import DecodeState
+from peftbd.decoding.state import DecodeState, all_feature_layers, with_feature_layers
 from peftbd.decoding.verify import prefill, unwrap
 
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
@@ -220,8 +221,10 @@ def run_profile(cfg: Config) -> CostProfile:
              arch.weights, device, ", ".join(s.id for s in specs))
     generator = torch.Generator().manual_seed(cfg.training.seed)
     prompt = torch.randint(0, models.verifier.config.vocab_size, (cp.kv_len,), generator=generator)
-    start = functools.cache(lambda layers: prefill(models.verifier, prompt.tolist(), _BUDGET,
-                                                   feature_layers=layers))
+    depth = models.verifier.config.num_hidden_layers
+    everything = prefill(models.verifier, prompt.tolist(), _BUDGET,
+                         feature_layers=all_feature_layers(depth))  # one prefill for every arm
+    start = functools.partial(with_feature_layers, everything)
     timed: dict[tuple[Any, ...], _Arm] = {}
     for spec in specs:
         if cost_key(models, spec) not in timed:

@@ -27,6 +27,7 @@ from peftbd.benchmarking.forward_counter import RoundCount
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, DecodeState, SpeculativeDecoder, prefill, result_of
 from peftbd.decoding.controlled import reference_oracle
+from peftbd.decoding.state import all_feature_layers, with_feature_layers
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,8 @@ def decode_at_shape(cfg: Config, models: ArmModels, specs: Sequence[ArmSpec],
                     counts: Mapping[str, RoundCount], floor: DeviceFloor) -> ShapeDecode:
     """Decode `cost_profile.decode_prompts` random prompts of `kv_len` tokens for
     `decode_tokens` new tokens with AR and every synthetic arm in `specs` (`counts`: each arm's
-    counted round, for its floor). Each prompt is prefilled once (with the verifier features
-    the head reads, once more) and every arm decodes from a copy; one short untimed warm-up per
+    counted round, for its floor). Each prompt is prefilled once (keeping every layer's
+    features: `with_feature_layers`) and every arm decodes from a copy; one short untimed warm-up per
     arm, then per prompt the arms take turns, AR first (its output is the oracle and the
     audit's reference). Throughput = tokens / the rounds' time (prefill excluded: it is AR's for
     every arm)."""
@@ -99,13 +100,15 @@ def decode_at_shape(cfg: Config, models: ArmModels, specs: Sequence[ArmSpec],
                                         models.drafter_for(s, oracle, cfg.decoding.synthetic_seed),
                                         (), cp.decode_tokens) for s in arms}
     prompts = _prompts(cfg, models.verifier.config.vocab_size)
-    prefilled = functools.cache(lambda i, layers: prefill(
-        models.verifier, prompts[i], cp.decode_tokens, feature_layers=layers))
+    every_layer = all_feature_layers(models.verifier.config.num_hidden_layers)
+    prefilled = functools.cache(lambda i: prefill(models.verifier, prompts[i], cp.decode_tokens,
+                                                  feature_layers=every_layer))
 
     def run(spec: ArmSpec, i: int, budget: int) -> DecodeResult:
         activate(models, spec)
         engine = engines[spec.id]
-        result = _decode(engine, prefilled(i, engine.drafter.feature_layers), budget)
+        start = with_feature_layers(prefilled(i), engine.drafter.feature_layers)
+        result = _decode(engine, start, budget)
         if spec.method == "ar":
             references[tuple(prompts[i])] = result.tokens
         return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -93,6 +94,30 @@ class DecodeState:
     def remaining(self) -> int:
         """How many more tokens may be generated."""
         return self.max_new_tokens - len(self.new_tokens)
+
+
+def all_feature_layers(num_hidden_layers: int) -> tuple[int, ...]:
+    """Every index into transformers' `hidden_states` of a model this deep (the embeddings' and
+    each layer's output): a prefill keeping them all can start a request for any drafter
+    (`with_feature_layers`)."""
+    return tuple(range(num_hidden_layers + 1))
+
+
+def with_feature_layers(state: DecodeState, layers: Sequence[int]) -> DecodeState:
+    """`state`, prefilled keeping at least `layers`' features, as a prefill keeping exactly
+    `layers` (in that order) leaves it: one prefill serves drafters that read different features
+    (the forward is the same; only what it keeps differs). A shallow copy: its cache and tensors
+    are `state`'s, so copy it before stepping."""
+    layers = tuple(layers)
+    missing = set(layers) - set(state.feature_layers)
+    if missing:
+        raise ValueError(f"the state keeps features of layers {state.feature_layers}, not of "
+                         f"{sorted(missing)}; prefill it with feature_layers covering them")
+    features = None
+    if layers and state.features is not None:
+        parts = state.features.chunk(len(state.feature_layers), -1)
+        features = torch.cat([parts[state.feature_layers.index(k)] for k in layers], -1)
+    return dataclasses.replace(state, feature_layers=layers, features=features)
 
 
 def timed(states: Sequence[DecodeState], mode: str) -> contextlib.AbstractContextManager[None]:

@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from peftbd.decoding import MTPDrafter, PeftBDDrafter, SpeculativeDecoder, advance, decode, prefill, verify
+from peftbd.decoding.state import all_feature_layers, with_feature_layers
 from peftbd.decoding.verify import accepted_prefix
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter
@@ -78,3 +79,22 @@ def test_bad_calls_name_the_problem(drafters, verifier, prompts):
     decoder.propose(state)
     with pytest.raises(RuntimeError, match="once per verify"):
         decoder.propose(state)
+
+
+def test_one_prefill_keeping_every_layer_starts_any_drafter_as_its_own_would(verifier, prompts):
+    """`with_feature_layers`: a prefill keeping every layer's features, cut to some layers (in
+    any order), is the prefill that kept just those: the same tokens, hidden states and
+    features; a layer the state does not keep is refused by name."""
+    ids = prompts[0][1]
+    everything = prefill(verifier, ids, 8, feature_layers=all_feature_layers(
+        verifier.config.num_hidden_layers))
+    for layers in [(), (2,), (2, 0), (0, 1, 2)]:
+        own, cut = prefill(verifier, ids, 8, feature_layers=layers), with_feature_layers(everything, layers)
+        assert cut.tokens == own.tokens and cut.feature_layers == own.feature_layers == layers
+        torch.testing.assert_close(cut.hidden, own.hidden, rtol=0, atol=0)
+        if layers:
+            torch.testing.assert_close(cut.features, own.features, rtol=0, atol=0)
+        else:
+            assert cut.features is own.features is None
+    with pytest.raises(ValueError, match=r"not of \[1\]"):
+        with_feature_layers(with_feature_layers(everything, (0, 2)), (1,))
