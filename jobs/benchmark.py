@@ -15,7 +15,7 @@ output under its id (`peftbd/`, `fastmtp/`, `peftbd_head/`, `dflash/`: the adapt
 acceptance). Greedy, batch 1,
 `decoding.max_new_tokens` new tokens, `decoding.num_prompts` prompts, every arm `--repeats` times;
 and the concurrency sweep: every arm again at each `decoding.batch_sizes` entry B > 1 (continuous
-batching, at most B prompts at once; `--set decoding.batch_sizes=[1,4,16]`) in the first
+batching, at most B prompts at once; tiny: [1, 16], tiny-full: [1, 4, 16]) in the first
 `decoding.sweep_repeats` repeats, aggregate tok/s = tokens / wall time of the whole pass; then at
 each `decoding.temperatures` entry > 0 one sampled batch-1 pass per arm but the synthetic ones over
 the first `decoding.sampling_prompts` prompts (results.json `sampling`, the report's Table 11).
@@ -80,7 +80,8 @@ TIMING_PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); eac
              "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
              "Concurrency sweep: per repeat (at batch sizes > 1: the first decoding.sweep_repeats) "
              "and batch size the arms take turns at one pass over the worker's prompts with "
-             "continuous batching (batch 1: the batch-1 pass); aggregate throughput = tokens / wall "
+             "continuous batching (batch 1: the batch-1 pass; at B > 1 AR and each method's own "
+             "arm, the variants too with decoding.sweep_variants); aggregate throughput = tokens / wall "
              "time of the pass (summed over workers), median over those repeats.")
 
 

@@ -235,6 +235,10 @@ class DecodingConfig:
     # The sweep's batched passes (B > 1) run in the first `sweep_repeats` repeats (at most
     # `repeats`; batch 1 is every repeat's batch-1 pass); tok/s is the median over them.
     sweep_repeats: PositiveInt
+    # Whether the batched passes also cover the variant arms (an arm whose id is not its
+    # method's: PEFT-BD's 2-step and anchored decoding, the head's draft vocabulary, the
+    # synthetic arms); false: AR and each method's own arm only (batch 1 covers every arm).
+    sweep_variants: bool
     # Verify (the AR step and the verify over k + 1) through one torch.compile'd graph over static
     # KV (peftbd.decoding.fast_path); tokens as eager's. Off: on the 2-core box each graph (batch
     # 1 / B, width 1 / k + 1) compiles in 10-60 s, more than a tiny benchmark arm decodes in.

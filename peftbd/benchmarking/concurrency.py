@@ -58,7 +58,8 @@ def batch_run(arm: str, batch_size: int, repeat: int, wall_s: float,
 
 def concurrency_rows(runs: Sequence[BatchRun], arms: Sequence[str],
                      batch_sizes: Sequence[int]) -> list[ConcurrencyRow]:
-    """One row per arm (in `arms` order) and batch size (in `batch_sizes` order) from every
+    """One row per arm (in `arms` order) and batch size (in `batch_sizes` order) that has runs
+    (every arm at batch 1; at B > 1 the arms the sweep covers: `runner.swept`) from every
     worker's runs: per repeat, tokens and wall seconds summed over the workers (so, as the
     batch-1 numbers, it does not depend on the worker count); tok/s is the median over repeats,
     speedup the arm's over AR's at that batch size."""
@@ -66,8 +67,10 @@ def concurrency_rows(runs: Sequence[BatchRun], arms: Sequence[str],
     for arm in arms:
         for b in batch_sizes:
             mine = [r for r in runs if r.arm == arm and r.batch_size == b]
+            if not mine and b == 1:
+                raise ValueError(f"no timed run of arm {arm!r} at batch size 1")
             if not mine:
-                raise ValueError(f"no timed run of arm {arm!r} at batch size {b}")
+                continue
             repeats = sorted({r.repeat for r in mine})
             tokens = [sum(r.new_tokens for r in mine if r.repeat == k) for k in repeats]
             walls = [sum(r.wall_s for r in mine if r.repeat == k) for k in repeats]

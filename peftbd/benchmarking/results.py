@@ -40,7 +40,8 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
         timing=Timing(
             workers=len(shards), torch_threads=d.torch_threads, repeats=repeats,
             worker_num_cpus=d.worker_num_cpus, worker_num_gpus=d.worker_num_gpus,
-            batch_sizes=list(d.batch_sizes), sweep_repeats=min(d.sweep_repeats, repeats), how=how,
+            batch_sizes=list(d.batch_sizes), sweep_repeats=min(d.sweep_repeats, repeats),
+            sweep_variants=d.sweep_variants, how=how,
             per_worker_hardware=[s.hardware for s in shards],
             per_worker_peak_rss_mib=[s.peak_rss_mib for s in shards]),
         drafters=drafters,

@@ -88,12 +88,14 @@ class Timings:
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
               sweep_repeats: int | None = None, seed: int = 0,
-              fast_path: bool = False, sampling: SamplingPlan = SamplingPlan()) -> Timings:
+              fast_path: bool = False, sampling: SamplingPlan = SamplingPlan(),
+              sweep_variants: bool = True) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
     `batch_sizes` the arms take turns at one `decode_many` pass each (after one short untimed
-    warm-up per arm and batch size). Every pass is timed whole with the device-synced clock
+    warm-up per arm and batch size; `sweep_variants` false: AR and each method's own arm only,
+    `swept`). Every pass is timed whole with the device-synced clock
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
     AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
     outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: the compiled verify
@@ -106,15 +108,17 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                                          models.eos_ids, max_new_tokens, fast_path)
                 for s in specs}
     batched = [b for b in batch_sizes if b > 1]
-    for dec in decoders.values():
-        dec.decode(ids[0])
-        for b in batched:
-            dec.decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
+    in_sweep = [s for s in specs if swept(s, sweep_variants)]
+    for s in specs:
+        decoders[s.id].decode(ids[0])
+        for b in batched if s in in_sweep else ():
+            decoders[s.id].decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
     runs: list[BatchRun] = []
-    swept = repeats if sweep_repeats is None else min(sweep_repeats, repeats)
-    total, done = (repeats + swept * len(batched)) * len(specs) * len(prompts), 0
+    sweeps = repeats if sweep_repeats is None else min(sweep_repeats, repeats)
+    total = (repeats * len(specs) + sweeps * len(batched) * len(in_sweep)) * len(prompts)
+    done = 0
     total += len(sampling.temperatures) * sum(map(samples, specs)) * len(sampling.prompts)
     for r in range(repeats):
         for s in specs:
@@ -130,8 +134,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                 runs.append(batch_run(s.id, 1, r, wall, run, [x.tokens for x in results["ar"][0]]))
             log.info("repeat %d/%d %s: %d prompts, %d tokens in %.2fs", r + 1, repeats, s.id,
                      len(run), sum(len(x.tokens) for x in run), sum(x.decode_s for x in run))
-        for b in batched if r < swept else ():
-            for s in specs:
+        for b in batched if r < sweeps else ():
+            for s in in_sweep:
                 start = clock.now()
                 run = decoders[s.id].decode_many(ids, b)
                 wall = clock.now() - start
@@ -146,6 +150,13 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
 
     vocab = models.verifier.config.vocab_size
     return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass))
+
+
+def swept(spec: ArmSpec, variants: bool) -> bool:
+    """Whether `spec` decodes in the concurrency sweep's batched passes: every arm with
+    `variants`, else AR and each method's own arm (its id is its method's), not the variants
+    (PEFT-BD's 2-step or anchored decoding, the head's draft vocabulary, the synthetic arms)."""
+    return variants or spec.id == spec.method
 
 
 def synthetic_oracle(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[list[int]],
@@ -224,7 +235,8 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     models = load_arm_models(cfg, dirs)
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
                         cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats,
-                        cfg.decoding.synthetic_seed, cfg.decoding.fast_path, plan)
+                        cfg.decoding.synthetic_seed, cfg.decoding.fast_path, plan,
+                        cfg.decoding.sweep_variants)
     references = [r.tokens for r in timings.results["ar"][0]]
     dtype = next(models.verifier.parameters()).dtype
     floor = measure_floor(models.device, dtype, hardware_description(models.device))

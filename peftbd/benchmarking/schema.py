@@ -107,6 +107,7 @@ class Timing(Record):
     worker_num_gpus: float
     batch_sizes: list[int]  # decoding.batch_sizes
     sweep_repeats: int  # the first repeats, those with the passes at B > 1
+    sweep_variants: bool = True  # decoding.sweep_variants: the variant arms in those passes too
     how: str
     per_worker_hardware: list[str]
     per_worker_peak_rss_mib: list[float]

@@ -263,7 +263,8 @@ def test_ranges_name_key_value_and_range(override, message):
 
 
 def test_batch_sizes_are_a_list_override() -> None:
-    assert load_config("tiny").decoding.batch_sizes == (1, 4, 16)
+    assert load_config("tiny").decoding.batch_sizes == (1, 16)  # the main job: the ends only
+    assert load_config("tiny-full").decoding.batch_sizes == (1, 4, 16)
     assert load_config("tiny", overrides=["decoding.batch_sizes=[1,4,16]"]).decoding.batch_sizes == (1, 4, 16)
     assert load_config("tiny", overrides=["decoding.batch_sizes=[8]"]).decoding.batch_sizes == (8,)
 

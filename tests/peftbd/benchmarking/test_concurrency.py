@@ -39,9 +39,24 @@ def test_rows_sum_workers_take_the_median_and_divide_by_ar() -> None:
     assert spec_1.exact and not spec_4.exact  # one worker's pass had a mismatch
 
 
-def test_a_missing_pass_is_an_error() -> None:
-    with pytest.raises(ValueError, match="no timed run of arm 'peftbd' at batch size 4"):
-        concurrency_rows([_run("ar", 4, 0, 1.0)], ["ar", "peftbd"], [4])
+def test_a_missing_batch_1_pass_is_an_error_an_unswept_batched_one_is_no_row() -> None:
+    with pytest.raises(ValueError, match="no timed run of arm 'peftbd' at batch size 1"):
+        concurrency_rows([_run("ar", 1, 0, 1.0)], ["ar", "peftbd"], [1, 4])
+    runs = [_run("ar", 1, 0, 1.0), _run("peftbd_2step", 1, 0, 2.0), _run("ar", 4, 0, 0.5)]
+    rows = concurrency_rows(runs, ["ar", "peftbd_2step"], [1, 4])  # a variant the sweep skips
+    assert [(r.arm, r.batch_size) for r in rows] == [("ar", 1), ("ar", 4), ("peftbd_2step", 1)]
+
+
+def test_the_sweep_covers_variants_only_when_asked() -> None:
+    """`swept`: AR and each method's own arm always; a variant (its id not its method's) only
+    with decoding.sweep_variants."""
+    from peftbd.benchmarking.runner import swept
+    from peftbd.methods.arm import AR_ARM, ArmSpec
+
+    own, variant = ArmSpec("peftbd", "PEFT-BD", "peftbd"), ArmSpec("peftbd_2step", "2 steps", "peftbd")
+    synthetic = ArmSpec("fastmtp_synthetic", "FastMTP synthetic", "fastmtp", synthetic=1.5)
+    assert [swept(s, False) for s in (AR_ARM, own, variant, synthetic)] == [True, True, False, False]
+    assert all(swept(s, True) for s in (AR_ARM, own, variant, synthetic))
 
 
 def test_batch_run_counts_tokens_rounds_and_exact_prompts() -> None:
