@@ -51,7 +51,7 @@ def position_table(results: Results) -> str:
     rows = []
     for arm in arms:
         pos = arm.per_position
-        cells = [f"{r:.3f} ({a}/{p})" for r, a, p in zip(pos.rate, pos.accepted, pos.proposed)]
+        cells = [f"{r:.2f} ({a}/{p})" for r, a, p in zip(pos.rate, pos.accepted, pos.proposed)]
         rows.append([arm.label, *_padded(cells, len(cols))])
     return markdown_table(["arm", *[f"j={j}" for j in cols]], rows)
 

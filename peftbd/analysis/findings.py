@@ -127,7 +127,7 @@ def longer_prefix_not_faster(results: Results) -> Finding:
     if arms is None:
         return _unmeasurable("a", "the PEFT-BD and FastMTP arms")
     pa, fa, pt, ft = _acc(arms[0]), _acc(arms[1]), _tps(arms[0]), _tps(arms[1])
-    measured = (f"accepted tokens / round PEFT-BD {pa:.3f} vs FastMTP {fa:.3f} "
+    measured = (f"accepted tokens / round PEFT-BD {pa:.2f} vs FastMTP {fa:.2f} "
                 f"[{_paper('mean_accepted', PAPER_PEFTBD)} vs "
                 f"{_paper('mean_accepted', PAPER_FASTMTP)}]; tok/s {pt:.1f} vs {ft:.1f} "
                 f"[{_paper('tokens_per_s', PAPER_PEFTBD)} vs "
@@ -140,7 +140,7 @@ def longer_prefix_not_faster(results: Results) -> Finding:
         measured += f"; at scale ({AT_SCALE}) tok/s {pt:.1f} vs {ft:.1f}"
     return _judge("a", measured, [
         (pa > fa, f"PEFT-BD accepts {pa / fa:.2f}x FastMTP's tokens per round",
-         f"PEFT-BD accepts no more tokens per round than FastMTP ({pa:.3f} vs {fa:.3f})"),
+         f"PEFT-BD accepts no more tokens per round than FastMTP ({pa:.2f} vs {fa:.2f})"),
         (pt < ft, f"at {pt / ft:.2f}x its throughput{where}",
          f"PEFT-BD is not slower than FastMTP ({pt:.1f} vs {ft:.1f} tok/s{where})"),
     ])
@@ -209,13 +209,13 @@ def two_steps_lower_both(results: Results) -> Finding:
     measured = (f"tok/s 1 step {t1:.1f} vs 2 steps {t2:.1f} "
                 f"[{_paper('tokens_per_s', PAPER_PEFTBD)} vs "
                 f"{_paper('tokens_per_s', PAPER_PEFTBD_2STEP)}]; accepted tokens / round "
-                f"{a1:.3f} vs {a2:.3f} [{_paper('mean_accepted', PAPER_PEFTBD)} vs "
+                f"{a1:.2f} vs {a2:.2f} [{_paper('mean_accepted', PAPER_PEFTBD)} vs "
                 f"{_paper('mean_accepted', PAPER_PEFTBD_2STEP)}]")
     return _judge("d", measured, [
         (t2 < t1, f"two steps run at {t2 / t1:.2f}x one step's throughput",
          f"two steps are not slower ({t2:.1f} vs {t1:.1f} tok/s)"),
         (a2 < a1, f"and accept {a2 / a1:.2f}x its tokens per round",
-         f"two steps do not accept fewer tokens per round ({a2:.3f} vs {a1:.3f})"),
+         f"two steps do not accept fewer tokens per round ({a2:.2f} vs {a1:.2f})"),
     ])
 
 
@@ -226,13 +226,13 @@ def anchoring_changes_little(results: Results) -> Finding:
         return _unmeasurable("e", "the unanchored and anchored PEFT-BD arms")
     (t1, ta), (a1, aa) = [_tps(a) for a in arms], [_acc(a) for a in arms]
     change = ta / t1 - 1
-    measured = (f"accepted tokens / round unanchored {a1:.3f} vs anchored {aa:.3f} "
+    measured = (f"accepted tokens / round unanchored {a1:.2f} vs anchored {aa:.2f} "
                 f"[{_paper('mean_accepted', PAPER_PEFTBD, HF_LOOP)} vs "
                 f"{_paper('mean_accepted', PAPER_PEFTBD_ANCHORED, HF_LOOP)}]; tok/s {t1:.1f} vs "
                 f"{ta:.1f} [{_paper('tokens_per_s', PAPER_PEFTBD_ANCHORED, HF_LOOP)}]")
     return _judge("e", measured, [
-        (aa > a1, f"anchoring adds {aa - a1:.3f} accepted tokens per round",
-         f"anchoring does not raise accepted tokens per round ({a1:.3f} -> {aa:.3f})"),
+        (aa > a1, f"anchoring adds {aa - a1:+.2f} accepted tokens per round",
+         f"anchoring does not raise accepted tokens per round ({a1:.2f} -> {aa:.2f})"),
         (abs(change) <= UNCHANGED, f"throughput moves {change:+.1%}, within ±{UNCHANGED:.0%}",
          f"throughput moves {change:+.1%}, beyond ±{UNCHANGED:.0%}"),
     ])

@@ -52,14 +52,14 @@ def test_paper_like_run_reproduces_every_finding(paper_like) -> None:
 def test_contrary_run_names_the_quantity_that_differs(contrary) -> None:
     result = {f.key: f for f in findings(contrary)}
     assert {f.verdict for f in result.values()} == {NOT_REPRODUCED}
-    assert "no more tokens per round than FastMTP (1.200 vs 1.800)" in result["a"].why
+    assert "no more tokens per round than FastMTP (1.20 vs 1.80)" in result["a"].why
     assert "not slower than FastMTP (200.0 vs 150.0 tok/s)" in result["a"].why
     assert result["b"].why == ("a draft forward costs 1.52x a verify forward at this size, beyond "
                                "±20% (dearer: no draft/verify asymmetry either, but not the "
                                "paper's near-equality)")
     assert "free drafting would reach 2.00x FastMTP's throughput" in result["c"].why
     assert "two steps are not slower (210.0 vs 200.0 tok/s)" in result["d"].why
-    assert "do not accept fewer tokens per round (1.300 vs 1.200)" in result["d"].why
+    assert "do not accept fewer tokens per round (1.30 vs 1.20)" in result["d"].why
     assert "throughput moves +30.0%, beyond ±10%" in result["e"].why
     assert "beats AR (200.0 vs 100.0 tok/s)" in result["f"].why
     assert "within D = 8" in result["f"].why
@@ -81,7 +81,7 @@ def test_missing_arms_are_not_measurable(arm, results_of) -> None:
 def test_markdown_line_states_claim_verdict_and_measurements(paper_like) -> None:
     line = findings(paper_like)[0].markdown()
     assert line.startswith("- **(a)** A longer accepted prefix does not buy throughput")
-    assert "**Reproduced.** Measured: accepted tokens / round PEFT-BD 2.881 vs FastMTP 1.511" in line
+    assert "**Reproduced.** Measured: accepted tokens / round PEFT-BD 2.88 vs FastMTP 1.51" in line
     assert "[2.881 vs 1.511]" in line and "Why: PEFT-BD accepts 1.91x FastMTP's" in line
 
 
