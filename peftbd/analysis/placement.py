@@ -263,4 +263,4 @@ def _fmt(value: float | None) -> str:
         return "-"
     if isinstance(value, int):
         return str(value)
-    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"  # no digits past its noise
