@@ -64,11 +64,13 @@ def test_select_keeps_planned_rows_and_an_all_done_block_stays_typed():
 def test_resume_from_a_crash_at_every_part_boundary(reference, tmp_path, monkeypatch):
     """Each run writes one more part and then dies, until all are written; then one dies before
     finalizing; the last run publishes. Every planned id exactly once, the reference's bytes.
-    Prepared blocks of 4 rows, so that blocks with no row left to generate (unplanned or done)
-    occur from the first run on, as they do in a large run."""
+    Prepared blocks of 4 rows and parts of 8 (4 boundaries, each run starting an actor), so that
+    blocks with no row left to generate (unplanned or done) occur from the first run on, as they
+    do in a large run."""
     monkeypatch.setattr("jobs.generate.PREPARE_BATCH_ROWS", 4)
     cfg, ref = reference
-    cfg, limit = apply_override(cfg, "generate.num_actors=1"), read_manifest(ref)["limit"]
+    cfg = apply_override(apply_override(cfg, "generate.num_actors=1"), "generate.batch_size=8")
+    limit = read_manifest(ref)["limit"]
     out, work = tmp_path / "chain", tmp_path / "chain.work"
     write, read_complete = PartStore.write, PartStore.read_complete
 
@@ -81,8 +83,8 @@ def test_resume_from_a_crash_at_every_part_boundary(reference, tmp_path, monkeyp
 
     monkeypatch.setattr(PartStore, "write", write_then_crash)
     parts_after_each_crash: list[int] = []
-    for _run in range(12):  # 8 parts, the finalize, the last run: at most 10 needed
-        if len(parts_after_each_crash) == 8:  # all 8 parts written: die before the artifact
+    for _run in range(8):  # 4 parts, the finalize, the last run: at most 6 needed
+        if len(parts_after_each_crash) == 4:  # all 4 parts written: die before the artifact
             monkeypatch.setattr(PartStore, "write", write)
             monkeypatch.setattr(PartStore, "read_complete", crash_before_finalizing)
         try:
@@ -93,7 +95,7 @@ def test_resume_from_a_crash_at_every_part_boundary(reference, tmp_path, monkeyp
             assert len(ids) == len(set(ids)), "a resumed run generated a row twice"
             parts_after_each_crash.append(len(list(work.glob("part-*.parquet"))))
             assert not (out / "manifest.json").exists()
-    assert parts_after_each_crash == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    assert parts_after_each_crash == [1, 2, 3, 4, 4]
     assert _rows(out) == _rows(ref)
     manifest = read_manifest(out)
     assert manifest["counts"]["resumed_rows"] == 32 and manifest["throughput"]["generated_rows"] == 0

@@ -17,14 +17,16 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "plugins"
 TRIM = [
     "methods.plugins=[toy_bigram_drafter]",
-    "data.train_size=240", "data.val_size=16", "data.test_size=16",
-    "peftbd.optim.max_steps=20", "fastmtp.optim.max_steps=20",
-    "peftbd.optim.eval_every=10", "peftbd.optim.checkpoint_every=10",
-    "fastmtp.optim.eval_every=10", "fastmtp.optim.checkpoint_every=10",
-    "peftbd_head.optim.max_steps=20", "peftbd_head.optim.eval_every=10", "peftbd_head.optim.checkpoint_every=10",
-    "dflash.optim.max_steps=10", "dflash.optim.eval_every=10", "dflash.optim.checkpoint_every=10",
-    "data.max_new_tokens=64", "decoding.num_prompts=4", "decoding.repeats=1",
-    "decoding.max_new_tokens=24",
+    # one worker per training: spreading it over two is tests/jobs/test_train.py's subject
+    "training.num_workers=1",
+    "data.train_size=64", "data.val_size=8", "data.test_size=8", "data.max_new_tokens=32",
+    *(f"{section}.optim.{key}" for section in ("peftbd", "fastmtp", "peftbd_head", "dflash")
+      for key in ("max_steps=8", "eval_every=4", "checkpoint_every=4")),
+    # DFlash's recipe differs from the head's in its anchors alone, so the ablation trains one
+    # variant, not four (a training each; the table over several: test_learning_curves.py)
+    "dflash.feature_rule=three", "dflash.block_masks=block", "dflash.loss_decay=0.0",
+    "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=16",
+    "decoding.batch_sizes=[1, 4]", "decoding.temperatures=[0, 1]", "decoding.sampling_prompts=2",
     # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
@@ -88,6 +90,13 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
         assert (out / "logs" / f"{name}.log").stat().st_size > 0, name
     assert "Ray" in (out / "logs" / "generate.log").read_text()
 
+    # the DFlash recipe ablation beside the main job: its variant trains, and the main job's plan
+    # then reruns only the benchmark
+    ablation = _pipeline(out / "recipe_ablation", "--artifacts", str(out), job="jobs.recipe_ablation")
+    assert "| DFlash without its anchors |" in ablation, ablation[-3000:]
+    beside = _pipeline(out, "--dry-run")
+    assert {n for n, v in _plan(beside).items() if v == "RUN"} == {"benchmark"}, beside
+
     mtp_before = (out / "fastmtp" / "manifest.json").read_text()
     changed = _pipeline(out, "--set", "peftbd.lora_r=4")
     runs = {name for name, verdict in _plan(changed).items() if verdict == "RUN"}
@@ -95,6 +104,7 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     assert "peftbd.lora_r 8 -> 4" in changed
     assert json.loads((out / "peftbd" / "adapter" / "adapter_config.json").read_text())["r"] == 4
     assert (out / "fastmtp" / "manifest.json").read_text() == mtp_before  # untouched
+    assert "DFlash recipe ablation" in (out / "benchmark" / "report.md").read_text()
 
     dry = _pipeline(out, "--set", "peftbd.lora_r=4", "--set", "data.max_new_tokens=20", "--dry-run")
     assert {n for n, v in _plan(dry).items() if v == "RUN"} == set(NAMES[1:]) - {"cost_profile"}
@@ -102,11 +112,3 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
     again = _pipeline(out, "--set", "peftbd.lora_r=4")
     assert set(_plan(again).values()) == {"skip"}
     assert again.count("current, skipped") == len(NAMES)
-
-    # the DFlash recipe ablation beside the main job: its four variants train, and the main job's
-    # next run only rebuilds the benchmark, whose report now shows the ablation table
-    ablation = _pipeline(out / "recipe_ablation", "--artifacts", str(out), job="jobs.recipe_ablation")
-    assert "| DFlash without its anchors |" in ablation, ablation[-3000:]
-    beside = _pipeline(out, "--set", "peftbd.lora_r=4")
-    assert {n for n, v in _plan(beside).items() if v == "RUN"} == {"benchmark"}, beside
-    assert "DFlash recipe ablation" in (out / "benchmark" / "report.md").read_text()

@@ -1,4 +1,5 @@
-"""The two training jobs on a local Ray (2 CPU workers, gloo, DeepSpeed ZeRO-0): the loss falls,
+"""The two training jobs on a local Ray (CPU workers, gloo, DeepSpeed ZeRO-0; two for the PEFT-BD
+run and its resume, one elsewhere): the loss falls,
 an interrupted run resumes to the same weights, the outputs load back and decode exactly through
 the engine. Small on purpose: 64 train rows, a dozen steps."""
 
@@ -21,7 +22,7 @@ from jobs.ray_env import init_ray
 from jobs.train import main
 from jobs.train_common import run_train
 from jobs.train_failures import NOT_RETRIED
-from peftbd.config import load_config
+from peftbd.config import apply_override, load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, ArtifactError, read_split, write_split
 from peftbd.data.continuations import greedy_continuations
 from peftbd.data.sources import prepare_records, resolve_source
@@ -48,6 +49,13 @@ OVERRIDES = [f"{section}.optim.{o}" for section in ("peftbd", "fastmtp") for o i
 @pytest.fixture(scope="module")
 def cfg():
     return load_config("tiny", overrides=OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def one_worker(cfg):
+    """`cfg` on one training worker, for the tests not about spreading a run over workers (the
+    PEFT-BD run and its resume are): one process less to start and import torch into."""
+    return apply_override(cfg, "training.num_workers=1")
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +174,8 @@ def test_interrupted_run_resumes_to_the_same_adapter(peftbd_run, cfg, artifact, 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, cfg, artifact, tmp_path_factory):
+def test_mtp_loss_falls_and_the_head_decodes_exactly(local_ray, one_worker, artifact, tmp_path_factory):
+    cfg = one_worker
     out = run_train(method("fastmtp").recipe, cfg, artifact, tmp_path_factory.mktemp("runs") / "mtp", resume=False)
     manifest = read_manifest(out)
     before = _untrained_eval("fastmtp", cfg, artifact)
@@ -190,7 +199,7 @@ def _log_count(text: str) -> int:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_worker_error_that_cannot_heal_is_raised_at_once_not_retried(local_ray, cfg, artifact,
+def test_a_worker_error_that_cannot_heal_is_raised_at_once_not_retried(local_ray, one_worker, artifact,
                                                                         tmp_path, make_artifact):
     """Val rows with prompt_len 0 fail every attempt the same way in the workers' setup
     (collate_sequences: ArtifactError); with max_failures=1 Ray Train would try twice."""
@@ -201,7 +210,7 @@ def test_a_worker_error_that_cannot_heal_is_raised_at_once_not_retried(local_ray
                                                pa.array([0] * val.num_rows, pa.int32())))))
     retries_before = _log_count("[FailurePolicy] RETRY")
     with pytest.raises(ArtifactError, match="prompt_len must be >= 1"):
-        run_train(method("peftbd").recipe, cfg, broken, tmp_path / "out")
+        run_train(method("peftbd").recipe, one_worker, broken, tmp_path / "out")
     time.sleep(3)  # log lines are flushed asynchronously
     assert _log_count(NOT_RETRIED) >= 1
     assert _log_count("[FailurePolicy] RETRY") == retries_before
@@ -241,7 +250,7 @@ def test_cli_names_a_missing_artifact(tmp_path, capsys):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_no_train_rows_publishes_an_untrained_drafter_only_when_asked_for(local_ray, cfg, artifact,
+def test_no_train_rows_publishes_an_untrained_drafter_only_when_asked_for(local_ray, one_worker, artifact,
                                                                           tmp_path, make_artifact):
     """An artifact without train rows (data.train_size=0): refused by default; with
     training.allow_untrained the job evaluates and exports the initial head (no step, no train
@@ -252,9 +261,9 @@ def test_no_train_rows_publishes_an_untrained_drafter_only_when_asked_for(local_
         write_split(tmp, "val", val)))
     with pytest.raises(ArtifactError, match="no row with a non-empty continuation .* or set "
                        "training.allow_untrained=true to publish the drafter untrained on purpose"):
-        run_train(method("fastmtp").recipe, cfg, no_train, tmp_path / "refused")
+        run_train(method("fastmtp").recipe, one_worker, no_train, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
-    allowed = load_config("tiny", overrides=[*OVERRIDES, "training.allow_untrained=true"])
+    allowed = apply_override(one_worker, "training.allow_untrained=true")
     out = run_train(method("fastmtp").recipe, allowed, no_train, tmp_path / "out")
     manifest = read_manifest(out)
     assert manifest["untrained"] is True
