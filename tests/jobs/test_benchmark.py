@@ -38,10 +38,12 @@ N_PROMPTS = 3
 
 @pytest.fixture(scope="module")
 def small_cfg() -> Config:
-    """The full study's arms (tiny-full: the ablations too) on a few short prompts."""
+    """The full study's arms (tiny-full: the ablations too) on a few short prompts, every arm in
+    the concurrency sweep at batch 1 and 2 (a batch below N_PROMPTS: requests join as others end)."""
     cfg = load_config("tiny-full")
     for item in (f"decoding.num_prompts={N_PROMPTS}", "decoding.max_new_tokens=12",
-                 "decoding.repeats=2", "decoding.torch_threads=1"):
+                 "decoding.repeats=2", "decoding.torch_threads=1", "decoding.batch_sizes=[1,2]",
+                 "decoding.sweep_variants=true"):
         cfg = apply_override(cfg, item)
     return cfg
 

@@ -63,16 +63,18 @@ def engine(tiny_cfg):
 @dataclass
 class Served:
     """The running cluster: dashboard address, CLI env, app URLs, metrics port, GCS address,
-    its temp dir (logs under session_latest/logs)."""
+    its temp dir (logs under session_latest/logs), its `ray start` process, the HTTP port."""
 
     address: str
     env: dict
     metrics_port: int
     gcs: str
     temp: str
+    proc: subprocess.Popen  # `ray start --block`: the cluster is up while it runs
     urls: dict[str, str] | None = None
     config: dict | None = None  # the serve config that was deployed
     model: str = ""  # the served model name (the tiny preset's serving.model_name)
+    http_port: int = 0
 
     def client(self, app: str) -> openai.OpenAI:
         """The official openai client of one app (no retries: a failure shows as it is)."""
@@ -92,6 +94,27 @@ class Served:
 
     def status(self) -> dict:
         return yaml.safe_load(self.cli("serve", "status").stdout or "{}") or {}
+
+    def deploy(self, config: dict, path: Path) -> None:
+        """`serve deploy` `config` (written to `path`), its whole set of apps, and wait until
+        exactly those apps run (an app the config lacks is deleted)."""
+        path.write_text(yaml.safe_dump(config))
+        deployed = self.cli("serve", "deploy", str(path))
+        assert deployed.returncode == 0, deployed.stderr[-2000:]
+
+        def running() -> bool:
+            apps = self.status().get("applications") or {}
+            failed = {k: a.get("message") for k, a in apps.items()
+                      if a.get("status") == "DEPLOY_FAILED"}
+            assert not failed, failed
+            return set(apps) == {a["name"] for a in config["applications"]} and all(
+                a.get("status") == "RUNNING" for a in apps.values())
+
+        _wait(running, 900, "the apps", self.proc)
+
+    def url(self, app: dict) -> str:
+        """The OpenAI base URL of one app of a deployed config."""
+        return f"http://127.0.0.1:{self.http_port}{app['route_prefix']}/v1"
 
     def replica_pids(self, app: str, deployment: str) -> list[int]:
         out = self.cli("ray", "list", "actors", "--format", "json", "--detail",
@@ -124,24 +147,11 @@ def served(tmp_path_factory, tiny_cfg) -> Served:
             if attempt == ATTEMPTS - 1:
                 raise
     try:
-        http_port = free_port()
-        cluster.config = shipped_config(http_port)
-        path = tmp_path_factory.mktemp("serve") / "apps.yaml"
-        path.write_text(yaml.safe_dump(cluster.config))
-        deployed = cluster.cli("serve", "deploy", str(path))
-        assert deployed.returncode == 0, deployed.stderr[-2000:]
-
-        def running() -> bool:
-            apps = cluster.status().get("applications") or {}
-            failed = {k: a.get("message") for k, a in apps.items() if a.get("status") == "DEPLOY_FAILED"}
-            assert not failed, failed
-            return set(apps) == {a["name"] for a in cluster.config["applications"]} and all(
-                a.get("status") == "RUNNING" for a in apps.values())
-
-        _wait(running, 900, "the apps", proc)
+        cluster.http_port = free_port()
+        cluster.config = shipped_config(cluster.http_port)
+        cluster.deploy(cluster.config, tmp_path_factory.mktemp("serve") / "apps.yaml")
         cluster.model = tiny_cfg.serving.model_name
-        cluster.urls = {a["name"]: f"http://127.0.0.1:{http_port}{a['route_prefix']}/v1"
-                        for a in cluster.config["applications"]}
+        cluster.urls = {a["name"]: cluster.url(a) for a in cluster.config["applications"]}
         yield cluster
     finally:
         _stop(proc, temp)
@@ -161,7 +171,7 @@ def _start_head(env: dict) -> tuple[subprocess.Popen, str, Served]:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return proc, temp, Served(f"http://127.0.0.1:{dashboard}", env, metrics,
-                              f"127.0.0.1:{ports['port']}", temp)
+                              f"127.0.0.1:{ports['port']}", temp, proc)
 
 
 def _stop(proc: subprocess.Popen, temp: str) -> None:

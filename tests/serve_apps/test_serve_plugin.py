@@ -1,63 +1,70 @@
 """A plugin method (tests/plugins/toy_bigram_drafter.py, outside the project's packages) served by
 both Serve apps with no edit to the project: the apps' arguments name it in
-`overrides: [methods.plugins=[toy_bigram_drafter]]`, every replica imports it, and a request for
-`<model>:toy_bigram` drafts with it (its stats say so) and returns AR's greedy text."""
+`overrides: [methods.plugins=[toy_bigram_drafter]]`, every replica imports it (its directory on
+the apps' PYTHONPATH), and a request for `<model>:toy_bigram` drafts with it (its stats say so)
+and returns AR's greedy text.
+
+The plugin's apps are deployed with `serve deploy` beside the shipped ones on the `served` cluster
+(conftest.py; one replica of each deployment, small CPU shares, so that all fit its 2 CPUs), and
+removed afterwards."""
 
 from __future__ import annotations
 
-import json
+import copy
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "plugins"
+PLUGIN_OVERRIDES = ["methods.plugins=[toy_bigram_drafter]", "serving.max_tokens_cap=24",
+                    "serving.drafter_replicas=1"]  # = the Drafter's one replica below
 
-SCRIPT = r'''
-import json, socket, sys, urllib.request
-import ray
-from ray import serve
-from serve_apps import colocated, split
-from serve_apps.args import AppArgs
-
-with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-ray.init(num_cpus=4, include_dashboard=False)
-serve.start(http_options={"host": "127.0.0.1", "port": port})
-args = AppArgs(overrides=["methods.plugins=[toy_bigram_drafter]", "serving.max_tokens_cap=24"])
-serve.run(colocated.build(args), name="colocated", route_prefix="/colocated")
-serve.run(split.build(args), name="split", route_prefix="/split")
-out = {}
-for app in ("colocated", "split"):
-    for method in ("ar", "toy_bigram"):
-        body = json.dumps({"model": f"peftbd-tiny:{method}", "max_tokens": 24, "temperature": 0,
-                           "messages": [{"role": "user", "content": "Count from 3 to 11."}]}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/{app}/v1/chat/completions", body,
-                                     {"Content-Type": "application/json"})
-        reply = json.load(urllib.request.urlopen(req, timeout=300))
-        out[f"{app}:{method}"] = {"text": reply["choices"][0]["message"]["content"],
-                                  "speculative": reply["usage"]["speculative"]}
-serve.shutdown()
-ray.shutdown()
-print("RESULT " + json.dumps(out))
-'''
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_a_plugin_method_is_served_by_both_apps_with_no_project_edit(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(REPO)]),
-           "RAY_ADDRESS": "", "PEFTBD_RAY_DASHBOARD": "0"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    for app in ("colocated", "split"):
-        toy, ar = out[f"{app}:toy_bigram"], out[f"{app}:ar"]
+def plugin_app(app: dict) -> dict:
+    """One shipped app, renamed, its arguments naming the plugin and its replicas importing it."""
+    app = copy.deepcopy(app)
+    app["name"] = f"{app['name']}_plugin"
+    app["route_prefix"] = f"/{app['name']}"
+    app["args"]["overrides"] = [o for o in app["args"]["overrides"]
+                                if not o.startswith("serving.drafter_replicas=")] + PLUGIN_OVERRIDES
+    path = [str(PLUGINS), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    app["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(path)}}
+    for d in app["deployments"]:
+        d["num_replicas"] = 1
+        d["ray_actor_options"]["num_cpus"] = 0.05
+    return app
+
+
+@pytest.fixture(scope="module")
+def plugin_urls(served, tmp_path_factory):
+    """{shipped app name: its plugin twin's URL}, the shipped apps left running as they were."""
+    apps = [plugin_app(a) for a in served.config["applications"]]
+    both = {**served.config, "applications": [*served.config["applications"], *apps]}
+    path = tmp_path_factory.mktemp("serve-plugin") / "apps.yaml"
+    served.deploy(both, path)
+    try:
+        yield {a["name"].removesuffix("_plugin"): served.url(a) for a in apps}
+    finally:
+        served.deploy(served.config, path)
+
+
+def test_a_plugin_method_is_served_by_both_apps_with_no_project_edit(served, plugin_urls):
+    for app, url in plugin_urls.items():
+        out = {}
+        for method in ("ar", "toy_bigram"):
+            body = {"model": f"{served.model}:{method}", "max_tokens": 24, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Count from 3 to 11."}]}
+            reply = requests.post(f"{url}/chat/completions", json=body, timeout=300)
+            assert reply.status_code == 200, reply.text
+            reply = reply.json()
+            out[method] = {"text": reply["choices"][0]["message"]["content"],
+                           "speculative": reply["usage"]["speculative"]}
+        toy, ar = out["toy_bigram"], out["ar"]
         assert toy["text"] == ar["text"] and toy["text"], app  # exact: AR's greedy text
         assert toy["speculative"]["method"] == "toy_bigram", app
         assert toy["speculative"]["proposed_tokens"] > 0, app  # the plugin's drafter drafted

@@ -87,14 +87,15 @@ def test_real_drafts_at_the_profiles_acceptance_give_ar_output(setup, rows, eos,
 
 def test_a_request_accepts_the_same_way_at_any_batch_size(setup, rows, eos):
     model, inner, oracle, _ = setup
+    budget = BUDGET // 3  # a dozen rounds per request: plenty of draws to tell seeds apart
     drafter = ControlledDrafter(inner["peftbd"], AcceptanceProfile.with_mean(2.5, 8), oracle, seed=3)
-    dec = SpeculativeDecoder(model, drafter, eos, BUDGET)
+    dec = SpeculativeDecoder(model, drafter, eos, budget)
     accepted = {b: [[r.accepted for r in res.rounds] for res in dec.decode_many(rows[:6], b)]
                 for b in (1, 3, 6)}
     assert accepted[1] == accepted[3] == accepted[6]
     other = ControlledDrafter(inner["peftbd"], drafter.profile, oracle, seed=4)
     assert [[r.accepted for r in res.rounds]
-            for res in SpeculativeDecoder(model, other, eos, BUDGET).decode_many(rows[:6], 6)] \
+            for res in SpeculativeDecoder(model, other, eos, budget).decode_many(rows[:6], 6)] \
         != accepted[1]  # the seed decides the draws
 
 

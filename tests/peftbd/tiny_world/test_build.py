@@ -7,9 +7,12 @@ from transformers import AutoTokenizer
 from peftbd.config import load_config
 from peftbd.tiny_world.build import build_tiny_world
 
-SMALL = dataclasses.replace(load_config("tiny").tiny_world, corpus_rows=400, vocab_size=600,
-                            train_steps=4, train_batch_size=4, hidden_size=32, num_heads=2,
-                            num_kv_heads=1, head_dim=16, intermediate_size=64, num_layers=2)
+# every stage of a build at a few seconds' size (short rows, one phrasing): the tests below compare
+# builds, they do not judge the world
+SMALL = dataclasses.replace(load_config("tiny").tiny_world, corpus_rows=48, phrasings=1,
+                            vocab_size=600, train_steps=4, train_batch_size=4, train_seq_len=64,
+                            hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=64, num_layers=2)
 
 
 @pytest.fixture(scope="module")
