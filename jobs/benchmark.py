@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 RESULTS = "results.json"
 TIMING_PLACEMENT = ("prompts split round-robin over the workers (Ray tasks); each worker times its prompts "
              "one at a time (batch 1); per repeat the arms take turns over all prompts after one "
-             "untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
+             "short untimed warm-up decode each; throughput = tokens / summed per-prompt decode time. "
              "Concurrency sweep: per repeat (at batch sizes > 1: the first decoding.sweep_repeats) "
              "and batch size the arms take turns at one pass over the worker's prompts with "
              "continuous batching (batch 1: the batch-1 pass; at B > 1 AR and each method's own "

@@ -9,6 +9,13 @@ import ray
 
 log = logging.getLogger(__name__)
 DASHBOARD_ENV = "PEFTBD_RAY_DASHBOARD"
+LOCAL_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+"""Set (unless already set) before a local cluster starts, so its processes inherit them: Ray
+Train's controller polls its workers every 0.5 s, not 2 s, and starts no preemption watcher (a
+process per run that watches for preempted cloud nodes; one machine has none). Measured on the
+2-core box: a training stage's fixed cost 30.8 -> 25.6 s (two runs each), ~20 s off the main job's
+four trainings. A cluster joined through RAY_ADDRESS keeps its own settings."""
 
 
 def init_ray(num_cpus: int | None = None) -> None:
@@ -25,6 +32,8 @@ def init_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
     else:
+        for key, value in LOCAL_ENV.items():
+            os.environ.setdefault(key, value)
         context = ray.init(num_cpus=num_cpus or max(4, os.cpu_count() or 1), log_to_driver=True,
                            include_dashboard=os.environ.get(DASHBOARD_ENV, "1") != "0")
         if context.dashboard_url:

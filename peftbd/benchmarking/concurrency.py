@@ -20,7 +20,8 @@ from peftbd.benchmarking.schema import ConcurrencyRow
 from peftbd.decoding import DecodeResult
 
 WARMUP_TOKENS = 8
-"""New tokens of the untimed warm-up decode at each batch size > 1 (its batch shapes)."""
+"""New tokens of the untimed warm-up decode at each batch size (its batch shapes; at batch 1 a
+whole decode with the compiled fast path, whose graphs compile per width)."""
 
 
 @dataclass(frozen=True)

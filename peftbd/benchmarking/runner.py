@@ -4,8 +4,9 @@ then sampled, batch 1, at each `decoding.temperatures` entry > 0 (`peftbd.benchm
 
 A shard is what one timing worker does. Per repeat, the arms take turns over the whole shard
 (AR, PEFT-BD, ..., then the next repeat; at each batch size likewise), so slow drifts of the
-machine spread over every arm instead of landing on one. Each arm first decodes one prompt
-untimed (warm-up: allocator, kernels, lazy init), and a few tokens at each batch size. The greedy
+machine spread over every arm instead of landing on one. Each arm first decodes a few tokens
+untimed at each batch size (warm-up: allocator, kernels, lazy init; a whole prompt with the fast
+path). The greedy
 audit compares each speculative arm's first-repeat batch-1 output with AR's. Last, untimed, each
 one-step drafter's rounds are replayed offline on the prompts + AR's outputs
 (`peftbd.benchmarking.replay`): the offline estimate beside the engine's acceptance; and one
@@ -90,7 +91,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
               sweep_repeats: int | None = None, seed: int = 0,
               fast_path: bool = False, sampling: SamplingPlan = SamplingPlan(),
               sweep_variants: bool = True) -> Timings:
-    """Decode every prompt with every arm, `repeats` times, after one untimed warm-up per arm:
+    """Decode every prompt with every arm, `repeats` times, after one short untimed warm-up per
+    arm (a whole decode with `fast_path`, whose graphs compile per shape):
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
     `batch_sizes` the arms take turns at one `decode_many` pass each (after one short untimed
@@ -109,8 +111,9 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
                 for s in specs}
     batched = [b for b in batch_sizes if b > 1]
     in_sweep = [s for s in specs if swept(s, sweep_variants)]
+    warmup = max_new_tokens if fast_path else min(WARMUP_TOKENS, max_new_tokens)  # compiles: every width
     for s in specs:
-        decoders[s.id].decode(ids[0])
+        decoders[s.id].decode(ids[0], warmup)
         for b in batched if s in in_sweep else ():
             decoders[s.id].decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
     clock = Clock(models.device)

@@ -7,7 +7,7 @@ from peftbd.config import load_config
 
 def test_tiny_full_is_tiny_plus_the_two_ablations() -> None:
     """The full study's one switch: --preset tiny-full differs from tiny in the ablations, the
-    concurrency sweep's extent (and its name) alone, so both share the world, the generated data
+    concurrency sweep's extent, the sampled prompts (and its name) alone, so both share the world, the generated data
     and the core drafters' inputs."""
     tiny, full = load_config("tiny").to_dict(), load_config("tiny-full").to_dict()
     differ = {(section, key) for section in tiny for key in (tiny[section] if isinstance(
@@ -15,7 +15,7 @@ def test_tiny_full_is_tiny_plus_the_two_ablations() -> None:
         != (full[section].get(key) if key else full[section])}
     assert differ == {("preset", None), ("peftbd", "early_exit_layers"),
                       ("peftbd", "offsets_ablation"), ("decoding", "batch_sizes"),
-                      ("decoding", "sweep_variants")}
+                      ("decoding", "sweep_variants"), ("decoding", "sampling_prompts")}
     assert (tiny["peftbd"]["early_exit_layers"], tiny["peftbd"]["offsets_ablation"]) == (0, False)
     assert (full["peftbd"]["early_exit_layers"], full["peftbd"]["offsets_ablation"]) == (1, True)
 
