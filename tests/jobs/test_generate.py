@@ -85,6 +85,10 @@ def test_prompts_and_continuations_equal_single_sequence_greedy(reference, tiny_
         assert (r["finish_reason"] == "eos") == (r["continuation_ids"][-1] in eos)
 
 
+# the quick loop keeps the end-to-end artifact tests above; this source's reading and its
+# drops are unit-tested in tests/peftbd/data (test_sources.py, test_artifact.py), so the
+# whole generate run over it (a verifier actor start, ~10-20 s) waits for the full suite
+@pytest.mark.slow
 def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
     good = [{"id": f"g{i}", "source": "t", "messages": [
         {"role": "user", "content": f"Count from {i} to {i + 3}."}]} for i in range(6)]
@@ -113,6 +117,7 @@ def test_malformed_rows_are_counted_by_reason(local_ray, tmp_path):
     assert sorted(r["id"] for rows in _rows(out).values() for r in rows) == [g["id"] for g in good]
 
 
+@pytest.mark.slow  # as above: the source resolution is unit-tested in test_sources.py
 def test_tulu_parquet_directory_source(local_ray, tmp_path):
     rows = [{"id": f"t{i}", "source": "tulu", "messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Count to {i}."},
@@ -129,6 +134,7 @@ def test_tulu_parquet_directory_source(local_ray, tmp_path):
     assert {r["source"] for r in got} == {"tulu"}
 
 
+@pytest.mark.slow  # as above: the rendering is unit-tested (test_sources.py, the real file)
 def test_spec_bench_questions_render_and_generate(local_ray, spec_bench_path, tmp_path):
     cfg = load_config("tiny", overrides=[
         "data.max_new_tokens=6", "data.max_prompt_len=512", "data.train_size=0",

@@ -95,6 +95,7 @@ def test_ar_and_the_synthetic_arms_decode_whole_requests_exactly_at_their_target
     assert head["draft_x_over_floor"] > 0 and head["rounds"] < dec["arms"]["ar"]["rounds"]
 
 
+@pytest.mark.slow  # a second whole profile (~13 s); the quick loop's one above times every arm
 def test_every_arm_drafts_through_the_engine_s_own_drafter(tiny_world, monkeypatch):
     """The profiler holds no drafting code: each arm's round is `SpeculativeDecoder.step` with
     the benchmark's drafter class, every timed round included."""
