@@ -56,7 +56,7 @@ def fmt_tokens_per_s(tps: Throughput, repeats: int) -> str:
     """Mean tok/s (1 decimal) with its 95% bootstrap interval over the prompts when it has one,
     else ± the std over more than one repeat, else the mean alone."""
     if tps.ci95:
-        return f"{tps.mean:.1f} ({tps.ci95[0]:.1f}-{tps.ci95[1]:.1f})"
+        return fmt_ci(tps.mean, tps.ci95, 1) or NA
     return fmt_stat(tps, 1, repeats=repeats) or NA
 
 
