@@ -120,9 +120,9 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
     runs: list[BatchRun] = []
     sweeps = repeats if sweep_repeats is None else min(sweep_repeats, repeats)
-    total = (repeats * len(specs) + sweeps * len(batched) * len(in_sweep)) * len(prompts)
+    total = ((repeats * len(specs) + sweeps * len(batched) * len(in_sweep)) * len(prompts)
+             + len(sampling.temperatures) * sum(map(samples, specs)) * len(sampling.prompts))
     done = 0
-    total += len(sampling.temperatures) * sum(map(samples, specs)) * len(sampling.prompts)
     for r in range(repeats):
         for s in specs:
             run: list[DecodeResult] = []
