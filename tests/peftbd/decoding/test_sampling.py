@@ -317,11 +317,11 @@ def perturbed(perturbed_drafter, tokenizer, open_prompts):
 
 def test_rows_with_different_parameters_decode_as_they_do_alone(perturbed, eos):
     model, drafter, rows = perturbed
-    decoder = SpeculativeDecoder(model, drafter, eos, 12)
-    alone = [decoder.decode(p, 12, s).tokens for p, s in zip(rows, MIXED)]
+    decoder = SpeculativeDecoder(model, drafter, eos, 24)
+    alone = [decoder.decode(p, 24, s).tokens for p, s in zip(rows, MIXED)]
     for batch_size in (6, 4):  # 4: rows join as others finish
-        assert [r.tokens for r in decoder.decode_many(rows, batch_size, 12, MIXED)] == alone
-    greedy = [SpeculativeDecoder(model, None, eos, 12).decode(p).tokens for p in rows]
+        assert [r.tokens for r in decoder.decode_many(rows, batch_size, 24, MIXED)] == alone
+    greedy = [SpeculativeDecoder(model, None, eos, 24).decode(p).tokens for p in rows]
     assert all((a == g) == s.greedy for a, g, s in zip(alone, greedy, MIXED))  # greedy rows untouched
 
 
