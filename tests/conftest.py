@@ -19,6 +19,7 @@ pytest_plugins = ["tests.budget_plugin"]  # the suite's and quick loop's times v
 os.environ.setdefault("PEFTBD_RAY_DASHBOARD", "0")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
 def pytest_collection_modifyitems(config, items) -> None:
     """Under pytest-xdist (`--dist=loadgroup`, pyproject.toml) each test file runs whole on one
     worker, so its module fixtures are built once, and every Serve test on the same worker, so
