@@ -13,21 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SPEC_BENCH = SHARED / "data" / "spec_bench" / "question.jsonl"
 
-pytest_plugins = ["tests.budget_plugin"]  # the suite's and quick loop's times vs their budgets
+pytest_plugins = [
+    "tests.budget_plugin",  # the suite's and quick loop's times vs their budgets
+    "tests.schedule_plugin",  # xdist groups, longest first
+]
 
 # Local Ray clusters in tests start without the dashboard (2-3 s and a few processes less each).
 os.environ.setdefault("PEFTBD_RAY_DASHBOARD", "0")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under pytest-xdist (`--dist=loadgroup`, pyproject.toml) each test file runs whole on one
-    worker, so its module fixtures are built once, and every Serve test on the same worker, so
-    one local Serve cluster serves them all."""
-    for item in items:
-        path = item.path.resolve().relative_to(REPO)
-        group = "serve-cluster" if path.parts[:2] == ("tests", "serve_apps") else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True, scope="session")

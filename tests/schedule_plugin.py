@@ -1,0 +1,87 @@
+"""Which worker runs what, and in which order, under pytest-xdist (`--dist=loadgroup`,
+pyproject.toml): each test file is one group, run whole on one worker, so its module fixtures are
+built once; every Serve test is in one group, so one local Serve cluster serves them all.
+
+Groups are handed out longest first (the LPT rule: the long ones start while there is still short
+work to fill the other worker, so no long group runs alone at the end). A group's length is its
+summed test time in the last whole-suite run on this machine (`test_durations.json` in the cache
+dir, beside the budget ledger, written by the controller at the end of such a run); a group with
+no record (a fresh machine, a new file) counts one minute per `slow` test in it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from peftbd.budgets import SUITE, ledger_path
+from tests.budget_plugin import ENDED, classify, selection_of
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE_GROUP = "serve-cluster"
+DURATIONS = "test_durations.json"
+UNRECORDED_SLOW_S = 60.0
+"""A slow test's guessed seconds where its group has no recorded time."""
+
+
+def durations_path() -> Path:
+    return ledger_path().parent / DURATIONS
+
+
+def group_of(path: Path) -> str:
+    """The xdist group of a test file: the Serve cluster's, else the file itself."""
+    rel = path.resolve().relative_to(REPO)
+    return SERVE_GROUP if rel.parts[:2] == ("tests", "serve_apps") else str(rel)
+
+
+def recorded() -> dict[str, float]:
+    """{group: seconds} of the last whole-suite run here; empty if none or unreadable."""
+    try:
+        data = json.loads(durations_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    known = recorded()
+    guessed: dict[str, float] = defaultdict(float)
+    groups = {}
+    for item in items:
+        groups[item] = group = group_of(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+        guessed[group] += UNRECORDED_SLOW_S if item.get_closest_marker("slow") else 0.0
+    length = {g: known.get(g, guessed[g]) for g in guessed}
+    items.sort(key=lambda item: -length[groups[item]])  # stable: file order within a group
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(GroupTimes(config), "group-times")
+
+
+class GroupTimes:
+    """Each group's summed setup, call and teardown time (the controller hears every worker's
+    reports), written after a whole suite that ran to its end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.spent: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path, _, group = report.nodeid.partition("@")
+        self.spent[group or group_of(REPO / path.split("::")[0])] += report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput") or exitstatus not in ENDED:
+            return
+        if classify(selection_of(self.config)) is not SUITE:
+            return
+        path = durations_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({g: round(s, 1) for g, s in sorted(self.spent.items())}, indent=1))
+        tmp.replace(path)
