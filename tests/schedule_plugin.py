@@ -5,8 +5,9 @@ built once; every Serve test is in one group, so one local Serve cluster serves 
 Groups are handed out longest first (the LPT rule: the long ones start while there is still short
 work to fill the other worker, so no long group runs alone at the end). A group's length is its
 summed test time in the last whole-suite run on this machine (`test_durations.json` in the cache
-dir, beside the budget ledger, written by the controller at the end of such a run); a group with
-no record (a fresh machine, a new file) counts one minute per `slow` test in it."""
+dir, beside the budget ledger, written by the controller at the end of such a run), else the one
+committed beside this file (a fresh machine: a run on the developers' box); a group in neither
+(a new file) counts one minute per `slow` test in it."""
 
 from __future__ import annotations
 
@@ -38,12 +39,16 @@ def group_of(path: Path) -> str:
 
 
 def recorded() -> dict[str, float]:
-    """{group: seconds} of the last whole-suite run here; empty if none or unreadable."""
-    try:
-        data = json.loads(durations_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    """{group: seconds} of the last whole-suite run here, else the committed one's; empty if
+    neither can be read."""
+    for path in (durations_path(), Path(__file__).with_name(DURATIONS)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return {str(k): float(v) for k, v in data.items()}
+    return {}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
