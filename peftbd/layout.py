@@ -180,3 +180,16 @@ ENGINE_SPEED = StageSpec(
     command="python -m peftbd.benchmarking.engine_speed",
 )
 """An experiment outside the main job, under the same contract (rerun only when its inputs change)."""
+
+
+PEER = StageSpec(
+    "peer", "peer table (vLLM beside us)", "peer",
+    reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
+           "prompt_lookup", "cost_profile.architecture", "training.seed"),
+    code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
+          "peftbd.tiny_world", "peftbd.methods.prompt_lookup", "peftbd.peers",
+          "peftbd.benchmarking.peer"),
+    command="python -m peftbd.benchmarking.peer",
+)
+"""Outside the main job, as the engine speed check: our engine beside vLLM (needs
+`scripts/install.sh --with-vllm`)."""

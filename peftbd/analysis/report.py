@@ -30,6 +30,7 @@ from peftbd.analysis import learning_curves
 from peftbd.analysis.acceptance_study import study_section
 from peftbd.analysis.placement_verdict import PlacementSections
 from peftbd.analysis.recipe_ablation import ablation_section
+from peftbd.analysis.references import describe, reference_sentence
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
 from peftbd.manifest import read_manifest
@@ -170,6 +171,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         tables.forward_table(results),
         "## Table 2: acceptance, greedy audit and throughput",
         tables.acceptance_table(results),
+        reference_sentence(results),
         "## Table 3: repeated runs and the draft-cost oracle",
         tables.timing_noise(results),
         tables.repeats_table(results),
@@ -292,4 +294,6 @@ def summary_lines(results: Results) -> list[str]:
             if per_call is not None:
                 line += f" ({per_call:.2f} per call)"
         lines.append(line)
+    if results.references:
+        lines.append("AR vs independent engines: " + "; ".join(map(describe, results.references)))
     return lines

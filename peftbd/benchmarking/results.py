@@ -13,7 +13,15 @@ from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import PromptSet
 from peftbd.benchmarking.runner import ShardResult
 from peftbd.benchmarking.sampled import sampled_prompts, sampling_block
-from peftbd.benchmarking.schema import DrafterInfo, MeasuredOn, PromptsInfo, Results, Timing
+from peftbd.benchmarking.references import ReferenceCheck
+from peftbd.benchmarking.schema import (
+    DrafterInfo,
+    MeasuredOn,
+    PromptsInfo,
+    Reference,
+    Results,
+    Timing,
+)
 from peftbd.config import Config
 from peftbd.manifest import WorkerPeaks
 
@@ -51,7 +59,26 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
                                 {s.id: decodes_of(shards, s.id, sampled) for s in specs},
                                 [p for shard in shards for p in shard.sampled]),
         config=cfg.to_dict(),
+        references=merged_references([s.references for s in shards]),
     )
+
+
+def merged_references(per_shard: Sequence[Sequence[ReferenceCheck]]) -> list[Reference]:
+    """Each reference engine's checks over every shard's sample, in the engines' order; an
+    engine absent on any shard is absent (with that shard's reason)."""
+    out: dict[str, Reference] = {}
+    for checks in per_shard:
+        for c in checks:
+            seen = out.get(c.engine)
+            if seen is None or c.absent is not None:
+                out[c.engine] = Reference(engine=c.engine, checked=c.checked,
+                                          identical=c.identical, mismatches=list(c.mismatches),
+                                          absent=c.absent, version=c.version)
+            elif seen.absent is None:
+                out[c.engine] = seen.model_copy(update={
+                    "checked": seen.checked + c.checked, "identical": seen.identical + c.identical,
+                    "mismatches": [*seen.mismatches, *c.mismatches]})
+    return list(out.values())
 
 
 def stage_stats(driver: dict[str, Any], shards: Sequence[ShardResult]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ A shard is what one timing worker does. Per repeat, the arms take turns over the
 machine spread over every arm instead of landing on one. Each arm first decodes a few tokens
 untimed at each batch size (warm-up: allocator, kernels, lazy init; a whole prompt with the fast
 path). The greedy
-audit compares each speculative arm's first-repeat batch-1 output with AR's. Last, untimed, each
+audit compares each speculative arm's first-repeat batch-1 output with AR's, and AR's with
+independent engines' on a sample (`peftbd.benchmarking.references`). Last, untimed, each
 one-step drafter's rounds are replayed offline on the prompts + AR's outputs
 (`peftbd.benchmarking.replay`): the offline estimate beside the engine's acceptance; and one
 round per arm is counted forward by forward and priced at the device's floor
@@ -30,6 +31,7 @@ from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.prompts import Prompt
+from peftbd.benchmarking.references import ReferenceCheck, reference_checks
 from peftbd.benchmarking.replay import ReplaySums, replay_arms
 from peftbd.benchmarking.sampled import (
     SampledPass,
@@ -68,6 +70,8 @@ class ShardResult:
     floors: dict[str, RoundFloor] = field(default_factory=dict)
     """{arm: the floor of one counted round on this worker's device} (`round_floors`)."""
     floor: DeviceFloor | None = None
+    references: list[ReferenceCheck] = field(default_factory=list)
+    """AR's outputs against independent engines' (`peftbd.benchmarking.references`)."""
     device: str = ""
     hardware: str = ""
     engine: str = ""
@@ -248,6 +252,8 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         prompt_ids=[p.id for p in prompts], results=timings.results, batch_runs=timings.batch_runs,
         sampled=timings.sampled,
         mismatches=audit(models, specs, prompts, timings.results),
+        references=reference_checks(cfg, models.verifier, models.eos_ids, models.pad_id, prompts,
+                                    references, cfg.decoding.max_new_tokens),
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,
                             floor, oracle, cfg.decoding.synthetic_seed),

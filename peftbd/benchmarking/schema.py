@@ -186,6 +186,19 @@ class Audit(Record):
     mismatches: list[Mismatch]
 
 
+class Reference(Record):
+    """AR's greedy outputs against another engine's (`peftbd.benchmarking.references`): on
+    `checked` prompts, `identical` of them token for token, each other one's first difference
+    with the verifier's top-2 margin there; `absent`: why the engine did not run."""
+
+    engine: str
+    checked: int
+    identical: int
+    mismatches: list[Mismatch]
+    absent: str | None = None
+    version: str = ""
+
+
 class Reduction(Record):
     r: float
     t_s: float
@@ -319,6 +332,7 @@ class Results(Record):
     sampling: Sampling | None = None
     config: dict[str, Any]  # the whole config tree
     cost_at_scale: CostProfile | None = None  # the cost profile's, when the benchmark read one
+    references: list[Reference] = Field(default_factory=list)  # the audit's independent references
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

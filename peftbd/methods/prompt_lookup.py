@@ -12,8 +12,10 @@ least one token follows it), and propose the up-to-k tokens that followed that o
 k = min(num_tokens, max_tokens[i]); fewer when the context ends first. No such n-gram: an empty
 (1, 0) draft, so the round is one verifier step (an AR step).
 
-Which occurrence: vLLM v1 (`vllm/v1/spec_decode/ngram_proposer.py`) and HF both take the
-earliest one. Here it is the most recent occurrence whose continuation holds all k tokens; only
+Which occurrence (`occurrence`): vLLM v1 (`vllm/v1/spec_decode/ngram_proposer.py`) and HF both
+take the earliest one (`earliest`: the peer table sets it, so that vLLM's `ngram` and this drafter
+propose the same drafts). By default (`recent`) it is the most recent occurrence whose
+continuation holds all k tokens; only
 when every occurrence's continuation is cut short by the end of the context, the one with the
 longest continuation (which is the earliest). Why: the most recent occurrence reflects what the
 request is doing now (a passage the output is copying, the latest revision of an edited line),
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -44,10 +46,12 @@ from peftbd.methods.arm import ArmSpec
 from peftbd.methods.registry import DraftContext, Method, register
 
 ID = "prompt_lookup"
+Occurrence = Literal["recent", "earliest"]
 DEFAULTS = {
     "num_tokens": 8,  # draft tokens a round at most (vLLM's num_speculative_tokens)
     "min_ngram": 2,  # the shortest suffix n-gram that may match (vLLM's prompt_lookup_min)
     "max_ngram": 4,  # the longest, tried first (vLLM's prompt_lookup_max)
+    "occurrence": "recent",  # which earlier occurrence: recent (see above) | earliest (vLLM's)
 }
 """The section's values; a preset, a YAML file or --set changes any."""
 
@@ -59,15 +63,16 @@ class PromptLookupConfig:
     num_tokens: PositiveInt
     min_ngram: PositiveInt
     max_ngram: PositiveInt
+    occurrence: Occurrence
 
     ORDERED: ClassVar[tuple[tuple[str, str], ...]] = (("min_ngram", "max_ngram"),)
 
 
 def prompt_lookup(tokens: Sequence[int] | npt.NDArray[np.int64], k: int, min_ngram: int,
-                  max_ngram: int) -> npt.NDArray[np.int64]:
+                  max_ngram: int, occurrence: Occurrence = "recent") -> npt.NDArray[np.int64]:
     """The up-to-`k` tokens that followed the chosen earlier occurrence of the longest suffix
     n-gram of `tokens` (min_ngram <= n <= max_ngram), as a 1-D int64 array; empty when no such
-    n-gram occurs earlier or `k` <= 0. The occurrence rule is the module docstring's."""
+    n-gram occurs earlier or `k` <= 0. The occurrence rules are the module docstring's."""
     ids = np.asarray(tokens, dtype=np.int64)
     length = int(ids.shape[0])
     empty = np.empty(0, dtype=np.int64)
@@ -88,7 +93,7 @@ def prompt_lookup(tokens: Sequence[int] | npt.NDArray[np.int64], k: int, min_ngr
     if ends.size == 0 or n < min_ngram:
         return empty
     full = ends[length - 1 - ends >= k]  # continuations not cut short by the context's end
-    end = int(full[-1]) if full.size else int(ends[0])
+    end = int(full[-1]) if full.size and occurrence == "recent" else int(ends[0])
     return ids[end + 1 : end + 1 + k].copy()
 
 
@@ -105,7 +110,8 @@ class PromptLookupDrafter:
     reads_hidden = False
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, num_tokens: int, min_ngram: int, max_ngram: int) -> None:
+    def __init__(self, num_tokens: int, min_ngram: int, max_ngram: int,
+                 occurrence: Occurrence = "recent") -> None:
         if num_tokens < 1:
             raise ValueError(f"PromptLookupDrafter: num_tokens={num_tokens}; it must be >= 1 "
                              "(the most draft tokens per round)")
@@ -118,6 +124,7 @@ class PromptLookupDrafter:
         self.num_tokens = num_tokens
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
+        self.occurrence = occurrence
 
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None  # nothing per request: each round searches state.tokens
@@ -131,7 +138,7 @@ class PromptLookupDrafter:
             return [
                 torch.as_tensor(
                     prompt_lookup(state.tokens, min(self.num_tokens, m), self.min_ngram,
-                                  self.max_ngram),
+                                  self.max_ngram, self.occurrence),
                     dtype=torch.long, device=state.device,
                 ).reshape(1, -1)
                 for state, m in zip(states, max_tokens)
@@ -145,7 +152,7 @@ def arms(cfg: Config) -> list[ArmSpec]:
 
 def drafter(module: nn.Module, ctx: DraftContext, spec: ArmSpec) -> PromptLookupDrafter:
     s = ctx.cfg.prompt_lookup
-    return PromptLookupDrafter(s.num_tokens, s.min_ngram, s.max_ngram)
+    return PromptLookupDrafter(s.num_tokens, s.min_ngram, s.max_ngram, s.occurrence)
 
 
 METHOD = register(Method(

@@ -224,3 +224,16 @@ def test_lookup_drafts_are_accepted_on_a_copy_prompt(verifier, eos, copy_prompts
         assert result.metrics["mean_accepted"] > 2.0, result.metrics["mean_accepted"]
         assert result.metrics["mean_accepted_prefix"] > 1.0
         assert len(result.rounds) < (N - 1) / 2
+
+
+def test_earliest_takes_vllm_s_occurrence_the_first_of_the_longest_ngram():
+    # [4, 5] occurs at 0 (then 1, 2) and at 4 (then 3, 3): vLLM's rule takes the first
+    tokens = [4, 5, 1, 2, 4, 5, 3, 3, 4, 5]
+    assert prompt_lookup(tokens, 2, 1, 2, "earliest").tolist() == [1, 2]
+    assert prompt_lookup(tokens, 2, 1, 2, "recent").tolist() == [3, 3]
+    # the longest n-gram still wins over an earlier shorter one: [2, 3] only at 5
+    tokens = [3, 7, 7, 1, 1, 2, 3, 6, 6, 2, 3]
+    assert prompt_lookup(tokens, 2, 1, 2, "earliest").tolist() == [6, 6]
+    drafter = PromptLookupDrafter(2, 1, 2, "earliest")
+    state = state_of([4, 5, 1, 2, 4, 5, 3, 3, 4, 5])
+    assert drafter.propose([state], [8])[0].tolist() == [[1, 2]]

@@ -1,0 +1,300 @@
+"""The peer table: our engine beside vLLM, measured in one run (library only, no Ray):
+`python -m peftbd.benchmarking.peer --out DIR` (vLLM from `bash scripts/install.sh --with-vllm`).
+
+Per shape (the tiny world's verifier; the cost profile's architecture, Qwen3-0.6B, with random
+weights written once to disk so that both engines load the same checkpoint), on the same prompts,
+one thread each (our process and vLLM's side process), greedy, EOS honoured:
+
+- AR at batch 1 (one prompt at a time, the arms taking turns per prompt) and at batch B
+  (continuous batching, at most B at once, the arms taking turns per pass): tok/s, ours and
+  vLLM's, and every output compared token for token (a difference carries the verifier's top-2
+  margin at its first position: a near tie is float arithmetic, a wide margin a bug);
+- prompt lookup beside vLLM's `ngram` at batch 1, with the same n-gram settings and vLLM's
+  occurrence rule (the earliest match: `prompt_lookup.occurrence=earliest`), so both propose the
+  same drafts: tokens per verifier step must agree, and tok/s compares the two engines'
+  speculative loops like for like.
+
+Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM with its defaults
+(on CPU its compiled graphs; `--vllm-eager` turns them off). Writes `peer.json` (`PeerTable`) and
+`peer.md`; the benchmark's report shows the table when `<out root>/peer/peer.json` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedModel
+
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
+from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.data.sources import first_prompts, resolve_source, source_identity
+from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
+from peftbd.decoding.clock import Clock
+from peftbd.layout import PEER
+from peftbd.methods.prompt_lookup import PromptLookupDrafter
+from peftbd.models.architecture import build_model, resolve_architecture
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, model_dirs
+from peftbd.peers.vllm_client import VllmError, VllmPeer
+from peftbd.peers.vllm_env import VllmAbsent, vllm_python
+from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
+from peftbd.stage import StageCall, StageInputs
+
+TINY, SHAPE = "tiny", "shape"
+
+
+class PeerSettings(BaseModel):
+    """What the peer run decodes (its CLI flags)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts: int = Field(16, ge=1, description="tiny: prompts per pass")
+    max_new_tokens: int = Field(64, ge=1, description="tiny: new tokens per prompt at most")
+    batch_size: int = Field(16, ge=2, description="the batched pass's B")
+    shape_prompts: int = Field(4, ge=1, description="0.6B shape: prompts per pass")
+    shape_max_new_tokens: int = Field(16, ge=1, description="0.6B shape: new tokens per prompt")
+    repeats: int = Field(1, ge=1, description="timed repeats (each arm's best is reported)")
+    shape: bool = Field(True, description="also run the cost profile's architecture")
+    vllm_eager: bool = Field(False, description="vLLM without its compiled graphs")
+
+
+class ArmRun(BaseModel):
+    """One arm's timed pass: tok/s (best repeat), new tokens, seconds, tokens per verifier step."""
+
+    tokens_per_s: float
+    new_tokens: int
+    seconds: float
+    tokens_per_step: float | None = None
+
+
+class ShapeRow(BaseModel):
+    """One shape's comparison."""
+
+    shape: str
+    model: str
+    prompts: int
+    max_new_tokens: int
+    batch_size: int
+    arms: dict[str, ArmRun]  # ours_ar_b1, vllm_ar_b1, ours_ar_bB, vllm_ar_bB, ours_prompt_lookup, vllm_ngram
+    identical: int  # prompts whose AR outputs (batch 1) are equal token for token
+    mismatches: list[Mismatch]
+    ngram_identical: int  # prompts whose prompt-lookup and ngram outputs are equal
+    vllm_load_s: float
+
+
+class PeerTable(BaseModel):
+    """peer.json."""
+
+    vllm_version: str
+    device: str
+    threads: int
+    fast_path: bool
+    vllm_eager: bool
+    ngram: NgramSpec
+    rows: list[ShapeRow]
+
+
+def ratio(a: ArmRun, b: ArmRun) -> float:
+    return a.tokens_per_s / b.tokens_per_s
+
+
+def _tokens_per_step(results: Sequence[DecodeResult]) -> float:
+    """New tokens after each request's first (its prefill's) over its rounds (verifier steps)."""
+    steps = sum(len(r.rounds) for r in results)
+    return sum(len(r.tokens) - 1 for r in results) / steps if steps else 1.0
+
+
+def _vllm_tokens_per_step(outs: Sequence[Generated], prompts: int) -> float | None:
+    """The same for vLLM at batch 1: each request's first step is its prefill's."""
+    steps = sum(o.request_steps for o in outs) - prompts
+    tokens = sum(len(t) for o in outs for t in o.outputs) - prompts
+    return tokens / steps if steps > 0 else None
+
+
+def _run(tokens: int, seconds: float, per_step: float | None = None) -> ArmRun:
+    return ArmRun(tokens_per_s=round(tokens / seconds, 2), new_tokens=tokens,
+                  seconds=round(seconds, 4), tokens_per_step=None if per_step is None else round(per_step, 4))
+
+
+def _best(runs: Sequence[ArmRun]) -> ArmRun:
+    return max(runs, key=lambda r: r.tokens_per_s)
+
+
+def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str, dtype: str,
+                  eos: list[int], prompts: list[list[int]], max_new_tokens: int,
+                  settings: PeerSettings, cfg: Config, peer_ar: VllmPeer,
+                  peer_ngram: VllmPeer) -> tuple[ShapeRow, str]:
+    """One shape, every arm in turns; returns the row and vLLM's version."""
+    pl = cfg.prompt_lookup
+    longest = max(map(len, prompts)) + max_new_tokens
+    ngram = NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram, max_ngram=pl.max_ngram)
+    common = dict(model_dir=model_dir, dtype=dtype, max_model_len=longest, seed=cfg.training.seed,
+                  enforce_eager=settings.vllm_eager)
+    ready = peer_ar.load(Load(max_num_seqs=settings.batch_size, **common))
+    peer_ngram.load(Load(max_num_seqs=1, ngram=ngram, **common))
+    clock = Clock(torch.device("cpu"))
+    fast = cfg.decoding.fast_path
+    ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
+    drafter = PromptLookupDrafter(pl.num_tokens, pl.min_ngram, pl.max_ngram, occurrence="earliest")
+    ours_pl = SpeculativeDecoder(model, drafter, eos, max_new_tokens, fast_path=fast)
+    B = settings.batch_size
+
+    def vllm(peer: VllmPeer, batch: list[list[int]]) -> Generated:
+        return peer.generate(Generate(prompts=batch, max_tokens=max_new_tokens, stop_token_ids=eos))
+
+    # warm-up: one prompt each, and one batched pass each (allocations, lazy init, graphs)
+    ours_ar.decode(prompts[0]), ours_pl.decode(prompts[0]), vllm(peer_ar, prompts[:1]), vllm(peer_ngram, prompts[:1])
+    ours_ar.decode_many(prompts[:B], B), vllm(peer_ar, prompts[:B])
+    runs: dict[str, list[ArmRun]] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    for _ in range(settings.repeats):
+        one: dict[str, list[Any]] = {k: [] for k in ("ours_ar", "vllm_ar", "ours_pl", "vllm_ngram")}
+        secs = dict.fromkeys(one, 0.0)
+        arms: dict[str, Callable[[list[int]], Any]] = {
+            "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
+            "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
+        names = list(arms)
+        for i, ids in enumerate(prompts):
+            for j in range(len(names)):
+                arm = names[(i + j) % len(names)]
+                start = clock.now()
+                one[arm].append(arms[arm](ids))
+                secs[arm] += clock.now() - start
+        ours = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")}
+        theirs = {k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
+        outputs.update(ours | theirs)
+        count = {k: sum(map(len, v)) for k, v in (ours | theirs).items()}
+        runs.setdefault("ours_ar_b1", []).append(_run(count["ours_ar"], secs["ours_ar"]))
+        runs.setdefault("vllm_ar_b1", []).append(_run(count["vllm_ar"], secs["vllm_ar"]))
+        runs.setdefault("ours_prompt_lookup", []).append(
+            _run(count["ours_pl"], secs["ours_pl"], _tokens_per_step(one["ours_pl"])))
+        runs.setdefault("vllm_ngram", []).append(
+            _run(count["vllm_ngram"], secs["vllm_ngram"], _vllm_tokens_per_step(one["vllm_ngram"], len(prompts))))
+        for arm in ("ours", "vllm"):  # batch B: the arms take turns per pass
+            start = clock.now()
+            got = ([r.tokens for r in ours_ar.decode_many(prompts, B)] if arm == "ours"
+                   else vllm(peer_ar, prompts).outputs)
+            runs.setdefault(f"{arm}_ar_b{B}", []).append(_run(sum(map(len, got)), clock.now() - start))
+    found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
+             if (m := compare(model, f"{name}-{k}", p, a, b))]
+    same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
+    row = ShapeRow(shape=name, model=label, prompts=len(prompts), max_new_tokens=max_new_tokens,
+                   batch_size=B, arms={k: _best(v) for k, v in runs.items()},
+                   identical=len(prompts) - len(found), mismatches=found,
+                   ngram_identical=same_ngram, vllm_load_s=ready.load_s)
+    return row, ready.vllm_version
+
+
+def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
+    """Every shape's row, our engine and vLLM taking turns."""
+    vllm_python()  # VllmAbsent, with the install command, before anything is loaded
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(cfg)
+    prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), settings.prompts,
+                            cfg.data.max_prompt_len)
+    rows, version = [], ""
+    with VllmPeer(log_dir / "vllm_ar.log") as peer_ar, VllmPeer(log_dir / "vllm_ngram.log") as peer_ngram:
+        verifier = load_verifier(cfg, torch.device("cpu"))
+        row, version = compare_shape(
+            TINY, cfg.model.name_or_path, verifier, model_dirs(cfg)[1], cfg.model.dtype,
+            eos_token_ids(verifier, tokenizer), prompts, settings.max_new_tokens, settings, cfg,
+            peer_ar, peer_ngram)
+        rows.append(row)
+        del verifier
+        if settings.shape:
+            arch = resolve_architecture(cfg)
+            torch.manual_seed(cfg.training.seed)
+            model = build_model(dataclasses.replace(arch, weights_dir=arch.weights_dir),
+                                torch.float32, torch.device("cpu"), cfg.model.attn_implementation)
+            with tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt:
+                model.save_pretrained(ckpt)  # one checkpoint both engines decode
+                eos = [int(arch.config.eos_token_id)]
+                row, _ = compare_shape(
+                    SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, "float32", eos,
+                    prompts[:settings.shape_prompts], settings.shape_max_new_tokens, settings, cfg,
+                    peer_ar, peer_ngram)
+            rows.append(row)
+    pl = cfg.prompt_lookup
+    return PeerTable(vllm_version=version, device="cpu", threads=1,
+                     fast_path=cfg.decoding.fast_path, vllm_eager=settings.vllm_eager,
+                     ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
+                                     max_ngram=pl.max_ngram), rows=rows)
+
+
+def markdown(table: PeerTable) -> str:
+    """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
+    ng = table.ngram
+    lines = [
+        f"Our engine beside vLLM {table.vllm_version}, one run on {table.device}, one thread each, "
+        f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
+        f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
+        f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
+        "the earliest match (vLLM's rule). tok/s: the best of the repeats.", ""]
+    header = "| arm | ours tok/s | vLLM tok/s | ours / vLLM | tokens per verifier step (ours, vLLM) |"
+    for row in table.rows:
+        a, B = row.arms, row.batch_size
+        lines += [f"**{row.shape}**: {row.model}, {row.prompts} prompts, up to {row.max_new_tokens} "
+                  f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
+                  f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
+                  f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|"]
+        for label, ours, theirs in (("greedy AR, batch 1", "ours_ar_b1", "vllm_ar_b1"),
+                                    (f"greedy AR, batch {B}", f"ours_ar_b{B}", f"vllm_ar_b{B}"),
+                                    ("prompt lookup / ngram, batch 1", "ours_prompt_lookup", "vllm_ngram")):
+            o, t = a[ours], a[theirs]
+            steps = ("" if o.tokens_per_step is None else
+                     f"{o.tokens_per_step:.2f}, {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}")
+            lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
+                         f"{ratio(o, t):.2f}x | {steps} |")
+        for m in row.mismatches:
+            lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
+                         f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path) -> StageCall:
+    """The peer run as a stage (`peftbd.layout.PEER`) writing `out_dir`."""
+    def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
+        table = run(cfg, settings, out_dir.parent / "logs")
+        (tmp / "peer.json").write_text(table.model_dump_json(indent=2))
+        (tmp / "peer.md").write_text(markdown(table))
+        return {"metrics": {r.shape: {k: v.tokens_per_s for k, v in r.arms.items()} for r in table.rows}}
+
+    return StageCall(PEER, cfg.to_dict(), out_dir, {}, build,
+                     extra={"source": source_identity(cfg), "peer": settings.model_dump(),
+                            "vllm": str(vllm_python())})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m peftbd.benchmarking.peer",
+                                     description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    add_stage_args(parser, PEER)
+    for name, field in PeerSettings.model_fields.items():
+        flag = f"--{name.replace('_', '-')}"
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=f"{field.description} (default: {field.default})")
+        else:
+            parser.add_argument(flag, type=int, default=field.default,
+                                help=f"{field.description} (default: {field.default})")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    settings = PeerSettings(**{k: getattr(args, k) for k in PeerSettings.model_fields})
+    out = stage_out(args, cfg, PEER)
+    log_dir = out.parent / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_stage_job(PEER, out, lambda: peer_call(cfg, settings, out), args.force, args.verbose,
+                  errors=(VllmAbsent, VllmError))
+    print((out / "peer.md").read_text())
+    print(f"wrote {out / 'peer.json'}, {out / 'peer.md'} and {out / 'manifest.json'}")
+
+
+if __name__ == "__main__":
+    main()
