@@ -147,7 +147,7 @@ def acceptance_study_stage() -> StageSpec:
 def experiments() -> tuple[StageSpec, ...]:
     """Experiments run beside the main job: when one's output sits under its root, the
     benchmark reads it and the report summarises it."""
-    return (placement_stage(), recipe_ablation_stage(), acceptance_study_stage())
+    return (placement_stage(), recipe_ablation_stage(), acceptance_study_stage(), PEER)
 
 
 def benchmark_stage() -> StageSpec:
@@ -188,8 +188,8 @@ PEER = StageSpec(
            "prompt_lookup", "cost_profile.architecture", "training.seed"),
     code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
           "peftbd.tiny_world", "peftbd.methods.prompt_lookup", "peftbd.peers",
-          "peftbd.benchmarking.peer"),
-    command="python -m peftbd.benchmarking.peer",
+          "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer", "jobs.peer"),
+    command="python -m jobs.peer",
 )
 """Outside the main job, as the engine speed check: our engine beside vLLM (needs
 `scripts/install.sh --with-vllm`)."""

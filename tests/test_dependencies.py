@@ -4,8 +4,10 @@ work on a fresh machine: `pip install -e ".[dev]"` (scripts/install.sh) installs
 The code (peftbd/, jobs/, serve_apps/, scripts/) may import only what [project].dependencies
 declares; the tests may also import what the `dev` extra declares. A package that only arrives
 as another's dependency does not count: it must be declared directly. No import is exempt (none
-is an optional import guarded by `except ImportError`); `tomli` below is declared for the Pythons
-that lack tomllib.
+is an optional import guarded by `except ImportError`) but those of a file that another
+environment's Python runs (SIDE_ENVIRONMENTS: vLLM's side process, in the environment
+`scripts/install.sh --with-vllm` makes); `tomli` below is declared for the Pythons that lack
+tomllib.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ except ModuleNotFoundError:  # Python 3.10: pyproject.toml declares tomli there 
 
 REPO = Path(__file__).resolve().parents[1]
 OWN = frozenset({"peftbd", "jobs", "serve_apps", "tests"})
+SIDE_ENVIRONMENTS = {  # files run by another environment's Python, and what that one installs
+    Path("peftbd/peers/vllm_side.py"): frozenset({"vllm"}),  # scripts/install.sh --with-vllm
+}
 RUNTIME_DIRS = ("peftbd", "jobs", "serve_apps", "scripts")
 TEST_DIRS = ("tests",)
 
@@ -81,9 +86,10 @@ def undeclared(files: Iterable[Path], allowed: frozenset[str], where: str,
     problems = []
     for path in files:
         shown = path.relative_to(root) if path.is_relative_to(root) else path
+        side = SIDE_ENVIRONMENTS.get(shown, frozenset())
         for module, line in third_party_imports(path.read_bytes(), str(path)):
             dists = distributions_of(module)
-            if dists & allowed:
+            if dists & allowed or module in side:
                 continue
             dist = sorted(dists)[0]
             problems.append(f"{shown}:{line} imports {module!r} (distribution {dist!r}), which "

@@ -31,8 +31,9 @@ from peftbd.analysis.acceptance_study import study_section
 from peftbd.analysis.placement_verdict import PlacementSections
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.analysis.references import describe, reference_sentence
+from peftbd.analysis.peer import section as peer_section
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
+from peftbd.layout import PEER, acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -210,6 +211,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *learning_curves.section(manifests),
         *ablation_section(manifests.get(ablation.title), ablation.subdir),
         *study_section(manifests.get(study.title), study.subdir),
+        *peer_section(manifests.get(PEER.title)),
     ]
     parts += category_section(results)
     parts += [

@@ -1,5 +1,5 @@
-"""The peer table: our engine beside vLLM, measured in one run (library only, no Ray):
-`python -m peftbd.benchmarking.peer --out DIR` (vLLM from `bash scripts/install.sh --with-vllm`).
+"""The peer table: our engine beside vLLM, measured in one run (library only, no Ray; the job is
+`python -m jobs.peer`, vLLM from `bash scripts/install.sh --with-vllm`).
 
 Per shape (the tiny world's verifier; the cost profile's architecture, Qwen3-0.6B, with random
 weights written once to disk so that both engines load the same checkpoint), on the same prompts,
@@ -15,14 +15,14 @@ one thread each (our process and vLLM's side process), greedy, EOS honoured:
   speculative loops like for like.
 
 Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM with its defaults
-(on CPU its compiled graphs; `--vllm-eager` turns them off). Writes `peer.json` (`PeerTable`) and
-`peer.md`; the benchmark's report shows the table when `<out root>/peer/peer.json` exists.
+(on CPU its compiled graphs; `--vllm-eager` turns them off). The job writes `peer.json`
+(`PeerTable`) and `peer.md`; the benchmark's report shows the table when `<out root>/peer/` exists.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,19 +32,18 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel
 
-from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
+from peftbd.benchmarking.peer_schema import ArmRun, PeerTable, ShapeRow
+
 from peftbd.config import EMBEDDED_TINY, Config
-from peftbd.data.sources import first_prompts, resolve_source, source_identity
-from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
+from peftbd.data.sources import first_prompts, resolve_source
+from peftbd.decoding import DecodeResult, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
-from peftbd.layout import PEER
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, model_dirs
-from peftbd.peers.vllm_client import VllmError, VllmPeer
-from peftbd.peers.vllm_env import VllmAbsent, vllm_python
+from peftbd.peers.vllm_client import VllmPeer
+from peftbd.peers.vllm_env import vllm_python
 from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
-from peftbd.stage import StageCall, StageInputs
 
 TINY, SHAPE = "tiny", "shape"
 
@@ -64,44 +63,12 @@ class PeerSettings(BaseModel):
     vllm_eager: bool = Field(False, description="vLLM without its compiled graphs")
 
 
-class ArmRun(BaseModel):
-    """One arm's timed pass: tok/s (best repeat), new tokens, seconds, tokens per verifier step."""
-
-    tokens_per_s: float
-    new_tokens: int
-    seconds: float
-    tokens_per_step: float | None = None
-
-
-class ShapeRow(BaseModel):
-    """One shape's comparison."""
-
-    shape: str
-    model: str
-    prompts: int
-    max_new_tokens: int
-    batch_size: int
-    arms: dict[str, ArmRun]  # ours_ar_b1, vllm_ar_b1, ours_ar_bB, vllm_ar_bB, ours_prompt_lookup, vllm_ngram
-    identical: int  # prompts whose AR outputs (batch 1) are equal token for token
-    mismatches: list[Mismatch]
-    ngram_identical: int  # prompts whose prompt-lookup and ngram outputs are equal
-    vllm_load_s: float
-
-
-class PeerTable(BaseModel):
-    """peer.json."""
-
-    vllm_version: str
-    device: str
-    threads: int
-    fast_path: bool
-    vllm_eager: bool
-    ngram: NgramSpec
-    rows: list[ShapeRow]
-
-
-def ratio(a: ArmRun, b: ArmRun) -> float:
-    return a.tokens_per_s / b.tokens_per_s
+def memory_share(model: PreTrainedModel, kv_bytes: int = 1 << 30) -> float:
+    """vLLM's `gpu_memory_utilization` for `model` on this machine: on CPU the share of RAM that
+    it reserves, which must hold the weights and the KV cache (`kv_bytes`)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return round(min(0.5, (weights + kv_bytes) / ram), 4)
 
 
 def _tokens_per_step(results: Sequence[DecodeResult]) -> float:
@@ -135,7 +102,7 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     longest = max(map(len, prompts)) + max_new_tokens
     ngram = NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram, max_ngram=pl.max_ngram)
     common = dict(model_dir=model_dir, dtype=dtype, max_model_len=longest, seed=cfg.training.seed,
-                  enforce_eager=settings.vllm_eager)
+                  enforce_eager=settings.vllm_eager, memory_share=memory_share(model))
     ready = peer_ar.load(Load(max_num_seqs=settings.batch_size, **common))
     peer_ngram.load(Load(max_num_seqs=1, ngram=ngram, **common))
     clock = Clock(torch.device("cpu"))
@@ -225,76 +192,3 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
                      fast_path=cfg.decoding.fast_path, vllm_eager=settings.vllm_eager,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
                                      max_ngram=pl.max_ngram), rows=rows)
-
-
-def markdown(table: PeerTable) -> str:
-    """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
-    ng = table.ngram
-    lines = [
-        f"Our engine beside vLLM {table.vllm_version}, one run on {table.device}, one thread each, "
-        f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
-        f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
-        f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
-        "the earliest match (vLLM's rule). tok/s: the best of the repeats.", ""]
-    header = "| arm | ours tok/s | vLLM tok/s | ours / vLLM | tokens per verifier step (ours, vLLM) |"
-    for row in table.rows:
-        a, B = row.arms, row.batch_size
-        lines += [f"**{row.shape}**: {row.model}, {row.prompts} prompts, up to {row.max_new_tokens} "
-                  f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
-                  f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
-                  f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|"]
-        for label, ours, theirs in (("greedy AR, batch 1", "ours_ar_b1", "vllm_ar_b1"),
-                                    (f"greedy AR, batch {B}", f"ours_ar_b{B}", f"vllm_ar_b{B}"),
-                                    ("prompt lookup / ngram, batch 1", "ours_prompt_lookup", "vllm_ngram")):
-            o, t = a[ours], a[theirs]
-            steps = ("" if o.tokens_per_step is None else
-                     f"{o.tokens_per_step:.2f}, {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}")
-            lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
-                         f"{ratio(o, t):.2f}x | {steps} |")
-        for m in row.mismatches:
-            lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
-                         f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path) -> StageCall:
-    """The peer run as a stage (`peftbd.layout.PEER`) writing `out_dir`."""
-    def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
-        table = run(cfg, settings, out_dir.parent / "logs")
-        (tmp / "peer.json").write_text(table.model_dump_json(indent=2))
-        (tmp / "peer.md").write_text(markdown(table))
-        return {"metrics": {r.shape: {k: v.tokens_per_s for k, v in r.arms.items()} for r in table.rows}}
-
-    return StageCall(PEER, cfg.to_dict(), out_dir, {}, build,
-                     extra={"source": source_identity(cfg), "peer": settings.model_dump(),
-                            "vllm": str(vllm_python())})
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m peftbd.benchmarking.peer",
-                                     description=__doc__.split("\n\n")[0])
-    add_config_args(parser)
-    add_stage_args(parser, PEER)
-    for name, field in PeerSettings.model_fields.items():
-        flag = f"--{name.replace('_', '-')}"
-        if field.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
-                                help=f"{field.description} (default: {field.default})")
-        else:
-            parser.add_argument(flag, type=int, default=field.default,
-                                help=f"{field.description} (default: {field.default})")
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args)
-    settings = PeerSettings(**{k: getattr(args, k) for k in PeerSettings.model_fields})
-    out = stage_out(args, cfg, PEER)
-    log_dir = out.parent / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    run_stage_job(PEER, out, lambda: peer_call(cfg, settings, out), args.force, args.verbose,
-                  errors=(VllmAbsent, VllmError))
-    print((out / "peer.md").read_text())
-    print(f"wrote {out / 'peer.json'}, {out / 'peer.md'} and {out / 'manifest.json'}")
-
-
-if __name__ == "__main__":
-    main()

@@ -107,6 +107,7 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "training.zero_stage": ("4", "0, 1, 2, 3"),
     "serving.drafter_sync": ("mail", "'ship', 'forward'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
+    "prompt_lookup.occurrence": ("latest", "'recent', 'earliest'"),
 }
 
 
@@ -156,7 +157,7 @@ def _literal_fields(section: type):
 
 def test_every_allowed_value_of_every_enum_field_loads():
     fields = dict(_literal_fields(Config))
-    lists = {"serving.placements", "cost_profile.dtypes"}
+    lists = {"serving.placements", "cost_profile.dtypes", "decoding.reference_engines"}
     assert set(fields) == set(ENUMS) | lists  # ENUMS covers every enum field
     for key, values in fields.items():
         for value in values:

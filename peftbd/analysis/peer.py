@@ -1,0 +1,54 @@
+"""The peer table's words: peer.md, and the report's section when the peer run sits beside the
+benchmark (`python -m peftbd.benchmarking.peer`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from peftbd.benchmarking.peer_schema import ArmRun, PeerTable
+
+PEER_KEY = "peer"
+"""The peer stage's manifest key holding its PeerTable."""
+
+
+def ratio(a: ArmRun, b: ArmRun) -> float:
+    return a.tokens_per_s / b.tokens_per_s
+
+
+def markdown(table: PeerTable) -> str:
+    """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
+    ng = table.ngram
+    lines = [
+        f"Our engine beside vLLM {table.vllm_version}, one run on {table.device}, one thread each, "
+        f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
+        f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
+        f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
+        "the earliest match (vLLM's rule). tok/s: the best of the repeats.", ""]
+    header = "| arm | ours tok/s | vLLM tok/s | ours / vLLM | tokens per verifier step (ours, vLLM) |"
+    for row in table.rows:
+        a, B = row.arms, row.batch_size
+        lines += [f"**{row.shape}**: {row.model}, {row.prompts} prompts, up to {row.max_new_tokens} "
+                  f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
+                  f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
+                  f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|"]
+        for label, ours, theirs in (("greedy AR, batch 1", "ours_ar_b1", "vllm_ar_b1"),
+                                    (f"greedy AR, batch {B}", f"ours_ar_b{B}", f"vllm_ar_b{B}"),
+                                    ("prompt lookup / ngram, batch 1", "ours_prompt_lookup", "vllm_ngram")):
+            o, t = a[ours], a[theirs]
+            steps = ("" if o.tokens_per_step is None else
+                     f"{o.tokens_per_step:.2f}, {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}")
+            lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
+                         f"{ratio(o, t):.2f}x | {steps} |")
+        for m in row.mismatches:
+            lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
+                         f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def section(manifest: dict[str, Any] | None) -> list[str]:
+    """The report's section: the peer run's table, when its output sits beside this run."""
+    if not manifest or PEER_KEY not in manifest:
+        return []
+    table = PeerTable.model_validate(manifest[PEER_KEY])
+    return ["## vLLM beside us: the peer table", markdown(table)]

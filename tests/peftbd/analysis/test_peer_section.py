@@ -1,0 +1,32 @@
+"""The report's peer section: the peer run's table when its manifest carries one, nothing else."""
+
+from __future__ import annotations
+
+from peftbd.analysis.peer import PEER_KEY, markdown, section
+from peftbd.benchmarking.peer_schema import ArmRun, PeerTable, ShapeRow
+from peftbd.decoding import Mismatch
+from peftbd.peers.vllm_protocol import NgramSpec
+
+
+def table() -> PeerTable:
+    run = ArmRun(tokens_per_s=100.0, new_tokens=50, seconds=0.5)
+    arms = {"ours_ar_b1": run, "vllm_ar_b1": run.model_copy(update={"tokens_per_s": 80.0}),
+            "ours_ar_b16": run, "vllm_ar_b16": run,
+            "ours_prompt_lookup": run.model_copy(update={"tokens_per_step": 1.5}),
+            "vllm_ngram": run.model_copy(update={"tokens_per_step": 1.5})}
+    row = ShapeRow(shape="tiny", model="embedded:tiny", prompts=2, max_new_tokens=8, batch_size=16,
+                   arms=arms, identical=1, mismatches=[Mismatch("tiny-1", 3, 5, 6, 0.0002)],
+                   ngram_identical=2, vllm_load_s=12.0)
+    return PeerTable(vllm_version="0.32.0", device="cpu", threads=1, fast_path=False,
+                     vllm_eager=False, ngram=NgramSpec(num_tokens=8, min_ngram=2, max_ngram=4),
+                     rows=[row])
+
+
+def test_the_section_renders_the_manifest_s_table():
+    assert section(None) == [] and section({"wall_s": 1.0}) == []
+    title, body = section({PEER_KEY: table().model_dump()})
+    assert title == "## vLLM beside us: the peer table" and body == markdown(table())
+    assert "| greedy AR, batch 1 | 100.0 | 80.0 | 1.25x |  |" in body
+    assert "| prompt lookup / ngram, batch 1 | 100.0 | 100.0 | 1.00x | 1.50, 1.50 |" in body
+    assert "AR outputs identical on 1/2 prompts" in body
+    assert "tiny-1 differs from token 3 (ours 5, vLLM 6; top-2 margin 0.0002)" in body
