@@ -21,7 +21,6 @@ Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM w
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -65,10 +64,11 @@ class PeerSettings(BaseModel):
 
 def memory_share(model: PreTrainedModel, kv_bytes: int = 1 << 30) -> float:
     """vLLM's `gpu_memory_utilization` for `model` on this machine: on CPU the share of RAM that
-    it reserves, which must hold the weights and the KV cache (`kv_bytes`)."""
+    it reserves, which must hold the weights (twice: vLLM unties a tied LM head, and its memory
+    profile counts a forward's peak) and the KV cache (`kv_bytes`)."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return round(min(0.5, (weights + kv_bytes) / ram), 4)
+    return round(min(0.5, (2 * weights + kv_bytes) / ram), 4)
 
 
 def _tokens_per_step(results: Sequence[DecodeResult]) -> float:
@@ -166,27 +166,27 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
     prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), settings.prompts,
                             cfg.data.max_prompt_len)
     rows, version = [], ""
+    verifier = load_verifier(cfg, torch.device("cpu"))
     with VllmPeer(log_dir / "vllm_ar.log") as peer_ar, VllmPeer(log_dir / "vllm_ngram.log") as peer_ngram:
-        verifier = load_verifier(cfg, torch.device("cpu"))
         row, version = compare_shape(
             TINY, cfg.model.name_or_path, verifier, model_dirs(cfg)[1], cfg.model.dtype,
             eos_token_ids(verifier, tokenizer), prompts, settings.max_new_tokens, settings, cfg,
             peer_ar, peer_ngram)
+    rows.append(row)
+    del verifier
+    if settings.shape:
+        arch = resolve_architecture(cfg)
+        torch.manual_seed(cfg.training.seed)
+        model = build_model(arch, torch.float32, torch.device("cpu"), cfg.model.attn_implementation)
+        with (tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt,
+              VllmPeer(log_dir / "vllm_ar_shape.log") as peer_ar,
+              VllmPeer(log_dir / "vllm_ngram_shape.log") as peer_ngram):
+            model.save_pretrained(ckpt)  # one checkpoint both engines decode
+            row, _ = compare_shape(
+                SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, "float32",
+                [int(arch.config.eos_token_id)], prompts[:settings.shape_prompts],
+                settings.shape_max_new_tokens, settings, cfg, peer_ar, peer_ngram)
         rows.append(row)
-        del verifier
-        if settings.shape:
-            arch = resolve_architecture(cfg)
-            torch.manual_seed(cfg.training.seed)
-            model = build_model(dataclasses.replace(arch, weights_dir=arch.weights_dir),
-                                torch.float32, torch.device("cpu"), cfg.model.attn_implementation)
-            with tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt:
-                model.save_pretrained(ckpt)  # one checkpoint both engines decode
-                eos = [int(arch.config.eos_token_id)]
-                row, _ = compare_shape(
-                    SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, "float32", eos,
-                    prompts[:settings.shape_prompts], settings.shape_max_new_tokens, settings, cfg,
-                    peer_ar, peer_ngram)
-            rows.append(row)
     pl = cfg.prompt_lookup
     return PeerTable(vllm_version=version, device="cpu", threads=1,
                      fast_path=cfg.decoding.fast_path, vllm_eager=settings.vllm_eager,

@@ -22,7 +22,7 @@ class NgramSpec(_Message):
 
 
 class Load(_Message):
-    """Start one engine (a previous one is dropped first)."""
+    """Start the side process's engine (one per process)."""
 
     kind: Literal["load"] = "load"
     model_dir: str

@@ -29,7 +29,8 @@ def configure_environment(threads: int) -> None:
 
 
 class Side:
-    """One loaded engine at a time."""
+    """One engine for the process's life: a second `load` is refused (vLLM's process-wide
+    state, its compiled kernels' registry among it, does not survive a second engine)."""
 
     def __init__(self) -> None:
         self.llm = None
@@ -39,8 +40,9 @@ class Side:
         import torch
         import vllm
 
+        if self.llm is not None:
+            raise RuntimeError("this side process has an engine already: start another VllmPeer")
         torch.set_num_threads(req.threads)
-        self.llm = None
         speculative = None if req.ngram is None else {
             "method": "ngram", "num_speculative_tokens": req.ngram.num_tokens,
             "prompt_lookup_min": req.ngram.min_ngram, "prompt_lookup_max": req.ngram.max_ngram}
@@ -94,6 +96,7 @@ def main() -> None:
             reply = side.load(req) if isinstance(req, Load) else side.generate(req)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller as a reply
             reply = Failed(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            print(reply.traceback, file=sys.stderr, flush=True)  # into the caller's log file too
         replies.write(REPLY.dump_json(reply).decode() + "\n")
         replies.flush()
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from peftbd.peers.vllm_env import absent_reason
+
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "plugins"
 TRIM = [
@@ -80,6 +82,14 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
         arm = results["arms"][plugged]
         assert arm["audit"]["exact"] == arm["audit"]["prompts"] > 0, plugged
     assert "| Toy bigram (3 tokens) |" in text and "| Prompt lookup (8 tokens" in text
+    # AR against independent engines: HF generate always, vLLM run from the Ray worker where
+    # installed (CI installs it), else said absent with the install command
+    refs = {r["engine"]: r for r in results["references"]}
+    assert refs["hf_generate"]["checked"] == refs["hf_generate"]["identical"] > 0
+    vllm = refs["vllm"]
+    assert (vllm["checked"] == vllm["identical"] > 0 if absent_reason() is None
+            else "install.sh --with-vllm" in vllm["absent"]), vllm
+    assert "AR's greedy outputs against independent engines'" in text
     manifest = json.loads((out / "manifest.json").read_text())
     assert [row["stage"] for row in manifest["stages"]] == list(NAMES)
     assert [row["path"] for row in manifest["stages"]][1:] == [str(out / s) for s in STAGES]
