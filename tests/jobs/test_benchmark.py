@@ -231,7 +231,8 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
     assert manifest["workers"]["workers"] == 2 and manifest["workers"]["peak_rss_mib"] > 0
     assert manifest["workers"]["dtype"] == "float32"
-    assert len(manifest["summary"]) == len(ARMS)
+    assert len(manifest["summary"]) == len(ARMS) + 1  # each arm, then AR vs independent engines
+    assert manifest["summary"][-1].startswith("AR vs independent engines: HF generate: ")
 
 
 def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec_bench_path: Path,
