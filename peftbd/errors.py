@@ -29,6 +29,7 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
 - `ResourcesUnavailable` (jobs.resources): the Ray cluster lacks what the job asks for.
 - `ReadmeTableError` (peftbd.analysis.readme_table): no results to tabulate, or a README without
   its results markers.
+- `VllmAbsent` (peftbd.peers.vllm_env): vLLM is not installed where the project looks for it.
 
 Not user errors: `serve_apps.backends.BackendUnavailable` (a replica that keeps dying: an HTTP
 503 of the running server, no command line), `peftbd.serving.validation.RequestError` (a bad
@@ -49,6 +50,7 @@ USER_ERRORS: dict[str, str] = {
     "ModelUnavailableError": "peftbd.models.sources",
     "SourceError": "peftbd.data.sources",
     "ArtifactError": "peftbd.data.artifact",
+    "VllmAbsent": "peftbd.peers.vllm_env",
     "CheckpointMismatch": "peftbd.training.checkpoint",
     "BenchmarkInputError": "jobs.benchmark",
     "ResourcesUnavailable": "jobs.resources",

@@ -147,7 +147,7 @@ def acceptance_study_stage() -> StageSpec:
 def experiments() -> tuple[StageSpec, ...]:
     """Experiments run beside the main job: when one's output sits under its root, the
     benchmark reads it and the report summarises it."""
-    return (placement_stage(), recipe_ablation_stage(), acceptance_study_stage(), PEER)
+    return (placement_stage(), recipe_ablation_stage(), acceptance_study_stage(), peer_stage())
 
 
 def benchmark_stage() -> StageSpec:
@@ -182,14 +182,16 @@ ENGINE_SPEED = StageSpec(
 """An experiment outside the main job, under the same contract (rerun only when its inputs change)."""
 
 
-PEER = StageSpec(
-    "peer", "peer table (vLLM beside us)", "peer",
-    reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
-           "prompt_lookup", "cost_profile.architecture", "training.seed"),
-    code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
-          "peftbd.tiny_world", "peftbd.methods.prompt_lookup", "peftbd.peers",
-          "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer", "jobs.peer"),
-    command="python -m jobs.peer",
-)
-"""Outside the main job, as the engine speed check: our engine beside vLLM (needs
-`scripts/install.sh --with-vllm`)."""
+
+def peer_stage() -> StageSpec:
+    """Outside the main job, as the engine speed check: our engine beside vLLM (needs
+    `scripts/install.sh --with-vllm`); its prompt-lookup arm reads the methods' sections."""
+    return StageSpec(
+        "peer", "peer table (vLLM beside us)", "peer",
+        reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
+               *method_sections(), "cost_profile.architecture", "training.seed"),
+        code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
+              "peftbd.tiny_world", "peftbd.methods", "peftbd.peers", "peftbd.benchmarking.peer",
+              "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer", "jobs.peer"),
+        command="python -m jobs.peer",
+    )

@@ -33,7 +33,14 @@ from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.analysis.references import describe, reference_sentence
 from peftbd.analysis.peer import section as peer_section
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
-from peftbd.layout import PEER, acceptance_study_stage, benchmark_stage, placement_stage, recipe_ablation_stage, stages
+from peftbd.layout import (
+    acceptance_study_stage,
+    benchmark_stage,
+    peer_stage,
+    placement_stage,
+    recipe_ablation_stage,
+    stages,
+)
 from peftbd.manifest import read_manifest
 from peftbd.stage import lineage
 
@@ -211,7 +218,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *learning_curves.section(manifests),
         *ablation_section(manifests.get(ablation.title), ablation.subdir),
         *study_section(manifests.get(study.title), study.subdir),
-        *peer_section(manifests.get(PEER.title)),
+        *peer_section(manifests.get(peer_stage().title)),
     ]
     parts += category_section(results)
     parts += [

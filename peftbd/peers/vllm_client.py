@@ -45,12 +45,10 @@ class VllmPeer:
         iomp = venv_dir() / "lib" / "libiomp5.so"  # vLLM's CPU guide: preload Intel's OpenMP
         if iomp.is_file():
             env["LD_PRELOAD"] = os.pathsep.join(filter(None, [str(iomp), os.environ.get("LD_PRELOAD")]))
-        log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen([str(vllm_python()), "-m", "peftbd.peers.vllm_side"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                     text=True, env=env, cwd=REPO)
-        if log is not subprocess.DEVNULL:
-            log.close()
+        with open(self.log_path or os.devnull, "a") as log:  # the child keeps its own handle
+            self.proc = subprocess.Popen([str(vllm_python()), "-m", "peftbd.peers.vllm_side"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                         text=True, env=env, cwd=REPO)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

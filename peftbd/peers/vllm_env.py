@@ -11,11 +11,13 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from peftbd.errors import UserError
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = "bash scripts/install.sh --with-vllm"
 
 
-class VllmAbsent(RuntimeError):
+class VllmAbsent(UserError, RuntimeError):
     """vLLM is not installed where this project looks for it (the message says how to install)."""
 
 

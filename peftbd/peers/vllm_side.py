@@ -89,6 +89,7 @@ def main() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
+        reply: Ready | Generated | Failed
         try:
             req = REQUEST.validate_json(line)
             if isinstance(req, Stop):
@@ -96,7 +97,7 @@ def main() -> None:
             reply = side.load(req) if isinstance(req, Load) else side.generate(req)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller as a reply
             reply = Failed(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-            print(reply.traceback, file=sys.stderr, flush=True)  # into the caller's log file too
+            print(traceback.format_exc(), file=sys.stderr, flush=True)  # the caller's log file too
         replies.write(REPLY.dump_json(reply).decode() + "\n")
         replies.flush()
 

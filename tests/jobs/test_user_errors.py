@@ -54,6 +54,7 @@ COMMANDS: dict[str, Runner] = {
     "jobs.placement": ("jobs.placement", "placement_call", _main, _out),
     "jobs.generate_bench": ("jobs.generate_bench", "run_bench", _main,
                             lambda tmp: ["--out", str(tmp / "out")]),
+    "jobs.peer": ("jobs.peer", "peer_call", _main, _out),
     "peftbd.benchmarking.engine_speed": ("peftbd.benchmarking.engine_speed", "speed_call",
                                          _main, _out),
     "peftbd.analysis.readme_table": ("peftbd.analysis.readme_table", "update_readme", _main,
@@ -67,6 +68,8 @@ NOT_USER_COMMANDS = {
     "scripts.device_check": "a developer's GPU check on a borrowed device (no Ray, no stage)",
     "jobs.local_cluster": "starts a local two-node Ray cluster; no config, output or stage: a "
                           "node that fails is one line (NodeError)",
+    "peftbd.peers.vllm_side": "vLLM's side process, started by VllmPeer: a failure is its reply "
+                              "(Failed), raised by the caller as VllmError",
 }
 MIN_COMMANDS, MIN_CLASSES = 11, 11
 """What was found when this test was written: fewer means discovery broke, not that all passed."""
