@@ -15,6 +15,24 @@ def ratio(a: ArmRun, b: ArmRun) -> float:
     return a.tokens_per_s / b.tokens_per_s
 
 
+def _count(n: int | None) -> str:
+    return "n/a" if n is None else str(n)
+
+
+def _ms(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms:.2f}"
+
+
+def _step_ms(run: ArmRun) -> str:
+    """`1.48 (1.20 + 0.28)`: a step's ms, its forwards' and the rest (host time)."""
+    if run.ms_per_step is None:
+        return "n/a"
+    if run.forward_ms_per_step is None:
+        return _ms(run.ms_per_step)
+    host = run.ms_per_step - run.forward_ms_per_step
+    return f"{run.ms_per_step:.2f} ({run.forward_ms_per_step:.2f} + {host:.2f})"
+
+
 def markdown(table: PeerTable) -> str:
     """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
     ng = table.ngram
@@ -23,14 +41,18 @@ def markdown(table: PeerTable) -> str:
         f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
         f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
         f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
-        "the earliest match (vLLM's rule). tok/s: the best of the repeats.", ""]
-    header = "| arm | ours tok/s | vLLM tok/s | ours / vLLM | tokens per verifier step (ours, vLLM) |"
+        "the earliest match (vLLM's rule). tok/s: the best of the repeats. An engine step is one "
+        "verifier forward over the running requests (a prefill included; vLLM may prefill a "
+        "joining request inside a decode step); ours at batch 1 split into its forwards' ms and "
+        "the rest (host time).", ""]
+    header = ("| arm | ours tok/s | vLLM tok/s | ours / vLLM | tokens per verifier step (ours, vLLM) "
+              "| engine steps (ours, vLLM) | ms per step: ours (forward + host), vLLM |")
     for row in table.rows:
         a, B = row.arms, row.batch_size
         lines += [f"**{row.shape}**: {row.model}, {row.prompts} prompts, up to {row.max_new_tokens} "
                   f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
                   f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
-                  f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|"]
+                  f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|---|---|"]
         for label, ours, theirs in (("greedy AR, batch 1", "ours_ar_b1", "vllm_ar_b1"),
                                     (f"greedy AR, batch {B}", f"ours_ar_b{B}", f"vllm_ar_b{B}"),
                                     ("prompt lookup / ngram, batch 1", "ours_prompt_lookup", "vllm_ngram")):
@@ -38,7 +60,8 @@ def markdown(table: PeerTable) -> str:
             steps = ("" if o.tokens_per_step is None else
                      f"{o.tokens_per_step:.2f}, {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}")
             lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
-                         f"{ratio(o, t):.2f}x | {steps} |")
+                         f"{ratio(o, t):.2f}x | {steps} | {_count(o.steps)}, {_count(t.steps)} "
+                         f"| {_step_ms(o)}, {_ms(t.ms_per_step)} |")
         for m in row.mismatches:
             lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
                          f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")

@@ -84,9 +84,40 @@ def _vllm_tokens_per_step(outs: Sequence[Generated], prompts: int) -> float | No
     return tokens / steps if steps > 0 else None
 
 
-def _run(tokens: int, seconds: float, per_step: float | None = None) -> ArmRun:
+VERIFIER_MODES = ("prefill", "verify")
+"""Our forward modes that run the verifier (a model-free drafter's draft is host time)."""
+
+
+def _run(tokens: int, seconds: float, per_step: float | None = None, steps: int | None = None,
+         forward_s: float | None = None) -> ArmRun:
+    ms = None if not steps else round(seconds / steps * 1e3, 4)
+    fwd = None if not steps or forward_s is None else round(forward_s / steps * 1e3, 4)
     return ArmRun(tokens_per_s=round(tokens / seconds, 2), new_tokens=tokens,
-                  seconds=round(seconds, 4), tokens_per_step=None if per_step is None else round(per_step, 4))
+                  seconds=round(seconds, 4), tokens_per_step=None if per_step is None else round(per_step, 4),
+                  steps=steps, ms_per_step=ms, forward_ms_per_step=fwd)
+
+
+def _ours_steps(results: Sequence[DecodeResult]) -> tuple[int, float]:
+    """Batch 1: the verifier forwards of `results` (each one engine step) and their seconds."""
+    return (sum(r.forward_calls.get(m, 0) for r in results for m in VERIFIER_MODES),
+            sum(r.forward_seconds.get(m, 0.0) for r in results for m in VERIFIER_MODES))
+
+
+class StepCount:
+    """Counts a decoder's engine steps at batch B (each batched prefill and each batched round),
+    wrapping its `start_many` and `step_many` on the instance."""
+
+    def __init__(self, decoder: SpeculativeDecoder) -> None:
+        self.steps = 0
+        for name in ("start_many", "step_many"):
+            inner = getattr(decoder, name)
+            setattr(decoder, name, self._counted(inner))
+
+    def _counted(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.steps += 1
+            return inner(*args, **kwargs)
+        return counted
 
 
 def _best(runs: Sequence[ArmRun]) -> ArmRun:
@@ -118,6 +149,7 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     # warm-up: one prompt each, and one batched pass each (allocations, lazy init, graphs)
     ours_ar.decode(prompts[0]), ours_pl.decode(prompts[0]), vllm(peer_ar, prompts[:1]), vllm(peer_ngram, prompts[:1])
     ours_ar.decode_many(prompts[:B], B), vllm(peer_ar, prompts[:B])
+    counter = StepCount(ours_ar)
     runs: dict[str, list[ArmRun]] = {}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(settings.repeats):
@@ -137,17 +169,26 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
         theirs = {k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
         outputs.update(ours | theirs)
         count = {k: sum(map(len, v)) for k, v in (ours | theirs).items()}
-        runs.setdefault("ours_ar_b1", []).append(_run(count["ours_ar"], secs["ours_ar"]))
-        runs.setdefault("vllm_ar_b1", []).append(_run(count["vllm_ar"], secs["vllm_ar"]))
+        runs.setdefault("ours_ar_b1", []).append(
+            _run(count["ours_ar"], secs["ours_ar"], None, *_ours_steps(one["ours_ar"])))
+        runs.setdefault("vllm_ar_b1", []).append(
+            _run(count["vllm_ar"], secs["vllm_ar"], None, sum(o.steps for o in one["vllm_ar"])))
         runs.setdefault("ours_prompt_lookup", []).append(
-            _run(count["ours_pl"], secs["ours_pl"], _tokens_per_step(one["ours_pl"])))
+            _run(count["ours_pl"], secs["ours_pl"], _tokens_per_step(one["ours_pl"]),
+                 *_ours_steps(one["ours_pl"])))
         runs.setdefault("vllm_ngram", []).append(
-            _run(count["vllm_ngram"], secs["vllm_ngram"], _vllm_tokens_per_step(one["vllm_ngram"], len(prompts))))
-        for arm in ("ours", "vllm"):  # batch B: the arms take turns per pass
-            start = clock.now()
-            got = ([r.tokens for r in ours_ar.decode_many(prompts, B)] if arm == "ours"
-                   else vllm(peer_ar, prompts).outputs)
-            runs.setdefault(f"{arm}_ar_b{B}", []).append(_run(sum(map(len, got)), clock.now() - start))
+            _run(count["vllm_ngram"], secs["vllm_ngram"],
+                 _vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
+                 sum(o.steps for o in one["vllm_ngram"])))
+        start = clock.now()  # batch B: the arms take turns per pass
+        before = counter.steps
+        got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
+        runs.setdefault(f"ours_ar_b{B}", []).append(
+            _run(sum(map(len, got)), clock.now() - start, None, counter.steps - before))
+        start = clock.now()
+        batched = vllm(peer_ar, prompts)
+        runs.setdefault(f"vllm_ar_b{B}", []).append(
+            _run(sum(map(len, batched.outputs)), clock.now() - start, None, batched.steps))
     found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
              if (m := compare(model, f"{name}-{k}", p, a, b))]
     same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))

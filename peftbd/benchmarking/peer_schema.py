@@ -9,12 +9,17 @@ from peftbd.peers.vllm_protocol import NgramSpec
 
 
 class ArmRun(BaseModel):
-    """One arm's timed pass: tok/s (best repeat), new tokens, seconds, tokens per verifier step."""
+    """One arm's timed pass (the best repeat): tok/s, new tokens, seconds, tokens per verifier
+    step; its engine steps (each one verifier forward over the running requests, a prefill
+    included) and ms per step; ours also the ms of a step's forwards (the rest is host time)."""
 
     tokens_per_s: float
     new_tokens: int
     seconds: float
     tokens_per_step: float | None = None
+    steps: int | None = None
+    ms_per_step: float | None = None
+    forward_ms_per_step: float | None = None
 
 
 class ShapeRow(BaseModel):

@@ -9,8 +9,10 @@ from peftbd.peers.vllm_protocol import NgramSpec
 
 
 def table() -> PeerTable:
-    run = ArmRun(tokens_per_s=100.0, new_tokens=50, seconds=0.5)
-    arms = {"ours_ar_b1": run, "vllm_ar_b1": run.model_copy(update={"tokens_per_s": 80.0}),
+    run = ArmRun(tokens_per_s=100.0, new_tokens=50, seconds=0.5, steps=40, ms_per_step=12.5,
+                 forward_ms_per_step=10.0)
+    arms = {"ours_ar_b1": run, "vllm_ar_b1": run.model_copy(update={
+                "tokens_per_s": 80.0, "forward_ms_per_step": None, "steps": 41, "ms_per_step": 15.6}),
             "ours_ar_b16": run, "vllm_ar_b16": run,
             "ours_prompt_lookup": run.model_copy(update={"tokens_per_step": 1.5}),
             "vllm_ngram": run.model_copy(update={"tokens_per_step": 1.5})}
@@ -26,7 +28,7 @@ def test_the_section_renders_the_manifest_s_table():
     assert section(None) == [] and section({"wall_s": 1.0}) == []
     title, body = section({PEER_KEY: table().model_dump()})
     assert title == "## vLLM beside us: the peer table" and body == markdown(table())
-    assert "| greedy AR, batch 1 | 100.0 | 80.0 | 1.25x |  |" in body
-    assert "| prompt lookup / ngram, batch 1 | 100.0 | 100.0 | 1.00x | 1.50, 1.50 |" in body
+    assert "| greedy AR, batch 1 | 100.0 | 80.0 | 1.25x |  | 40, 41 | 12.50 (10.00 + 2.50), 15.60 |" in body
+    assert "| prompt lookup / ngram, batch 1 | 100.0 | 100.0 | 1.00x | 1.50, 1.50 | 40, 40 |" in body
     assert "AR outputs identical on 1/2 prompts" in body
     assert "tiny-1 differs from token 3 (ours 5, vLLM 6; top-2 margin 0.0002)" in body
