@@ -97,9 +97,10 @@ def time_on_workers(cfg: Config, dirs: DrafterDirs, prompt_set: PromptSet,
     task = ray.remote(run_shard).options(num_cpus=d.worker_num_cpus, num_gpus=d.worker_num_gpus)
     specs, sampled = arm_specs(cfg), sampled_prompts(cfg, prompt_set.prompts)
     with relay() as sink:
-        # Ray's overloads type `run_shard` (two of its seven arguments defaulted) as five-ary
+        # Ray's overloads type `run_shard` (three of its eight arguments defaulted) as five-ary;
+        # the first shard checks the independent references (one vLLM engine a run)
         refs = [task.remote(cfg, dirs, specs, prompt_set.prompts[i::n], repeats,  # type: ignore[call-arg]
-                            sink and sink.part(i), sampled[i::n]) for i in range(n)]
+                            sink and sink.part(i), sampled[i::n], i == 0) for i in range(n)]
         return ray.get(refs)
 
 

@@ -1,9 +1,10 @@
 """Independent references for the benchmark's greedy audit. The audit compares every arm with AR
 decoded by the same engine (the same prefill, verify and cache code), so a bug every arm shares
 would still read "exact". Here AR's batch-1 outputs on a sample of prompts (the first
-`decoding.reference_prompts`) are checked token for token against engines that share none of
-that code: HF `generate` (always) and vLLM (`decoding.reference_engines` names it and it is
-installed: `scripts/install.sh --with-vllm`; else the check says why it did not run). Where they
+`decoding.reference_prompts` of the first timing shard's) are checked token for token against
+engines that share none of that code: HF `generate` (always) and vLLM
+(`decoding.reference_engines` names it and it is installed: `scripts/install.sh --with-vllm`;
+else the check says why it did not run). Where they
 differ, the mismatch carries the verifier's top-2 logit margin at the first differing position:
 a near tie explains a difference in float arithmetic, a wide margin is a bug."""
 

@@ -221,20 +221,22 @@ def audit(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt]
 
 def run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, sink: Sink | None = None,
-              sampled: Sequence[Prompt] | None = None) -> ShardResult:
+              sampled: Sequence[Prompt] | None = None, references: bool = True) -> ShardResult:
     """Load the models (`dirs`: where the drafters lie), time every arm over `prompts` and audit
     them (one process, serial); `sink` hears of every decoded prompt; `sampled`: the prompts of
-    the sampled passes (None: `sampled_prompts` of `prompts`)."""
+    the sampled passes (None: `sampled_prompts` of `prompts`); `references`: whether this shard
+    also checks AR against the independent engines (one shard of a run does: one vLLM engine)."""
     ready(cfg)  # a Ray task: the methods its arms name, the world it loads
     if sampled is None:
         sampled = sampled_prompts(cfg, prompts)
     plan = SamplingPlan(sampled_temperatures(cfg), tuple(sampled), cfg.decoding.sampling_seed)
     with progress.listening(sink):
-        return _run_shard(cfg, dirs, specs, prompts, repeats, plan)
+        return _run_shard(cfg, dirs, specs, prompts, repeats, plan, references)
 
 
 def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
-               prompts: Sequence[Prompt], repeats: int, plan: SamplingPlan) -> ShardResult:
+               prompts: Sequence[Prompt], repeats: int, plan: SamplingPlan,
+               check_references: bool) -> ShardResult:
     if cfg.decoding.torch_threads > 0:
         torch.set_num_threads(cfg.decoding.torch_threads)
     if not any(s.method == "ar" for s in specs):
@@ -253,7 +255,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         sampled=timings.sampled,
         mismatches=audit(models, specs, prompts, timings.results),
         references=reference_checks(cfg, models.verifier, models.eos_ids, models.pad_id, prompts,
-                                    references, cfg.decoding.max_new_tokens),
+                                    references, cfg.decoding.max_new_tokens) if check_references else [],
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,
                             floor, oracle, cfg.decoding.synthetic_seed),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
+from peftbd.peers.vllm_env import absent_reason
 from peftbd.analysis.report import FIGURE_1, FIGURE_3, FIGURE_5, REPORT
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
@@ -233,6 +234,13 @@ def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, art
     assert manifest["workers"]["dtype"] == "float32"
     assert len(manifest["summary"]) == len(ARMS) + 1  # each arm, then AR vs independent engines
     assert manifest["summary"][-1].startswith("AR vs independent engines: HF generate: ")
+    # one shard checks AR against HF generate and vLLM (run from its Ray worker where installed:
+    # CI installs it; else said absent with the install command)
+    refs = {r.engine: r for r in results.references}
+    assert refs["hf_generate"].identical == refs["hf_generate"].checked > 0
+    vllm = refs["vllm"]
+    assert (vllm.identical == vllm.checked > 0 if absent_reason() is None
+            else "install.sh --with-vllm" in str(vllm.absent)), vllm
 
 
 def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec_bench_path: Path,

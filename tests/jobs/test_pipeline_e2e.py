@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from peftbd.peers.vllm_env import absent_reason
-
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "plugins"
 TRIM = [
@@ -29,6 +27,7 @@ TRIM = [
     "dflash.feature_rule=three", "dflash.block_masks=block", "dflash.loss_decay=0.0",
     "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=16",
     "decoding.batch_sizes=[1, 4]", "decoding.temperatures=[0, 1]", "decoding.sampling_prompts=2",
+    "decoding.reference_engines=[hf_generate]",  # vLLM's: tests/jobs/test_benchmark.py
     # the cost profile of the tiny verifier itself (the 0.6B one takes minutes)
     "cost_profile.architecture=model", "cost_profile.early_exit_layers=1",
     "cost_profile.dtypes=[float32]", "cost_profile.repeats=1", "cost_profile.kv_len=64",
@@ -82,13 +81,10 @@ def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp
         arm = results["arms"][plugged]
         assert arm["audit"]["exact"] == arm["audit"]["prompts"] > 0, plugged
     assert "| Toy bigram (3 tokens) |" in text and "| Prompt lookup (8 tokens" in text
-    # AR against independent engines: HF generate always, vLLM run from the Ray worker where
-    # installed (CI installs it), else said absent with the install command
-    refs = {r["engine"]: r for r in results["references"]}
-    assert refs["hf_generate"]["checked"] == refs["hf_generate"]["identical"] > 0
-    vllm = refs["vllm"]
-    assert (vllm["checked"] == vllm["identical"] > 0 if absent_reason() is None
-            else "install.sh --with-vllm" in vllm["absent"]), vllm
+    # AR against an independent engine: HF generate (vLLM's reference from a Ray worker:
+    # tests/jobs/test_benchmark.py; this job's four benchmark runs would start it four times)
+    (ref,) = results["references"]
+    assert ref["engine"] == "hf_generate" and ref["checked"] == ref["identical"] > 0
     assert "AR's greedy outputs against independent engines'" in text
     manifest = json.loads((out / "manifest.json").read_text())
     assert [row["stage"] for row in manifest["stages"]] == list(NAMES)
