@@ -48,7 +48,7 @@ MethodTokens = Annotated[str, Form(r"[a-z][a-z0-9-]*=\d+(\.\d+)?",
 Dtype = Literal["float32", "bfloat16", "float16"]
 AttnImplementation = Literal["sdpa", "eager"]
 Scheduler = Literal["cosine", "constant"]
-ReferenceEngine = Literal["hf_generate", "vllm"]  # peftbd.benchmarking.references
+ReferenceEngine = Literal["hf_generate", "vllm"]  # the audit's: peftbd.benchmarking.references
 Precision = Literal["fp32", "bf16"]  # peftbd.training.deepspeed_config: bf16 or fp32, no fp16
 ZeroStage = Literal[0, 1, 2, 3]
 BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.block_starts
@@ -257,9 +257,6 @@ class DecodingConfig:
     temperatures: Annotated[tuple[NonNegativeFloat, ...], DISTINCT]
     sampling_prompts: NonNegativeInt
     sampling_seed: int
-    # Independent references for the greedy audit (peftbd.benchmarking.references): AR's batch-1
-    # outputs on the first `reference_prompts` prompts, token for token, against each engine here
-    # (HF generate; vLLM where installed by scripts/install.sh --with-vllm, else said absent).
     reference_engines: Annotated[tuple[ReferenceEngine, ...], DISTINCT]
     reference_prompts: NonNegativeInt
 

@@ -24,6 +24,7 @@ import torch
 
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.benchmarking.references import hf_generate
 from peftbd.cost_model import oracle_from_metrics
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.decoding.clock import Clock
@@ -77,13 +78,8 @@ def run(cfg: Config) -> dict[str, Any]:
     engine_bd = SpeculativeDecoder(peft_model, drafter, eos, budget)
     bd_results = []
 
-    @torch.inference_mode()
     def hf(ids: list[int]) -> list[int]:
-        x = torch.tensor([ids], device=clock.device)
-        out = verifier.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
-                                max_new_tokens=budget, eos_token_id=eos,
-                                pad_token_id=tokenizer.pad_token_id)
-        return out[0, len(ids):].tolist()
+        return hf_generate(verifier, [ids], budget, eos, tokenizer.pad_token_id)[0]
 
     def peftbd(ids: list[int]) -> list[int]:
         bd_results.append(engine_bd.decode(ids))
