@@ -176,6 +176,8 @@ ENGINE_SPEED = StageSpec(
            "training.seed"),
     code=("peftbd.decoding", "peftbd.models", "peftbd.cost_model", "peftbd.data.sources",
           "peftbd.data.content_hash", "peftbd.data.chat", "peftbd.tiny_world",
+          "peftbd.peers", "peftbd.data.artifact", "peftbd.benchmarking.prompts",
+          "peftbd.benchmarking.references",
           "peftbd.benchmarking.engine_speed"),
     command="python -m peftbd.benchmarking.engine_speed",
 )

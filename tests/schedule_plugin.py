@@ -7,13 +7,20 @@ work to fill the other worker, so no long group runs alone at the end). A group'
 summed test time in the last whole-suite run on this machine (`test_durations.json` in the cache
 dir, beside the budget ledger, written by the controller at the end of such a run), else the one
 committed beside this file (a fresh machine: a run on the developers' box); a group in neither
-(a new file) counts one minute per `slow` test in it."""
+(a new file) counts one minute per `slow` test in it.
+
+Nothing a group starts outlives it on its worker: when a worker's next test is in another group,
+the Ray this process joined is shut down (jobs' functions call `init_ray` and leave it to the
+process's exit) and whatever the group registered with `at_group_end` is stopped (the Serve
+cluster), so the next group starts on a quiet machine with no stale Ray to join."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import defaultdict
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import pytest
@@ -26,6 +33,13 @@ SERVE_GROUP = "serve-cluster"
 DURATIONS = "test_durations.json"
 UNRECORDED_SLOW_S = 60.0
 """A slow test's guessed seconds where its group has no recorded time."""
+_AT_GROUP_END: dict[str, list[Callable[[], None]]] = defaultdict(list)
+
+
+def at_group_end(group: str, stop: Callable[[], None]) -> None:
+    """Call `stop` once this worker has run the last test of `group` (it may run twice: also
+    from its fixture's own teardown, so it must be idempotent)."""
+    _AT_GROUP_END[group].append(stop)
 
 
 def durations_path() -> Path:
@@ -34,7 +48,10 @@ def durations_path() -> Path:
 
 def group_of(path: Path) -> str:
     """The xdist group of a test file: the Serve cluster's, else the file itself."""
-    rel = path.resolve().relative_to(REPO)
+    path = path.resolve()
+    if not path.is_relative_to(REPO):  # a stand-in suite (the plugin's own tests)
+        return str(path)
+    rel = path.relative_to(REPO)
     return SERVE_GROUP if rel.parts[:2] == ("tests", "serve_apps") else str(rel)
 
 
@@ -62,6 +79,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         guessed[group] += UNRECORDED_SLOW_S if item.get_closest_marker("slow") else 0.0
     length = {g: known.get(g, guessed[g]) for g in guessed}
     items.sort(key=lambda item: -length[groups[item]])  # stable: file order within a group
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    try:
+        return (yield)
+    finally:
+        group = group_of(item.path)
+        if nextitem is None or group_of(nextitem.path) != group:
+            for stop in _AT_GROUP_END.pop(group, []):
+                stop()
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()
 
 
 def pytest_configure(config: pytest.Config) -> None:

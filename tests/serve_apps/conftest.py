@@ -26,6 +26,8 @@ import openai
 import pytest
 import yaml
 
+from tests.schedule_plugin import SERVE_GROUP, at_group_end
+
 APPS = Path(__file__).resolve().parents[2] / "serve_apps"
 PROXY_CALLBACK = "serve_apps.proxy_errors:middlewares"
 ATTEMPTS = 5  # `ray start` tries: Ray 2.60 waits a fixed 15 s for its dashboard agent
@@ -152,6 +154,7 @@ def served(tmp_path_factory, tiny_cfg) -> Served:
         cluster.deploy(cluster.config, tmp_path_factory.mktemp("serve") / "apps.yaml")
         cluster.model = tiny_cfg.serving.model_name
         cluster.urls = {a["name"]: cluster.url(a) for a in cluster.config["applications"]}
+        at_group_end(SERVE_GROUP, lambda: _stop(proc, temp))  # not idle through later groups
         yield cluster
     finally:
         _stop(proc, temp)
