@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 NODE_RESOURCES = {"head": {"verifier": 1}, "worker": {"drafter": 1}}
 """Custom resources per node: cluster.yaml's `gpu_verifier` and `gpu_drafter` node types."""
 STARTED = "Ray runtime started."  # `ray start` prints it once the node is registered
+RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
+"""`ray`, from this interpreter's own environment (no activated venv, no `ray` on PATH needed)."""
 _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None
 
 
@@ -117,7 +119,7 @@ def _node_env() -> dict[str, str]:
     env.pop("RAY_ADDRESS", None)
     env.setdefault("RAY_AUTH_MODE", "disabled")
     if env["RAY_AUTH_MODE"] == "token":
-        subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True,
+        subprocess.run([*RAY_CLI, "get-auth-token", "--generate"], env=env, check=True,
                        capture_output=True)
     return env
 
@@ -135,7 +137,7 @@ def _start(name: str, env: dict[str, str], num_cpus: int, args: list[str]) -> _N
     ports = [f"--{k}={_free_port()}" for k in (  # two nodes on one machine: none of the defaults
         "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
         "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
-    cmd = ["ray", "start", "--block", *args, f"--temp-dir={temp}", f"--num-cpus={num_cpus}",
+    cmd = [*RAY_CLI, "start", "--block", *args, f"--temp-dir={temp}", f"--num-cpus={num_cpus}",
            "--num-gpus=0", f"--resources={json.dumps(NODE_RESOURCES[name])}",
            f"--object-store-memory={1 << 30}", *ports]
     with open(temp / "ray_start.log", "w") as out:

@@ -11,7 +11,7 @@ from peftbd.config import load_config
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_world):
+def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_world, monkeypatch):
     import ray
     from ray.util.state import list_actors
 
@@ -23,6 +23,9 @@ def test_cross_node_placement_runs_on_a_local_two_node_cluster(tmp_path, tiny_wo
         "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
         "serving.client_concurrency=[1]", "serving.placement_methods=[ar, peftbd]",
         "serving.placements=[split-cross-node]"])
+    # no `ray` on PATH, as for `<venv>/bin/python -m jobs.placement --local-cluster` with no venv
+    # activated: the nodes start from this interpreter's own Ray
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     with local_cluster(dashboard=True) as cluster:  # the state API below needs the dashboard
         try:
             init_ray()  # joins the cluster through its RAY_ADDRESS
