@@ -177,7 +177,7 @@ ENGINE_SPEED = StageSpec(
     code=("peftbd.decoding", "peftbd.models", "peftbd.cost_model", "peftbd.data.sources",
           "peftbd.data.content_hash", "peftbd.data.chat", "peftbd.tiny_world",
           "peftbd.peers", "peftbd.data.artifact", "peftbd.benchmarking.prompts",
-          "peftbd.benchmarking.references",
+          "peftbd.benchmarking.references", "peftbd.benchmarking.interleaved",
           "peftbd.benchmarking.engine_speed"),
     command="python -m peftbd.benchmarking.engine_speed",
 )
@@ -193,7 +193,8 @@ def peer_stage() -> StageSpec:
         reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
                *method_sections(), "cost_profile.architecture", "training.seed"),
         code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
-              "peftbd.tiny_world", "peftbd.methods", "peftbd.peers", "peftbd.benchmarking.peer",
+              "peftbd.tiny_world", "peftbd.methods", "peftbd.peers", "peftbd.benchmarking.interleaved",
+              "peftbd.benchmarking.peer",
               "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer", "jobs.peer"),
         command="python -m jobs.peer",
     )

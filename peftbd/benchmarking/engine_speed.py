@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
 from peftbd.config import EMBEDDED_TINY, Config
+from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.references import hf_generate
 from peftbd.cost_model import oracle_from_metrics
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
@@ -39,25 +40,6 @@ from peftbd.stage import StageCall, StageInputs
 
 PEFTBD = "peftbd"
 """speed.json's key of its PEFT-BD run (this check's own format, not an arm id)."""
-
-
-def interleaved_timing(arms: Mapping[str, Callable[[list[int]], list[int]]],
-                       prompts: Sequence[list[int]], repeats: int, clock: Clock,
-                       ) -> tuple[dict[str, list[list[int]]], dict[str, list[list[float]]]]:
-    """Per repeat, each prompt is decoded by every arm back to back (the arm order rotating per
-    prompt), so load drift on a shared machine hits all arms alike. Returns per arm the outputs
-    (last repeat) and seconds[repeat][prompt]."""
-    names = list(arms)
-    outputs: dict[str, list[list[int]]] = {name: [[] for _ in prompts] for name in names}
-    seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
-    for rep in range(repeats):
-        for i, ids in enumerate(prompts):
-            for j in range(len(names)):
-                name = names[(i + j) % len(names)]
-                start = clock.now()
-                outputs[name][i] = arms[name](ids)
-                seconds[name][rep][i] = clock.now() - start
-    return outputs, seconds
 
 
 def run(cfg: Config) -> dict[str, Any]:

@@ -31,8 +31,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel
 
+from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.peer_schema import ArmRun, PeerTable, ShapeRow
-
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding import DecodeResult, SpeculativeDecoder, compare
@@ -103,23 +103,6 @@ def _ours_steps(results: Sequence[DecodeResult]) -> tuple[int, float]:
             sum(r.forward_seconds.get(m, 0.0) for r in results for m in VERIFIER_MODES))
 
 
-class StepCount:
-    """Counts a decoder's engine steps at batch B (each batched prefill and each batched round),
-    wrapping its `start_many` and `step_many` on the instance."""
-
-    def __init__(self, decoder: SpeculativeDecoder) -> None:
-        self.steps = 0
-        for name in ("start_many", "step_many"):
-            inner = getattr(decoder, name)
-            setattr(decoder, name, self._counted(inner))
-
-    def _counted(self, inner: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.steps += 1
-            return inner(*args, **kwargs)
-        return counted
-
-
 def _best(runs: Sequence[ArmRun]) -> ArmRun:
     return max(runs, key=lambda r: r.tokens_per_s)
 
@@ -149,26 +132,16 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     # warm-up: one prompt each, and one batched pass each (allocations, lazy init, graphs)
     ours_ar.decode(prompts[0]), ours_pl.decode(prompts[0]), vllm(peer_ar, prompts[:1]), vllm(peer_ngram, prompts[:1])
     ours_ar.decode_many(prompts[:B], B), vllm(peer_ar, prompts[:B])
-    counter = StepCount(ours_ar)
+    arms: dict[str, Callable[[list[int]], Any]] = {
+        "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
+        "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
     runs: dict[str, list[ArmRun]] = {}
-    outputs: dict[str, list[list[int]]] = {}
     for _ in range(settings.repeats):
-        one: dict[str, list[Any]] = {k: [] for k in ("ours_ar", "vllm_ar", "ours_pl", "vllm_ngram")}
-        secs = dict.fromkeys(one, 0.0)
-        arms: dict[str, Callable[[list[int]], Any]] = {
-            "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
-            "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
-        names = list(arms)
-        for i, ids in enumerate(prompts):
-            for j in range(len(names)):
-                arm = names[(i + j) % len(names)]
-                start = clock.now()
-                one[arm].append(arms[arm](ids))
-                secs[arm] += clock.now() - start
-        ours = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")}
-        theirs = {k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
-        outputs.update(ours | theirs)
-        count = {k: sum(map(len, v)) for k, v in (ours | theirs).items()}
+        one, seconds = interleaved_timing(arms, prompts, 1, clock)
+        secs = {k: sum(v[0]) for k, v in seconds.items()}
+        outputs = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")} | {
+            k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
+        count = {k: sum(map(len, v)) for k, v in outputs.items()}
         runs.setdefault("ours_ar_b1", []).append(
             _run(count["ours_ar"], secs["ours_ar"], None, *_ours_steps(one["ours_ar"])))
         runs.setdefault("vllm_ar_b1", []).append(
@@ -180,11 +153,10 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
             _run(count["vllm_ngram"], secs["vllm_ngram"],
                  _vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
                  sum(o.steps for o in one["vllm_ngram"])))
-        start = clock.now()  # batch B: the arms take turns per pass
-        before = counter.steps
+        start, before = clock.now(), ours_ar.verifier_steps  # batch B: the arms take turns per pass
         got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
         runs.setdefault(f"ours_ar_b{B}", []).append(
-            _run(sum(map(len, got)), clock.now() - start, None, counter.steps - before))
+            _run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
         start = clock.now()
         batched = vllm(peer_ar, prompts)
         runs.setdefault(f"vllm_ar_b{B}", []).append(

@@ -26,6 +26,8 @@ class SpeculativeDecoder:
     see `peftbd.decoding.verify.advance`), or `step` / `step_many` for both. Every single-request
     method is its batched twin called with one row: batch 1 is the same code path.
     `fast_path`: verify with the compiled forward (`peftbd.decoding.fast_path`; `fast.compile_s`).
+    `verifier_steps` counts the verifier's batched forwards (each batched prefill and each batched
+    verify: the engine steps a scheduler such as vLLM's counts).
     """
 
     def __init__(self, model: torch.nn.Module, drafter: Drafter | None = None,
@@ -35,6 +37,7 @@ class SpeculativeDecoder:
         self.eos_ids = tuple(eos_ids)
         self.max_new_tokens = max_new_tokens
         self.fast = FastVerify(model_device(model)) if fast_path else None
+        self.verifier_steps = 0
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
               sampling: SamplingParams | None = None) -> DecodeState:
@@ -51,6 +54,7 @@ class SpeculativeDecoder:
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
                               self.eos_ids, self.drafter.feature_layers,
                               per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"))
+        self.verifier_steps += 1
         for state in states:
             self.drafter.start(state)
         return states
@@ -73,6 +77,7 @@ class SpeculativeDecoder:
     def verify_many(self, states: Sequence[DecodeState],
                     drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
         """`verify` of several requests in one batched forward; each accepts its own prefix."""
+        self.verifier_steps += 1
         return verify_rows(self.model, states, drafts, self.fast)
 
     def step(self, state: DecodeState) -> RoundMetrics:

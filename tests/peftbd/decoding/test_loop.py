@@ -122,6 +122,18 @@ def test_decoder_reuses_across_requests(verifier, prompts, eos, ar_outputs):
     assert [decoder.decode(ids).tokens for _, ids in prompts] == [ar_outputs[p] for p, _ in prompts]
 
 
+def test_verifier_steps_count_batched_prefills_and_verifies(verifier, prompts, eos):
+    """One step per batched forward, as a scheduler counts them: at batch 1 a request's prefill
+    and its rounds; with every request at once, one prefill and the longest request's rounds."""
+    ids = [p for _, p in prompts]
+    one = SpeculativeDecoder(verifier, None, eos, 12)
+    results = [one.decode(p) for p in ids]
+    assert one.verifier_steps == sum(1 + len(r.rounds) for r in results)
+    together = SpeculativeDecoder(verifier, None, eos, 12)
+    batched = together.decode_many(ids, len(ids))
+    assert together.verifier_steps == 1 + max(len(r.rounds) for r in batched)
+
+
 def _stop_token_inside(truth: list[int], at: int) -> int:
     """A token of `truth` first seen at index `at` or later (taken as the request's EOS)."""
     for i in range(at, len(truth)):
