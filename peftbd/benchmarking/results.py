@@ -59,26 +59,15 @@ def build_results(cfg: Config, prompt_set: PromptSet, shards: Sequence[ShardResu
                                 {s.id: decodes_of(shards, s.id, sampled) for s in specs},
                                 [p for shard in shards for p in shard.sampled]),
         config=cfg.to_dict(),
-        references=merged_references([s.references for s in shards]),
+        references=reference_rows(shards[0].references),  # the first shard checks them
     )
 
 
-def merged_references(per_shard: Sequence[Sequence[ReferenceCheck]]) -> list[Reference]:
-    """Each reference engine's checks over every shard's sample, in the engines' order; an
-    engine absent on any shard is absent (with that shard's reason)."""
-    out: dict[str, Reference] = {}
-    for checks in per_shard:
-        for c in checks:
-            seen = out.get(c.engine)
-            if seen is None or c.absent is not None:
-                out[c.engine] = Reference(engine=c.engine, checked=c.checked,
-                                          identical=c.identical, mismatches=list(c.mismatches),
-                                          absent=c.absent, version=c.version)
-            elif seen.absent is None:
-                out[c.engine] = seen.model_copy(update={
-                    "checked": seen.checked + c.checked, "identical": seen.identical + c.identical,
-                    "mismatches": [*seen.mismatches, *c.mismatches]})
-    return list(out.values())
+def reference_rows(checks: Sequence[ReferenceCheck]) -> list[Reference]:
+    """The reference checks as results.json rows, in the engines' order."""
+    return [Reference(engine=c.engine, checked=c.checked, identical=c.identical,
+                      mismatches=list(c.mismatches), absent=c.absent, version=c.version)
+            for c in checks]
 
 
 def stage_stats(driver: dict[str, Any], shards: Sequence[ShardResult]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from peftbd.analysis.references import describe
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.references import ReferenceCheck, reference_checks
-from peftbd.benchmarking.results import merged_references
+from peftbd.benchmarking.results import reference_rows
 from peftbd.config import EMBEDDED_TINY
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding import Mismatch, SpeculativeDecoder
@@ -65,12 +65,11 @@ def test_vllm_absent_is_said_not_skipped(tiny_cfg, world, monkeypatch, tmp_path)
         vllm_python.cache_clear()
     assert [c.engine for c in checks] == ["hf_generate", "vllm"]
     assert checks[1].checked == 0 and "scripts/install.sh --with-vllm" in checks[1].absent
-    assert describe(merged_references([checks])[1]).startswith("vLLM: did not run (")
+    assert describe(reference_rows(checks)[1]).startswith("vLLM: did not run (")
 
 
-def test_shards_merge_per_engine():
+def test_a_row_says_how_many_were_identical_and_where_one_differed():
     m = Mismatch("p3", 7, 1, 2, 0.0004)
-    merged = merged_references([[ReferenceCheck("hf_generate", 2), ReferenceCheck("vllm", 2, [m], version="0.32.0")],
-                                [ReferenceCheck("hf_generate", 3), ReferenceCheck("vllm", 3, version="0.32.0")]])
-    assert [(r.engine, r.checked, r.identical) for r in merged] == [("hf_generate", 5, 5), ("vllm", 5, 4)]
-    assert describe(merged[1]) == "vLLM 0.32.0: 4/5 identical (p3 from token 7, top-2 margin 0.0004)"
+    rows = reference_rows([ReferenceCheck("hf_generate", 5), ReferenceCheck("vllm", 5, [m], version="0.32.0")])
+    assert [(r.engine, r.checked, r.identical) for r in rows] == [("hf_generate", 5, 5), ("vllm", 5, 4)]
+    assert describe(rows[1]) == "vLLM 0.32.0: 4/5 identical (p3 from token 7, top-2 margin 0.0004)"
