@@ -20,13 +20,13 @@ A request without a seed gets a random one when it starts.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar, cast
 
+import numpy as np
 import torch
 
 _ACCEPT, _DRAW = 0, 1  # the two streams of draws
@@ -106,10 +106,20 @@ def target_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     return logits.softmax(-1)
 
 
-def uniform(seed: int, index: int, stream: int) -> float:
-    """A uniform in [0, 1) (52 random bits) that depends only on its arguments."""
-    digest = hashlib.blake2b(f"{seed}:{index}:{stream}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 12) * 2.0 ** -52
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping arithmetic): a bijection that scatters bits."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seeds: Sequence[int], index: np.ndarray, stream: int) -> np.ndarray:
+    """Uniforms in [0, 1) (53 random bits), one per entry of `index` (R, W): row r's entry j
+    depends only on (seeds[r], index[r, j], stream)."""
+    key = _mix(np.array([s % 2**64 for s in seeds], dtype=np.uint64)
+               + np.uint64(0x9E3779B97F4A7C15 * (stream + 1) % 2**64))
+    bits = _mix(key[:, None] ^ _mix(index.astype(np.uint64)))
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def accepts(u: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
@@ -133,10 +143,10 @@ def lossless_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     lengths = torch.tensor([len(d) for d in drafts], device=device)
     has_draft = torch.arange(width, device=device) < lengths.unsqueeze(1)
 
-    def draws(stream: int) -> torch.Tensor:
-        return torch.tensor([[uniform(seed, n + j, stream) if j <= len(d) else 0.0 for j in range(width)]
-                             for seed, d, n in zip(seeds, drafts, generated)],
-                            dtype=torch.float64, device=device)
+    index = np.asarray(generated, dtype=np.int64)[:, None] + np.arange(width)  # the output token
+
+    def draws(stream: int) -> torch.Tensor:  # slots past a row's draft + 1 are padding
+        return torch.from_numpy(uniforms(seeds, index, stream)).to(device)
 
     residual = torch.where(has_draft.unsqueeze(-1), probs.scatter(-1, draft, 0.0), probs)
     cdf = residual.cumsum(-1, dtype=torch.float64)

@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -227,8 +228,8 @@ def _accept_every_draft(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _shared_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The trap issue 36 cites (vLLM #54282): the residual draw reuses the test's uniform."""
-    uniform = sampling.uniform
-    monkeypatch.setattr(sampling, "uniform", lambda seed, index, stream: uniform(seed, index, 0))
+    uniforms = sampling.uniforms
+    monkeypatch.setattr(sampling, "uniforms", lambda seeds, index, stream: uniforms(seeds, index, 0))
 
 
 def _unnormalised_residual(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,6 +263,18 @@ def test_the_fast_path_samples_as_the_eager_forward(micro):
         fast.fast._graph = _verify_graph  # the graph uncompiled: the fast branch without compiling
         want = [r.tokens for r in eager.decode_many([PROMPT] * 6, 6, 12, params)]
         assert [r.tokens for r in fast.decode_many([PROMPT] * 6, 6, 12, params)] == want, name
+
+
+def test_draws_depend_only_on_seed_index_and_stream_and_are_uniform():
+    index = np.arange(6).reshape(2, 3) + 10
+    both = sampling.uniforms([5, 2**70 + 9], index, 0)
+    assert (both[:1] == sampling.uniforms([5], index[:1], 0)).all()  # whatever the batch
+    assert (both[1:] == sampling.uniforms([2**70 + 9], index[1:], 0)).all()
+    assert not np.isin(both, sampling.uniforms([5, 2**70 + 9], index, 1)).any()  # streams differ
+    many = sampling.uniforms(range(400), np.arange(250)[None].repeat(400, 0), 0).ravel()
+    assert 0 <= many.min() and many.max() < 1
+    counts = np.bincount((many * 20).astype(int), minlength=20)  # chi-square, 19 dof: p ~ 1e-6
+    assert ((counts - len(many) / 20) ** 2 / (len(many) / 20)).sum() < 60, counts
 
 
 def test_the_rule_never_keeps_a_filtered_draft_and_always_a_certain_one():
