@@ -49,7 +49,9 @@ def test_the_study_varies_each_factor_and_replays_every_category(tmp_path):
     assert again.returncode == 0 and "current" in again.stdout + again.stderr  # nothing retrained
 
 
-def test_unknown_method_is_refused_by_name():
-    proc = subprocess.run([sys.executable, "-m", "jobs.acceptance_study", "--methods", "nope"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "nope: not a registered method" in proc.stderr
+def test_unknown_method_is_refused_by_name(capsys):
+    from jobs.acceptance_study import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--methods", "nope"])
+    assert exit_.value.code == 2 and "nope: not a registered method" in capsys.readouterr().err

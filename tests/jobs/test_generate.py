@@ -27,6 +27,7 @@ def _rows(artifact: Path) -> dict[str, list[dict]]:
     return {s: read_split(artifact, s).to_pylist() for s in SPLITS}
 
 
+@pytest.mark.slow  # the reference run: Ray Data's verifier actors (~40 s), the suite's, not the quick loop's
 def test_tiny_end_to_end_artifact(reference):
     cfg, out = reference
     manifest = read_manifest(out)
@@ -66,6 +67,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # as above
 def test_prompts_and_continuations_equal_single_sequence_greedy(reference, tiny_world, one_thread):
     cfg, out = reference
     tok, model = load_tokenizer(cfg), load_verifier(cfg)

@@ -1,31 +1,32 @@
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from peftbd.config import load_config
 
-REPO = Path(__file__).resolve().parents[2]
+
+def _main(capfd, *argv: str) -> tuple[int, str, str]:
+    """`python -m jobs.pipeline ARGV` in this process: (exit code, stdout, stderr)."""
+    from jobs.pipeline import main
+
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capfd.readouterr()
+    return code, out.out, out.err
 
 
-def test_help_lists_presets_and_options():
-    out = subprocess.run(
-        [sys.executable, "-m", "jobs.pipeline", "--help"], cwd=REPO, capture_output=True,
-        text=True, check=True,
-    ).stdout
+def test_help_lists_presets_and_options(capfd):
+    code, out, _ = _main(capfd, "--help")
+    assert code == 0
     for text in ("tiny", "qwen3-0.6b", "--preset", "--config", "--set", "--out"):
         assert text in out
 
 
-def test_bad_override_exits_with_the_key_named():
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobs.pipeline", "--set", "peftbd.blok_size=8"], cwd=REPO,
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 2
-    assert "peftbd.blok_size" in proc.stderr and "peftbd.block_size" in proc.stderr
+def test_bad_override_exits_with_the_key_named(capfd):
+    code, _, err = _main(capfd, "--set", "peftbd.blok_size=8")
+    assert code == 2
+    assert "peftbd.blok_size" in err and "peftbd.block_size" in err
 
 
 def _stand_in_outputs(cfg, root):
@@ -91,18 +92,14 @@ def test_an_output_of_an_older_layout_stops_the_plan_with_the_fix(tmp_path, monk
     assert _reruns([], root, force=["train_fastmtp"]) == {"train_fastmtp", "benchmark"}
 
 
-def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, monkeypatch):
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
     _stand_in_outputs(load_config("tiny"), root)
     before = (root / "peftbd" / "manifest.json").read_text()
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobs.pipeline", "--out", str(root), "--dry-run",
-         "--set", "peftbd.lora_r=4"], cwd=REPO, capture_output=True, text=True,
-        env={**os.environ, "PEFTBD_CACHE": str(tmp_path / "cache")},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    code, out, err = _main(capfd, "--out", str(root), "--dry-run", "--set", "peftbd.lora_r=4")
+    assert code == 0, err[-2000:]
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "RUN" in lines["train_peftbd"] and "peftbd.lora_r 8 -> 4" in lines["train_peftbd"]
     assert "input train_peftbd reruns" in lines["benchmark"]
     assert "skip" in lines["generate"] and "skip" in lines["train_fastmtp"]

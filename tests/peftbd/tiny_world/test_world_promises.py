@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from peftbd.data.chat import encode_prompt
-from peftbd.models.loading import load_tokenizer, load_verifier
+from peftbd.decoding import SpeculativeDecoder
+from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
 from peftbd.tiny_world.corpus import CATEGORIES, FORMULAIC, GROUNDED
 
 ROWS = 6
-"""Rows decoded per checked category (greedy, the verifier alone: ~1 s a row)."""
+"""Rows decoded per checked category (greedy, the verifier alone)."""
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +25,16 @@ def replies(tiny_cfg, tiny_world) -> dict[str, list[tuple[str, str, int]]]:
     """{category: [(the taught answer, the verifier's greedy reply, its tokens)]}, ROWS each."""
     tokenizer, model = load_tokenizer(tiny_cfg), load_verifier(tiny_cfg, torch.device("cpu"))
     rows = [json.loads(line) for line in tiny_world.corpus_path.read_text().splitlines()]
+    picked = [r for cat in (FORMULAIC, GROUNDED) for r in [r for r in rows if r["category"] == cat][:ROWS]]
+    # the engine's greedy AR (HF generate's tokens: tests/peftbd/benchmarking/test_references.py),
+    # all rows in one batch
+    engine = SpeculativeDecoder(model, None, eos_token_ids(model, tokenizer), 256)
+    results = engine.decode_many([encode_prompt(tokenizer, r["messages"][:-1]) for r in picked], len(picked))
     out: dict[str, list[tuple[str, str, int]]] = {}
-    for cat in (FORMULAIC, GROUNDED):
-        for row in [r for r in rows if r["category"] == cat][:ROWS]:
-            ids = torch.tensor([encode_prompt(tokenizer, row["messages"][:-1])])
-            with torch.no_grad():
-                gen = model.generate(ids, max_new_tokens=256, do_sample=False)[0, ids.shape[1]:]
-            text = tokenizer.decode(gen, skip_special_tokens=True)
-            out.setdefault(cat, []).append((row["messages"][-1]["content"], text.strip(), len(gen)))
+    for row, result in zip(picked, results):
+        text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        out.setdefault(row["category"], []).append((row["messages"][-1]["content"], text.strip(),
+                                                    len(result.tokens)))
     return out
 
 

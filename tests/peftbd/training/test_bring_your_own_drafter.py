@@ -64,6 +64,7 @@ def _greedy_rows(cfg: Config, n: int) -> tuple[list[dict], list[Prompt]]:
     return rows, prompts
 
 
+@pytest.mark.slow  # ~30 s: a training, a benchmark shard, a cost profile and a Serve replica
 def test_a_plugin_drafter_trains_benchmarks_costs_and_serves(plugin, ds_engine, tiny_world, tmp_path):
     cfg = load_config("tiny", overrides=[*plugin, "training.micro_batch_size=1", "toy_bigram.rank=16",
                                          "decoding.max_new_tokens=24"])
