@@ -1,13 +1,15 @@
 """Which worker runs what, and in which order, under pytest-xdist (`--dist=loadgroup`,
 pyproject.toml): each test file is one group, run whole on one worker, so its module fixtures are
-built once; every Serve test is in one group, so one local Serve cluster serves them all.
+built once; every Serve test is in one group, so one local Serve cluster serves them all, and
+so are files that share a per-process fixture (`SHARED`).
 
 Groups are handed out longest first (the LPT rule: the long ones start while there is still short
-work to fill the other worker, so no long group runs alone at the end). A group's length is its
-summed test time in the last whole-suite run on this machine (`test_durations.json` in the cache
-dir, beside the budget ledger, written by the controller at the end of such a run), else the one
-committed beside this file (a fresh machine: a run on the developers' box); a group in neither
-(a new file) counts one minute per `slow` test in it.
+work to fill the other worker, so no long group runs alone at the end). A group's length is the
+summed time of its selected tests (so the quick loop orders by its own tests, not the files'
+slow ones) in the last whole-suite run on this machine (`test_durations.json` in the cache dir,
+beside the budget ledger, written by the controller at the end of such a run), else in the one
+committed beside this file (a fresh machine: a run on the developers' box); a test in neither
+counts one minute if `slow`, else nothing.
 
 Nothing a group starts outlives it on its worker: when a worker's next test is in another group,
 the Ray this process joined is shut down (jobs' functions call `init_ray` and leave it to the
@@ -46,18 +48,26 @@ def durations_path() -> Path:
     return ledger_path().parent / DURATIONS
 
 
+SHARED = {"tests/jobs/test_generate.py": "generate-reference",
+          "tests/jobs/test_generate_resume.py": "generate-reference"}
+"""Files run as one group because they share a per-process fixture (tests/jobs/conftest.py's
+reference generate run)."""
+
+
 def group_of(path: Path) -> str:
-    """The xdist group of a test file: the Serve cluster's, else the file itself."""
+    """The xdist group of a test file: the Serve cluster's, a SHARED group, else the file."""
     path = path.resolve()
     if not path.is_relative_to(REPO):  # a stand-in suite (the plugin's own tests)
         return str(path)
     rel = path.relative_to(REPO)
-    return SERVE_GROUP if rel.parts[:2] == ("tests", "serve_apps") else str(rel)
+    if rel.parts[:2] == ("tests", "serve_apps"):
+        return SERVE_GROUP
+    return SHARED.get(rel.as_posix(), str(rel))
 
 
 def recorded() -> dict[str, float]:
-    """{group: seconds} of the last whole-suite run here, else the committed one's; empty if
-    neither can be read."""
+    """{test node id: seconds} of the last whole-suite run here, else the committed one's; empty
+    if neither can be read."""
     for path in (durations_path(), Path(__file__).with_name(DURATIONS)):
         try:
             data = json.loads(path.read_text())
@@ -71,13 +81,13 @@ def recorded() -> dict[str, float]:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     known = recorded()
-    guessed: dict[str, float] = defaultdict(float)
+    length: dict[str, float] = defaultdict(float)
     groups = {}
     for item in items:
         groups[item] = group = group_of(item.path)
         item.add_marker(pytest.mark.xdist_group(group))
-        guessed[group] += UNRECORDED_SLOW_S if item.get_closest_marker("slow") else 0.0
-    length = {g: known.get(g, guessed[g]) for g in guessed}
+        guess = UNRECORDED_SLOW_S if item.get_closest_marker("slow") else 0.0
+        length[group] += known.get(item.nodeid, guess)  # the selected tests' times, not the file's
     items.sort(key=lambda item: -length[groups[item]])  # stable: file order within a group
 
 
@@ -100,16 +110,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class GroupTimes:
-    """Each group's summed setup, call and teardown time (the controller hears every worker's
-    reports), written after a whole suite that ran to its end."""
+    """Each test's setup, call and teardown time (the controller hears every worker's reports),
+    written after a whole suite that ran to its end."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.spent: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        path, _, group = report.nodeid.partition("@")
-        self.spent[group or group_of(REPO / path.split("::")[0])] += report.duration
+        self.spent[report.nodeid.partition("@")[0]] += report.duration  # xdist adds "@<group>"
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput") or exitstatus not in ENDED:

@@ -27,9 +27,17 @@ def local_ray(tiny_world):
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def reference_dir(tmp_path_factory) -> Path:
+    """Where this test process keeps the reference run: test_generate.py and
+    test_generate_resume.py share it (one xdist group, tests/schedule_plugin.py)."""
+    return tmp_path_factory.mktemp("gen") / "ref"
+
+
 @pytest.fixture(scope="module")
-def reference(local_ray, tmp_path_factory) -> tuple[Config, Path]:
+def reference(local_ray, reference_dir) -> tuple[Config, Path]:
     """An uninterrupted run on the first GENERATE_LIMIT corpus rows, two actors (the other runs
-    use one: each actor start imports torch and transformers, slow on a busy 2-core machine)."""
+    use one: each actor start imports torch and transformers, slow on a busy 2-core machine).
+    Built once per test process: the stage contract skips a finished run of the same inputs."""
     cfg = load_config("tiny", overrides=GENERATE_OVERRIDES)
-    return cfg, run_generate(cfg, tmp_path_factory.mktemp("gen") / "ref", limit=GENERATE_LIMIT)
+    return cfg, run_generate(cfg, reference_dir, limit=GENERATE_LIMIT)
