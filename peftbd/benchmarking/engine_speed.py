@@ -6,6 +6,8 @@ On the same prompts (the first `decoding.num_prompts` corpus prompts, batch 1, E
 
 - greedy AR through the engine vs HF `generate(do_sample=False)`: output tokens/s, both timed
   end to end per prompt (prefill included) with the same synchronizing clock, outputs compared;
+  the engine's arms on `decoding.fast_path`'s path (`paths`, and `compile_s` apart from the
+  timing: the warm-up compiles);
 - PEFT-BD with an untrained adapter (`drafter.*` settings): draft ms / verify ms per round and
   per forward, acceptance, exactness vs AR, and the draft-cost oracle against the measured AR.
 
@@ -54,10 +56,11 @@ def run(cfg: Config) -> dict[str, Any]:
     prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), cfg.decoding.num_prompts,
                             cfg.data.max_prompt_len)
     budget, clock = cfg.decoding.max_new_tokens, Clock(model_device(verifier))
-    engine_ar = SpeculativeDecoder(verifier, None, eos, budget)
+    fast = cfg.decoding.fast_path  # both engine arms on the same path (HF generate: its own)
+    engine_ar = SpeculativeDecoder(verifier, None, eos, budget, fast_path=fast)
     drafter = PeftBDDrafter(peft_model, tokenizer.mask_token_id, cfg.peftbd.block_size,
                             cfg.peftbd.denoise_steps, cfg.peftbd.anchored)
-    engine_bd = SpeculativeDecoder(peft_model, drafter, eos, budget)
+    engine_bd = SpeculativeDecoder(peft_model, drafter, eos, budget, fast_path=fast)
     bd_results = []
 
     def hf(ids: list[int]) -> list[int]:
@@ -80,6 +83,11 @@ def run(cfg: Config) -> dict[str, Any]:
     return {
         "prompts": len(prompts), "max_new_tokens": budget, "repeats": cfg.decoding.repeats,
         "torch_threads": torch.get_num_threads(), "device": str(clock.device),
+        # which path each arm ran: the engine's verify compiled (`decoding.fast_path`), the
+        # compile time apart (warm-up), or eager; HF generate always eager
+        "paths": {"hf_generate": "eager", **{name: "fast" if fast else "eager" for name in ("engine_ar", PEFTBD)}},
+        "compile_s": {"engine_ar": engine_ar.fast.compile_s if engine_ar.fast else 0.0,
+                      PEFTBD: engine_bd.fast.compile_s if engine_bd.fast else 0.0},
         "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "tokens_per_s_best": best_tps,
         "new_tokens": tokens,
         "engine_ar_vs_hf": mean_tps["engine_ar"] / mean_tps["hf_generate"],
