@@ -194,7 +194,7 @@ def peer_stage() -> StageSpec:
                *method_sections(), "cost_profile.architecture", "training.seed"),
         code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
               "peftbd.tiny_world", "peftbd.methods", "peftbd.peers", "peftbd.benchmarking.interleaved",
-              "peftbd.benchmarking.peer",
-              "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer", "jobs.peer"),
+              "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer",
+              "jobs.peer"),
         command="python -m jobs.peer",
     )

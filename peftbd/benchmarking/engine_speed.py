@@ -80,14 +80,14 @@ def run(cfg: Config) -> dict[str, Any]:
     # best of the repeats per prompt: the least disturbed timing on a shared machine
     best_tps = {name: tokens[name] / sum(map(min, zip(*secs))) for name, secs in seconds.items()}
     bd = summarize(bd_results)
+    engines = {"engine_ar": engine_ar, PEFTBD: engine_bd}
     return {
         "prompts": len(prompts), "max_new_tokens": budget, "repeats": cfg.decoding.repeats,
         "torch_threads": torch.get_num_threads(), "device": str(clock.device),
         # which path each arm ran: the engine's verify compiled (`decoding.fast_path`), the
         # compile time apart (warm-up), or eager; HF generate always eager
-        "paths": {"hf_generate": "eager", **{name: "fast" if fast else "eager" for name in ("engine_ar", PEFTBD)}},
-        "compile_s": {"engine_ar": engine_ar.fast.compile_s if engine_ar.fast else 0.0,
-                      PEFTBD: engine_bd.fast.compile_s if engine_bd.fast else 0.0},
+        "paths": {"hf_generate": "eager", **{n: "fast" if e.fast else "eager" for n, e in engines.items()}},
+        "compile_s": {n: e.fast.compile_s if e.fast else 0.0 for n, e in engines.items()},
         "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "tokens_per_s_best": best_tps,
         "new_tokens": tokens,
         "engine_ar_vs_hf": mean_tps["engine_ar"] / mean_tps["hf_generate"],

@@ -16,15 +16,14 @@ def interleaved_timing(arms: Mapping[str, Callable[[list[int]], T]], prompts: Se
     """Per repeat, each prompt is decoded by every arm back to back (the arm order rotating per
     prompt). Returns per arm what it returned per prompt (last repeat) and seconds[repeat][prompt]."""
     names = list(arms)
-    outputs: dict[str, list[T]] = {name: [] for name in names}
+    outputs: dict[str, list[T]] = {}
     seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
     for rep in range(repeats):
-        last: dict[str, list[T]] = {name: [] for name in names}
+        outputs = {name: [] for name in names}
         for i, ids in enumerate(prompts):
             for j in range(len(names)):
                 name = names[(i + j) % len(names)]
                 start = clock.now()
-                last[name].append(arms[name](ids))
+                outputs[name].append(arms[name](ids))
                 seconds[name][rep][i] = clock.now() - start
-        outputs = last
     return outputs, seconds
