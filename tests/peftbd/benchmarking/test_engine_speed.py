@@ -25,6 +25,9 @@ def test_speed_check_writes_exact_comparisons(tmp_path, capsys):
 
 @pytest.mark.slow  # compiles the verify graph (~15-30 s on 2 cores)
 def test_the_fast_path_switch_reaches_both_engine_arms(tmp_path):
+    import torch
+
+    torch._dynamo.reset()  # dynamo's graph cache is per process: another test may have compiled it
     out = tmp_path / "speed"
     main(["--preset", "tiny", "--out", str(out), "--set", "decoding.num_prompts=1",
           "--set", "decoding.repeats=1", "--set", "decoding.max_new_tokens=4",
