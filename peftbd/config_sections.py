@@ -185,6 +185,9 @@ class HeadConfig:
     feature_rule: Literal["three", "per_layer"]  # peftbd.models.bd_head.feature_layers
     # the chunk: block = [b, D masks] drafts D tokens; block_minus_one = [b, D-1 masks], D-1 (DFlash)
     block_masks: Literal["block", "block_minus_one"]
+    # the chunk's first token: its embedding fused with its predecessor's context (EAGLE/MTP) or,
+    # false, its plain embedding (DFlash; what vLLM's dflash drafter runs)
+    anchor_fusion: bool
     draft_vocab: NonNegativeInt  # > 0: a second arm drafts over the artifact's N most frequent tokens
     prefix_gamma: Fraction  # the linear-prefix loss's discount per block position
     loss_decay: NonNegativeFloat  # 0 = prefix_gamma's loss; > 0 = DFlash's exp(-j / loss_decay)

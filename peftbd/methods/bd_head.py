@@ -93,5 +93,6 @@ METHOD = register(Method(
     former=Former(section="head", serving="peft-bd-head", dir_arg="head_dir"),
     profile_section=lambda cfg, vocab: dataclasses.replace(
         cfg.peftbd_head, draft_vocab=min(cfg.cost_profile.draft_vocab, vocab or cfg.cost_profile.draft_vocab)),
-    cost_reads=("block_size", "layers", "intermediate_size", "feature_rule", "block_masks"),
+    cost_reads=("block_size", "layers", "intermediate_size", "feature_rule", "block_masks",
+                "anchor_fusion"),
 ))

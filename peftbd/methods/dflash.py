@@ -81,5 +81,5 @@ METHOD = register(Method(
     profile_arms=profile_arms, positions=lambda cfg: drafted(cfg.dflash.block_masks, cfg.dflash.block_size),
     load=load, drafter=drafter, profile=profile, ships="features", feature_layers=feature_layers,
     replay=replay,
-    cost_reads=("block_size", "intermediate_size", "feature_rule", "block_masks"),
+    cost_reads=("block_size", "intermediate_size", "feature_rule", "block_masks", "anchor_fusion"),
 ))

@@ -10,9 +10,9 @@ into that layer's cache once per committed position (DFlash's KV injection; no a
 runs over the context).
 
 Block. The chunk `[b, m_1..m_K]` (b = the last committed token at position t, embedded by the
-verifier's table and fused with c_{t-1}, the context of the position that predicted it,
-W_f [RMSNorm(E b); c_{t-1}], as EAGLE and MTP fuse a token with its predecessor's hidden state;
-m = the head's learned mask embedding) runs
+verifier's table and, with `anchor_fusion`, fused with c_{t-1}, the context of the position that
+predicted it, W_f [RMSNorm(E b); c_{t-1}], as EAGLE and MTP fuse a token with its predecessor's
+hidden state, where DFlash embeds it plainly; m = the head's learned mask embedding) runs
 through the head's layers at positions t..t+K over [context KV | chunk] with PEFT-BD's draft
 pattern (`peftbd.models.peft_bd`: unanchored); the head's final norm and the verifier's LM head
 give the logits, chunk position j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so
@@ -21,8 +21,8 @@ training cuts blocks with the same code. The chunk's KV is cropped off afterward
 `HeadShape.drafted`.
 
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
-`parameters()`, `state_dict()` and `save_pretrained` hold only W_c, W_f, the layers, three
-norms and the mask embedding. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
+`parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, their norms, the
+mask embedding, and W_f and its norm with `anchor_fusion`. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
 (`draft_vocabulary`): their (N, d) rows are gathered once per drafter, and the argmax maps back
 to token ids.
 """
@@ -68,21 +68,22 @@ class HeadShape:
     feature_layers: tuple[int, ...]
     mask_id: int
     block_masks: str = "block"  # HeadConfig.block_masks
+    anchor_fusion: bool = True  # HeadConfig.anchor_fusion
 
     @classmethod
     def of(cls, cfg: HeadConfig, verifier_config, mask_id: int) -> HeadShape:
         """The shape `cfg` asks for on this verifier (0 = the verifier's MLP width)."""
         width = cfg.intermediate_size or int(verifier_config.intermediate_size)
         return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id,
-                   cfg.block_masks)
+                   cfg.block_masks, cfg.anchor_fusion)
 
     @classmethod
     def saved(cls, meta: dict) -> HeadShape:
         """The shape recorded in a saved head's json (`saved_head`; a head saved before
-        `block_masks` existed drafts whole blocks)."""
+        `block_masks` or `anchor_fusion` existed drafts whole blocks, its anchor fused)."""
         return cls(int(meta["layers"]), int(meta["intermediate_size"]),
                    tuple(meta["feature_layers"]), int(meta["mask_id"]),
-                   meta.get("block_masks", "block"))
+                   meta.get("block_masks", "block"), bool(meta.get("anchor_fusion", True)))
 
     def drafted(self, block_size: int) -> int:
         """Tokens this head drafts a round at its section's `block_size` (`drafted`)."""
@@ -141,11 +142,15 @@ def dflash_target_layers(depth: int, count: int) -> list[int]:
     """DFlash's target layers (z-lab/dflash `build_target_layer_ids`; 0-based decoder layers) for
     a head of `count` layers on a `depth`-layer verifier: the middle one for a single layer, else
     `count` evenly spaced from layer 1 to layer depth - 3 (28 layers, 5: [1, 7, 13, 19, 25]).
-    Under 4 layers, where DFlash has no rule, `count` evenly spaced over all of them; distinct."""
+    Under 4 layers, where DFlash has no rule, `count` evenly spaced over all but the last (a 2-layer
+    verifier: [0]), distinct: DFlash never reads the last layer, whose output transformers gives
+    after the final norm and vLLM before it."""
+    if depth < 4:
+        last = max(depth - 2, 0)
+        return sorted({round(i * last / max(count - 1, 1)) for i in range(count)})
     if count == 1:
         return [depth // 2]
-    first, last = (1, depth - 3) if depth >= 4 else (0, depth - 1)
-    return sorted({round(first + i * (last - first) / (count - 1)) for i in range(count)})
+    return sorted({round(1 + i * (depth - 4) / (count - 1)) for i in range(count)})
 
 
 def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
@@ -153,7 +158,7 @@ def feature_layers(cfg: HeadConfig, verifier_config) -> list[int]:
     `three` spreads three layers evenly from the first to the last (for a 2-layer verifier:
     [1, 2]); `per_layer` reads the output of each of DFlash's target layers (hidden_states index
     = `dflash_target_layers` + 1, as DFlash: Qwen3-0.6B, 5 layers: [2, 8, 14, 20, 26]; a 2-layer
-    verifier: [2] for 1 head layer, [1, 2] for more)."""
+    verifier: [1])."""
     depth = int(verifier_config.num_hidden_layers)
     if cfg.feature_rule == "per_layer":
         rule = [k + 1 for k in dflash_target_layers(depth, cfg.layers)]
@@ -198,8 +203,9 @@ class BDHead(nn.Module):
         self.verifier_shape = _verifier_shape(vcfg)
         self.project = nn.Linear(len(shape.feature_layers) * d, d, bias=False)
         self.context_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
-        self.anchor_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
-        self.fuse = nn.Linear(2 * d, d, bias=False)
+        if shape.anchor_fusion:
+            self.anchor_norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
+            self.fuse = nn.Linear(2 * d, d, bias=False)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i) for i in range(shape.layers))
         self.norm = Qwen3RMSNorm(d, eps=vcfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
@@ -239,11 +245,13 @@ class BDHead(nn.Module):
 
     def embed(self, chunk_ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Input embeddings of K chunks `chunk_ids` (B, K*(D+1)): the verifier's rows, the mask
-        embedding at masks, and each chunk's first token b fused with its predecessor's context
-        `anchor` (B, K, d): W_f [RMSNorm(E b); c_{t-1}] (see module doc)."""
+        embedding at masks, and, with `anchor_fusion`, each chunk's first token b fused with its
+        predecessor's context `anchor` (B, K, d): W_f [RMSNorm(E b); c_{t-1}] (see module doc)."""
         x = self._shared[0](chunk_ids)
         x = torch.where((chunk_ids == self.shape.mask_id).unsqueeze(-1),
                         self.mask_embedding.to(x.dtype), x)
+        if not self.shape.anchor_fusion:
+            return x
         b, k = anchor.shape[:2]
         x = x.view(b, k, -1, x.shape[-1])
         first = self.fuse(torch.cat([self.anchor_norm(x[:, :, 0]), anchor.to(x.dtype)], -1))
@@ -285,7 +293,8 @@ class BDHead(nn.Module):
         meta = {"format": FORMAT, "layers": self.shape.layers,
                 "intermediate_size": self.shape.intermediate_size,
                 "feature_layers": list(self.shape.feature_layers), "mask_id": self.shape.mask_id,
-                "block_masks": self.shape.block_masks, "verifier": self.verifier_shape}
+                "block_masks": self.shape.block_masks, "anchor_fusion": self.shape.anchor_fusion,
+                "verifier": self.verifier_shape}
         (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         return out_dir
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 
 class _Message(BaseModel):
@@ -19,6 +19,14 @@ class NgramSpec(_Message):
     num_tokens: int = Field(ge=1)
     min_ngram: int = Field(ge=1)
     max_ngram: int = Field(ge=1)
+
+
+class DflashSpec(_Message):
+    """vLLM's `dflash` proposer: a drafter directory (`peftbd.peers.dflash_export`) and the
+    tokens it drafts a round."""
+
+    model_dir: str
+    num_tokens: int = Field(ge=1)
 
 
 class Load(_Message):
@@ -34,7 +42,14 @@ class Load(_Message):
     """vLLM's `gpu_memory_utilization`: on CPU the share of RAM it reserves for the KV cache."""
     seed: int = 0
     ngram: NgramSpec | None = None
+    dflash: DflashSpec | None = None
     enforce_eager: bool = False
+
+    @model_validator(mode="after")
+    def _one_method(self) -> Load:
+        if self.ngram is not None and self.dflash is not None:
+            raise ValueError("ngram and dflash are both set: an engine runs one speculative method")
+        return self
 
 
 class Generate(_Message):

@@ -43,9 +43,13 @@ class Side:
         if self.llm is not None:
             raise RuntimeError("this side process has an engine already: start another VllmPeer")
         torch.set_num_threads(req.threads)
-        speculative = None if req.ngram is None else {
-            "method": "ngram", "num_speculative_tokens": req.ngram.num_tokens,
-            "prompt_lookup_min": req.ngram.min_ngram, "prompt_lookup_max": req.ngram.max_ngram}
+        speculative = None
+        if req.ngram is not None:
+            speculative = {"method": "ngram", "num_speculative_tokens": req.ngram.num_tokens,
+                           "prompt_lookup_min": req.ngram.min_ngram, "prompt_lookup_max": req.ngram.max_ngram}
+        elif req.dflash is not None:
+            speculative = {"method": "dflash", "model": req.dflash.model_dir,
+                           "num_speculative_tokens": req.dflash.num_tokens}
         start = time.perf_counter()
         self.llm = vllm.LLM(
             model=req.model_dir, dtype=req.dtype, max_model_len=req.max_model_len,

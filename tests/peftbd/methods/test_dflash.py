@@ -56,7 +56,12 @@ def test_its_task_load_and_drafter_read_the_dflash_section(ctx, tmp_path):
     assert isinstance(task, HeadTask) and task.head_cfg == ctx.cfg.dflash
     head = DFLASH.load(ctx, None)
     assert isinstance(head, BDHead) and head.shape.block_masks == "block_minus_one"
-    assert head.shape.feature_layers == (2,)  # 1 head layer on the 2-layer verifier
+    assert head.shape.feature_layers == (1,)  # 1 head layer on the 2-layer verifier
+    # DFlash embeds the block's first token plainly: no fusion weights, the verifier's row
+    assert not head.shape.anchor_fusion and not any("fuse" in k or "anchor" in k for k in head.state_dict())
+    ids = torch.tensor([[7, ctx.mask_id, ctx.mask_id]])
+    x = head.embed(ids, torch.zeros(1, 1, head.config.hidden_size))
+    assert torch.equal(x[0, 0], ctx.verifier.get_input_embeddings().weight[7])
     head.save_pretrained(tmp_path / "bd_head")
     loaded = DFLASH.load(ctx, tmp_path)  # a training run's output dir
     assert loaded.shape == head.shape
