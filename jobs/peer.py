@@ -1,7 +1,8 @@
 """The peer table: our engine beside vLLM in one run, `python -m jobs.peer` (vLLM from
 `bash scripts/install.sh --with-vllm`; no Ray). What it measures: `peftbd.benchmarking.peer`.
 Writes `<out>/peer.json`, `peer.md` and `manifest.json` (default `outputs/<preset>/peer`, where the
-benchmark's report finds it)."""
+benchmark's report finds it) and, given the main job's trained DFlash head, its vLLM export in
+`<out>/dflash_vllm/`."""
 
 from __future__ import annotations
 
@@ -12,24 +13,44 @@ from typing import Any
 
 from peftbd.analysis.peer import PEER_KEY, markdown
 from peftbd.benchmarking.peer import PeerSettings, run
-from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
+from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.data.sources import source_identity
 from peftbd.layout import peer_stage
+from peftbd.manifest import is_complete
+from peftbd.methods.dflash import TRAIN_DFLASH
 from peftbd.peers.vllm_client import VllmError
 from peftbd.peers.vllm_env import vllm_python
 from peftbd.stage import StageCall, StageInputs
 
 
-def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path) -> StageCall:
-    """The peer run as a stage (`peftbd.layout.peer_stage`) writing `out_dir`."""
+EXPORT_SUBDIR = "dflash_vllm"
+
+
+def trained_dflash(root: Path) -> tuple[Path | None, str | None]:
+    """(the finished DFlash training run under the main job's output `root`, None) or (None, why
+    there is none)."""
+    path = root / TRAIN_DFLASH.subdir
+    if is_complete(path):
+        return path, None
+    return None, (f"no finished DFlash training in {path}: run python -m jobs.pipeline (or "
+                  "jobs.train --method dflash) with this preset first, or pass --artifacts ROOT")
+
+
+def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path, root: Path) -> StageCall:
+    """The peer run as a stage (`peftbd.layout.peer_stage`) writing `out_dir`; with the main
+    job's trained DFlash head under `root`, that head in both engines too."""
+    dflash, absent = trained_dflash(root)
+
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
-        table = run(cfg, settings, out_dir.parent / "logs")
+        table = run(cfg, settings, out_dir.parent / "logs", dflash, tmp / EXPORT_SUBDIR)
+        table.dflash_absent = absent
         (tmp / "peer.json").write_text(table.model_dump_json(indent=2))
         (tmp / "peer.md").write_text(markdown(table))
         return {PEER_KEY: table.model_dump()}
 
-    return StageCall(peer_stage(), cfg.to_dict(), out_dir, {}, build,
+    upstream = {} if dflash is None else {TRAIN_DFLASH.name: dflash}
+    return StageCall(peer_stage(), cfg.to_dict(), out_dir, upstream, build,
                      extra={"source": source_identity(cfg), "peer": settings.model_dump(),
                             "vllm": str(vllm_python())})
 
@@ -47,13 +68,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             parser.add_argument(flag, type=int, default=field.default,
                                 help=f"{field.description} (default: {field.default})")
+    parser.add_argument("--artifacts", type=Path, default=None, metavar="ROOT",
+                        help="the main job's output root, whose trained DFlash head runs in both "
+                             "engines (default: <paths.out_dir>/<preset>; without one, no DFlash pair)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     settings = PeerSettings(**{k: getattr(args, k) for k in PeerSettings.model_fields})
     out = stage_out(args, cfg, spec)
     log_dir = out.parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    run_stage_job(spec, out, lambda: peer_call(cfg, settings, out), args.force, args.verbose, errors=(VllmError,))
+    run_stage_job(spec, out, lambda: peer_call(cfg, settings, out, args.artifacts or output_root(cfg)), args.force, args.verbose, errors=(VllmError,))
     print((out / "peer.md").read_text())
     print(f"wrote {out / 'peer.json'}, {out / 'peer.md'} and {out / 'manifest.json'}")
 

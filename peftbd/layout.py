@@ -187,14 +187,18 @@ ENGINE_SPEED = StageSpec(
 
 def peer_stage() -> StageSpec:
     """Outside the main job, as the engine speed check: our engine beside vLLM (needs
-    `scripts/install.sh --with-vllm`); its prompt-lookup arm reads the methods' sections."""
+    `scripts/install.sh --with-vllm`); its prompt-lookup arm reads the methods' sections, and
+    its DFlash pair the main job's DFlash head (an upstream when there is one)."""
     return StageSpec(
         "peer", "peer table (vLLM beside us)", "peer",
         reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
                *method_sections(), "cost_profile.architecture", "training.seed"),
         code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
-              "peftbd.tiny_world", "peftbd.methods", "peftbd.peers", "peftbd.benchmarking.interleaved",
-              "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_schema", "peftbd.analysis.peer",
-              "jobs.peer"),
+              "peftbd.data.content_hash", "peftbd.data.artifact", "peftbd.tiny_world",
+              "peftbd.methods", "peftbd.training", "peftbd.peers", "peftbd.benchmarking.interleaved",
+              "peftbd.benchmarking.noise",
+              "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_dflash",
+              "peftbd.benchmarking.peer_runs", "peftbd.benchmarking.peer_schema",
+              "peftbd.analysis.peer", "jobs.peer"),
         command="python -m jobs.peer",
     )

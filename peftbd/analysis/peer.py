@@ -66,7 +66,38 @@ def markdown(table: PeerTable) -> str:
             lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
                          f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _dflash_lines(table))
+
+
+def _head(counts: list[int], shown: int = 6) -> str:
+    return ", ".join(map(str, counts[:shown])) + (", ..." if len(counts) > shown else "")
+
+
+def _dflash_lines(table: PeerTable) -> list[str]:
+    """The DFlash pair's paragraph and table (or why there is none)."""
+    pair = table.dflash
+    if pair is None:
+        return [f"**DFlash in both engines**: not run ({table.dflash_absent or 'no head given'}).", ""]
+    interval = "n/a" if pair.ours_interval is None else "{:.2f}-{:.2f}".format(*pair.ours_interval)
+    verdict = {True: "inside it", False: "**outside it**", None: "not comparable"}[pair.within]
+    o, t = pair.ours, pair.vllm
+    return [
+        f"**DFlash in both engines** (tiny, batch 1): the head trained in {pair.head_dir}, "
+        f"exported to vLLM's dflash format in {pair.export_subdir}/ (target layers "
+        f"{pair.target_layer_ids}, {pair.num_speculative_tokens} tokens a round). Tokens per "
+        f"verifier step: ours {o.tokens_per_step:.2f} (95% interval over the prompts {interval}), "
+        f"vLLM's {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}: {verdict}. "
+        f"Outputs identical on {pair.identical}/{pair.prompts} prompts. Rounds accepting draft "
+        f"position 1, 2, 3, ...: ours {_head(pair.ours_accepted_per_position)}, vLLM's "
+        f"{_head(pair.vllm_accepted_per_position)} (vLLM also counts drafts it accepted past the "
+        "token budget, in a request's last round).", "",
+        "| arm | tok/s | tokens per verifier step | engine steps | ms per step (ours: verifier forwards + the rest, drafting included) |",
+        "|---|---|---|---|---|",
+        f"| DFlash, ours | {o.tokens_per_s:.1f} | {o.tokens_per_step:.2f} | {_count(o.steps)} | {_step_ms(o)} |",
+        f"| DFlash, vLLM | {t.tokens_per_s:.1f} | "
+        f"{'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'} | {_count(t.steps)} "
+        f"| {_ms(t.ms_per_step)} |",
+        f"| ours / vLLM | {ratio(o, t):.2f}x | | | |", ""]
 
 
 def section(manifest: dict[str, Any] | None) -> list[str]:

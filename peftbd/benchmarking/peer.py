@@ -12,7 +12,9 @@ one thread each (our process and vLLM's side process), greedy, EOS honoured:
 - prompt lookup beside vLLM's `ngram` at batch 1, with the same n-gram settings and vLLM's
   occurrence rule (the earliest match: `prompt_lookup.occurrence=earliest`), so both propose the
   same drafts: tokens per verifier step must agree, and tok/s compares the two engines'
-  speculative loops like for like.
+  speculative loops like for like;
+- given the main job's trained DFlash head, that head in both engines (`peer_dflash`: vLLM runs
+  it exported to its `dflash` format), tiny world, batch 1.
 
 Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM with its defaults
 (on CPU its compiled graphs; `--vllm-eager` turns them off). The job writes `peer.json`
@@ -32,11 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel
 
 from peftbd.benchmarking.interleaved import interleaved_timing
+from peftbd.benchmarking.peer_dflash import dflash_pair
+from peftbd.benchmarking.peer_runs import arm_run, best, ours_steps, tokens_per_step, vllm_tokens_per_step
 from peftbd.benchmarking.peer_schema import ArmRun, PeerTable, ShapeRow
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.sources import first_prompts, resolve_source
-from peftbd.decoding import DecodeResult, SpeculativeDecoder, compare
+from peftbd.decoding import SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
+from peftbd.methods import DraftContext
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, model_dirs
@@ -71,40 +76,19 @@ def memory_share(model: PreTrainedModel, kv_bytes: int = 1 << 30) -> float:
     return round(min(0.5, (2 * weights + kv_bytes) / ram), 4)
 
 
-def _tokens_per_step(results: Sequence[DecodeResult]) -> float:
-    """New tokens after each request's first (its prefill's) over its rounds (verifier steps)."""
-    steps = sum(len(r.rounds) for r in results)
-    return sum(len(r.tokens) - 1 for r in results) / steps if steps else 1.0
+DRAFT_ROOM = 64
+"""Positions past a request's last token that vLLM's engines leave room for (a round's drafts)."""
 
 
-def _vllm_tokens_per_step(outs: Sequence[Generated], prompts: int) -> float | None:
-    """The same for vLLM at batch 1: each request's first step is its prefill's."""
-    steps = sum(o.request_steps for o in outs) - prompts
-    tokens = sum(len(t) for o in outs for t in o.outputs) - prompts
-    return tokens / steps if steps > 0 else None
-
-
-VERIFIER_MODES = ("prefill", "verify")
-"""Our forward modes that run the verifier (a model-free drafter's draft is host time)."""
-
-
-def _run(tokens: int, seconds: float, per_step: float | None = None, steps: int | None = None,
-         forward_s: float | None = None) -> ArmRun:
-    ms = None if not steps else round(seconds / steps * 1e3, 4)
-    fwd = None if not steps or forward_s is None else round(forward_s / steps * 1e3, 4)
-    return ArmRun(tokens_per_s=round(tokens / seconds, 2), new_tokens=tokens,
-                  seconds=round(seconds, 4), tokens_per_step=None if per_step is None else round(per_step, 4),
-                  steps=steps, ms_per_step=ms, forward_ms_per_step=fwd)
-
-
-def _ours_steps(results: Sequence[DecodeResult]) -> tuple[int, float]:
-    """Batch 1: the verifier forwards of `results` (each one engine step) and their seconds."""
-    return (sum(r.forward_calls.get(m, 0) for r in results for m in VERIFIER_MODES),
-            sum(r.forward_seconds.get(m, 0.0) for r in results for m in VERIFIER_MODES))
-
-
-def _best(runs: Sequence[ArmRun]) -> ArmRun:
-    return max(runs, key=lambda r: r.tokens_per_s)
+def engine_load(model: PreTrainedModel, model_dir: str, dtype: str, prompts: list[list[int]],
+                max_new_tokens: int, settings: PeerSettings, cfg: Config) -> Load:
+    """vLLM's engine for `model` (saved in `model_dir`) decoding `prompts`: one request at once,
+    its length room for the longest prompt's tokens and a drafted block past them (a position
+    vLLM has no room for is never accepted)."""
+    room = max(map(len, prompts)) + max_new_tokens + DRAFT_ROOM
+    return Load(model_dir=model_dir, dtype=dtype, max_model_len=room,
+                max_num_seqs=1, seed=cfg.training.seed, enforce_eager=settings.vllm_eager,
+                memory_share=memory_share(model))
 
 
 def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str, dtype: str,
@@ -113,12 +97,10 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
                   peer_ngram: VllmPeer) -> tuple[ShapeRow, str]:
     """One shape, every arm in turns; returns the row and vLLM's version."""
     pl = cfg.prompt_lookup
-    longest = max(map(len, prompts)) + max_new_tokens
     ngram = NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram, max_ngram=pl.max_ngram)
-    common = dict(model_dir=model_dir, dtype=dtype, max_model_len=longest, seed=cfg.training.seed,
-                  enforce_eager=settings.vllm_eager, memory_share=memory_share(model))
-    ready = peer_ar.load(Load(max_num_seqs=settings.batch_size, **common))
-    peer_ngram.load(Load(max_num_seqs=1, ngram=ngram, **common))
+    load = engine_load(model, model_dir, dtype, prompts, max_new_tokens, settings, cfg)
+    ready = peer_ar.load(load.model_copy(update={"max_num_seqs": settings.batch_size}))
+    peer_ngram.load(load.model_copy(update={"ngram": ngram}))
     clock = Clock(torch.device("cpu"))
     fast = cfg.decoding.fast_path
     ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
@@ -143,36 +125,39 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
             k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
         count = {k: sum(map(len, v)) for k, v in outputs.items()}
         runs.setdefault("ours_ar_b1", []).append(
-            _run(count["ours_ar"], secs["ours_ar"], None, *_ours_steps(one["ours_ar"])))
+            arm_run(count["ours_ar"], secs["ours_ar"], None, *ours_steps(one["ours_ar"])))
         runs.setdefault("vllm_ar_b1", []).append(
-            _run(count["vllm_ar"], secs["vllm_ar"], None, sum(o.steps for o in one["vllm_ar"])))
+            arm_run(count["vllm_ar"], secs["vllm_ar"], None, sum(o.steps for o in one["vllm_ar"])))
         runs.setdefault("ours_prompt_lookup", []).append(
-            _run(count["ours_pl"], secs["ours_pl"], _tokens_per_step(one["ours_pl"]),
-                 *_ours_steps(one["ours_pl"])))
+            arm_run(count["ours_pl"], secs["ours_pl"], tokens_per_step(one["ours_pl"]),
+                    *ours_steps(one["ours_pl"])))
         runs.setdefault("vllm_ngram", []).append(
-            _run(count["vllm_ngram"], secs["vllm_ngram"],
-                 _vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
-                 sum(o.steps for o in one["vllm_ngram"])))
+            arm_run(count["vllm_ngram"], secs["vllm_ngram"],
+                    vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
+                    sum(o.steps for o in one["vllm_ngram"])))
         start, before = clock.now(), ours_ar.verifier_steps  # batch B: the arms take turns per pass
         got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
         runs.setdefault(f"ours_ar_b{B}", []).append(
-            _run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
+            arm_run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
         start = clock.now()
         batched = vllm(peer_ar, prompts)
         runs.setdefault(f"vllm_ar_b{B}", []).append(
-            _run(sum(map(len, batched.outputs)), clock.now() - start, None, batched.steps))
+            arm_run(sum(map(len, batched.outputs)), clock.now() - start, None, batched.steps))
     found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
              if (m := compare(model, f"{name}-{k}", p, a, b))]
     same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
     row = ShapeRow(shape=name, model=label, prompts=len(prompts), max_new_tokens=max_new_tokens,
-                   batch_size=B, arms={k: _best(v) for k, v in runs.items()},
+                   batch_size=B, arms={k: best(v) for k, v in runs.items()},
                    identical=len(prompts) - len(found), mismatches=found,
                    ngram_identical=same_ngram, vllm_load_s=ready.load_s)
     return row, ready.vllm_version
 
 
-def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
-    """Every shape's row, our engine and vLLM taking turns."""
+def run(cfg: Config, settings: PeerSettings, log_dir: Path, dflash: Path | None = None,
+        export_dir: Path | None = None) -> PeerTable:
+    """Every shape's row, our engine and vLLM taking turns; with `dflash` (a DFlash training
+    run's output), that head in both engines on the tiny world (`peer_dflash`), exported to
+    `export_dir`."""
     vllm_python()  # VllmAbsent, with the install command, before anything is loaded
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(cfg)
@@ -180,12 +165,22 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
                             cfg.data.max_prompt_len)
     rows, version = [], ""
     verifier = load_verifier(cfg, torch.device("cpu"))
+    eos, model_dir = eos_token_ids(verifier, tokenizer), model_dirs(cfg)[1]
     with VllmPeer(log_dir / "vllm_ar.log") as peer_ar, VllmPeer(log_dir / "vllm_ngram.log") as peer_ngram:
         row, version = compare_shape(
-            TINY, cfg.model.name_or_path, verifier, model_dirs(cfg)[1], cfg.model.dtype,
-            eos_token_ids(verifier, tokenizer), prompts, settings.max_new_tokens, settings, cfg,
-            peer_ar, peer_ngram)
+            TINY, cfg.model.name_or_path, verifier, model_dir, cfg.model.dtype, eos, prompts,
+            settings.max_new_tokens, settings, cfg, peer_ar, peer_ngram)
     rows.append(row)
+    pair = None
+    if dflash is not None:
+        if export_dir is None:
+            raise ValueError("run: a DFlash head to compare needs export_dir, where its vLLM export goes")
+        ctx = DraftContext(cfg, verifier, tokenizer.mask_token_id, tokenizer.pad_token_id)
+        load = engine_load(verifier, model_dir, cfg.model.dtype, prompts, settings.max_new_tokens,
+                           settings, cfg)
+        with VllmPeer(log_dir / "vllm_dflash.log") as peer:
+            pair = dflash_pair(ctx, dflash, export_dir, load, prompts, eos, settings.max_new_tokens,
+                               settings.repeats, peer)
     del verifier
     if settings.shape:
         arch = resolve_architecture(cfg)
@@ -204,4 +199,4 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path) -> PeerTable:
     return PeerTable(vllm_version=version, device="cpu", threads=1,
                      fast_path=cfg.decoding.fast_path, vllm_eager=settings.vllm_eager,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
-                                     max_ngram=pl.max_ngram), rows=rows)
+                                     max_ngram=pl.max_ngram), rows=rows, dflash=pair)

@@ -37,6 +37,26 @@ class ShapeRow(BaseModel):
     vllm_load_s: float
 
 
+class DflashPair(BaseModel):
+    """The main job's DFlash head drafting in both engines (`peftbd.benchmarking.peer_dflash`):
+    its training output, the vLLM export (a directory beside peer.json), each engine's batch-1 pass, our tokens per step's 95%
+    interval over the prompts and whether vLLM's falls inside it, and the prompts whose two
+    outputs are equal."""
+
+    head_dir: str
+    export_subdir: str
+    num_speculative_tokens: int
+    target_layer_ids: list[int]
+    ours: ArmRun
+    vllm: ArmRun
+    ours_interval: tuple[float, float] | None
+    within: bool | None
+    identical: int
+    prompts: int
+    ours_accepted_per_position: list[int]  # rounds whose draft position j was accepted
+    vllm_accepted_per_position: list[int]  # vLLM's count (it also counts drafts past the budget)
+
+
 class PeerTable(BaseModel):
     """peer.json."""
 
@@ -47,3 +67,5 @@ class PeerTable(BaseModel):
     vllm_eager: bool
     ngram: NgramSpec
     rows: list[ShapeRow]
+    dflash: DflashPair | None = None
+    dflash_absent: str | None = None  # why there is no DFlash pair (no trained head found)

@@ -34,6 +34,7 @@ class Side:
 
     def __init__(self) -> None:
         self.llm = None
+        self.speculative = False
 
     def load(self, req: Load) -> Ready:
         configure_environment(req.threads)
@@ -51,12 +52,13 @@ class Side:
             speculative = {"method": "dflash", "model": req.dflash.model_dir,
                            "num_speculative_tokens": req.dflash.num_tokens}
         start = time.perf_counter()
+        self.speculative = speculative is not None
         self.llm = vllm.LLM(
             model=req.model_dir, dtype=req.dtype, max_model_len=req.max_model_len,
             max_num_seqs=req.max_num_seqs, max_num_batched_tokens=max(req.max_model_len, 2048),
             gpu_memory_utilization=req.memory_share, seed=req.seed, skip_tokenizer_init=True,
             speculative_config=speculative, enforce_eager=req.enforce_eager,
-            enable_prefix_caching=False)
+            enable_prefix_caching=False, disable_log_stats=not self.speculative)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return Ready(vllm_version=vllm.__version__, device=device,
                      load_s=round(time.perf_counter() - start, 3))
@@ -71,6 +73,7 @@ class Side:
                                 stop_token_ids=req.stop_token_ids, detokenize=False)
         outputs: dict[int, list[int]] = {}
         steps = request_steps = 0
+        before = self.spec_counts()
         start = time.perf_counter()
         for i, ids in enumerate(req.prompts):
             engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params)
@@ -82,8 +85,26 @@ class Side:
                 if out.finished:
                     outputs[int(out.request_id)] = list(out.outputs[0].token_ids)
         seconds = time.perf_counter() - start
+        after = self.spec_counts()
+        spec = {} if after is None or before is None else {
+            "drafts": after[0] - before[0], "accepted": after[1] - before[1],
+            "accepted_per_position": [a - b for a, b in zip(after[2], before[2])]}
         return Generated(outputs=[outputs[i] for i in range(len(req.prompts))],
-                         seconds=round(seconds, 6), steps=steps, request_steps=request_steps)
+                         seconds=round(seconds, 6), steps=steps, request_steps=request_steps, **spec)
+
+    def spec_counts(self) -> tuple[int, int, list[int]] | None:
+        """vLLM's speculative counters so far (rounds drafted, tokens accepted, accepted per draft
+        position), None without a speculative method (its stats are off then)."""
+        from vllm.v1.metrics.reader import Counter, Vector
+
+        if self.llm is None or not self.speculative:
+            return None
+        found = {m.name: m for m in self.llm.get_metrics()}
+        drafts, accepted = found.get("vllm:spec_decode_num_drafts"), found.get("vllm:spec_decode_num_accepted_tokens")
+        per_position = found.get("vllm:spec_decode_num_accepted_tokens_per_pos")
+        if not (isinstance(drafts, Counter) and isinstance(accepted, Counter) and isinstance(per_position, Vector)):
+            return None
+        return drafts.value, accepted.value, list(per_position.values)
 
 
 def main() -> None:

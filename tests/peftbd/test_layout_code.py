@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from peftbd.layout import ENGINE_SPEED, benchmark_stage, placement_stage, stages
+from peftbd.layout import ENGINE_SPEED, benchmark_stage, peer_stage, placement_stage, stages
 from peftbd.stage import StageSpec, module_files
 
 PROJECT = ("peftbd", "jobs", "serve_apps")
@@ -78,7 +78,7 @@ def _unfingerprinted(spec: StageSpec) -> dict[str, str]:
     return missing
 
 
-@pytest.mark.parametrize("spec", [*stages(), ENGINE_SPEED, placement_stage()], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [*stages(), ENGINE_SPEED, placement_stage(), peer_stage()], ids=lambda s: s.name)
 def test_every_module_a_stage_imports_is_fingerprinted(spec):
     assert _unfingerprinted(spec) == {}, f"add these to {spec.name}'s StageSpec.code (peftbd.layout)"
 

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from peftbd.benchmarking.peer import _tokens_per_step, _vllm_tokens_per_step
+from peftbd.benchmarking.peer_runs import tokens_per_step, vllm_tokens_per_step
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.references import reference_checks
 from peftbd.data.sources import first_prompts, resolve_source
@@ -72,8 +72,8 @@ def test_ngram_and_our_prompt_lookup_draft_alike(world, peers):
     theirs = [peers[1].generate(Generate(prompts=[p], max_tokens=TOKENS, stop_token_ids=eos))
               for p in prompts]
     assert [r.tokens for r in ours] == [t.outputs[0] for t in theirs]
-    assert _tokens_per_step(ours) > 1.0  # the tiny world repeats itself: drafts are accepted
-    assert _tokens_per_step(ours) == pytest.approx(_vllm_tokens_per_step(theirs, len(prompts)),
+    assert tokens_per_step(ours) > 1.0  # the tiny world repeats itself: drafts are accepted
+    assert tokens_per_step(ours) == pytest.approx(vllm_tokens_per_step(theirs, len(prompts)),
                                                    rel=0.02)
 
 
@@ -103,7 +103,8 @@ def test_the_peer_job_writes_its_table(tmp_path):
     out = tmp_path / "peer"
     run = subprocess.run([sys.executable, "-m", "jobs.peer", "--out", str(out), "--no-shape",
                           "--prompts", "3", "--max-new-tokens", "12", "--batch-size", "2",
-                          "--vllm-eager"], capture_output=True, text=True, timeout=600)
+                          "--vllm-eager", "--artifacts", str(tmp_path / "no-main-job")],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     table = PeerTable.model_validate(json.loads((out / "peer.json").read_text()))
     (row,) = table.rows
@@ -112,3 +113,6 @@ def test_the_peer_job_writes_its_table(tmp_path):
     assert row.identical == 3 and row.ngram_identical == 3
     assert "| greedy AR, batch 2 |" in (out / "peer.md").read_text()
     assert "| prompt lookup / ngram, batch 1 |" in run.stdout
+    # no main job under --artifacts: no DFlash pair, and the table says why
+    assert table.dflash is None and "no finished DFlash training in" in str(table.dflash_absent)
+    assert "**DFlash in both engines**: not run (no finished DFlash training in" in run.stdout
