@@ -41,9 +41,9 @@ def ablation_call(cfg: Config, root: str | Path, out_dir: str | Path) -> StageCa
         raise StageError(f"the ablation needs the main job's {', '.join(missing)}; run "
                                  f"python -m jobs.pipeline with the same preset and --out first")
     if not differing(cfg.dflash, cfg.peftbd_head):
-        raise ConfigError("config keys dflash.feature_rule, block_masks, loss_decay, anchors and "
-                          "anchor_fusion equal peftbd_head's: nothing to ablate; keep DFlash's recipe "
-                          "in dflash")
+        raise ConfigError("config keys dflash.feature_rule, block_masks, loss_decay, anchors, "
+                          "anchor_fusion and anchored equal peftbd_head's: nothing to ablate; keep "
+                          "DFlash's recipe in dflash")
     build = functools.partial(_build, cfg=cfg, upstream=upstream, runs=Path(f"{Path(out_dir).resolve()}.runs"))
     return StageCall(recipe_ablation_stage(), cfg.to_dict(), Path(out_dir).resolve(), upstream, build)
 

@@ -188,6 +188,7 @@ class HeadConfig:
     # the chunk's first token: its embedding fused with its predecessor's context (EAGLE/MTP) or,
     # false, its plain embedding (DFlash; what vLLM's dflash drafter runs)
     anchor_fusion: bool
+    anchored: bool  # the block's first token sees the masks too (DFlash's non-causal block)
     draft_vocab: NonNegativeInt  # > 0: a second arm drafts over the artifact's N most frequent tokens
     prefix_gamma: Fraction  # the linear-prefix loss's discount per block position
     loss_decay: NonNegativeFloat  # 0 = prefix_gamma's loss; > 0 = DFlash's exp(-j / loss_decay)

@@ -189,8 +189,10 @@ def peer_stage() -> StageSpec:
     """Outside the main job, as the engine speed check: our engine beside vLLM (needs
     `scripts/install.sh --with-vllm`); its prompt-lookup arm reads the methods' sections, and
     its DFlash pair the main job's DFlash head (an upstream when there is one)."""
+    dflash = {m.id: m for m in entries()}["dflash"]
     return StageSpec(
         "peer", "peer table (vLLM beside us)", "peer",
+        inputs=dflash.stages[:1],
         reads=("model", "tiny_world", "data.source", "data.max_prompt_len", "decoding.fast_path",
                *method_sections(), "cost_profile.architecture", "training.seed"),
         code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",

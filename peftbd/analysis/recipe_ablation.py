@@ -1,4 +1,4 @@
-"""The DFlash recipe ablation (`jobs.recipe_ablation`): what each of DFlash's five recipe changes
+"""The DFlash recipe ablation (`jobs.recipe_ablation`): what each of DFlash's six recipe changes
 buys in accepted tokens per round, measured leave-one-out: DFlash trained again with that one
 change reverted to today's head recipe, everything else (data, steps, optimizer, layers) equal.
 
@@ -28,6 +28,7 @@ CHANGES: dict[str, tuple[str, str]] = {
     "loss_decay": ("loss weights", "exp(-(k-1)/gamma) (vs the linear-prefix discount)"),
     "anchors": ("anchors", "up to N random per row (vs a block every block_stride)"),
     "anchor_fusion": ("plain first token", "its embedding alone (vs fused with its predecessor's context)"),
+    "anchored": ("non-causal block", "the first token sees the masks (vs the cache and itself)"),
 }
 """HeadConfig field -> (what it changes, DFlash's choice vs today's head)."""
 

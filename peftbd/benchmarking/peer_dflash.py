@@ -37,8 +37,8 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
     head = DFLASH.load(ctx, head_dir)
     assert isinstance(head, BDHead)
     exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir)
-    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash": DflashSpec(
-        model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)}))
+    drafter = DflashSpec(model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)
+    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter}))
     [arm] = DFLASH.arms(ctx.cfg)
     ours = SpeculativeDecoder(ctx.verifier, DFLASH.drafter(head, ctx, arm), eos, max_new_tokens,
                               fast_path=ctx.cfg.decoding.fast_path)

@@ -86,7 +86,7 @@ class BDHeadDrafter:
             kv.open_chunk(None if valid.all() else valid, features.shape[1])
             self.head.add_context(context, positions.to(device), CacheAdapter(kv))
             kv.open_chunk(None, d + 1)
-            mask = kv.chunk_mask(draft_visibility(0, d, False), dtype)
+            mask = kv.chunk_mask(draft_visibility(0, d, self.head.shape.anchored), dtype)
             assert mask is not None  # a draft pattern is always a mask of its own
             # each row's anchor: its last cached position's context, the one that predicted b
             anchor = context[torch.arange(len(rows_of), device=device), anchors].unsqueeze(1)

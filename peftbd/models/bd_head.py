@@ -14,7 +14,8 @@ verifier's table and, with `anchor_fusion`, fused with c_{t-1}, the context of t
 predicted it, W_f [RMSNorm(E b); c_{t-1}], as EAGLE and MTP fuse a token with its predecessor's
 hidden state, where DFlash embeds it plainly; m = the head's learned mask embedding) runs
 through the head's layers at positions t..t+K over [context KV | chunk] with PEFT-BD's draft
-pattern (`peftbd.models.peft_bd`: unanchored); the head's final norm and the verifier's LM head
+pattern (`peftbd.models.peft_bd`: unanchored, or with `anchored` DFlash's, where b sees the masks
+too); the head's final norm and the verifier's LM head
 give the logits, chunk position j >= 1 predicting x_{t+j} (no shift): the PEFT-BD contract, so
 training cuts blocks with the same code. The chunk's KV is cropped off afterwards. K = D
 (`block_masks` block) or, DFlash's block of D positions in all, D - 1 (block_minus_one):
@@ -69,21 +70,24 @@ class HeadShape:
     mask_id: int
     block_masks: str = "block"  # HeadConfig.block_masks
     anchor_fusion: bool = True  # HeadConfig.anchor_fusion
+    anchored: bool = False  # HeadConfig.anchored
 
     @classmethod
     def of(cls, cfg: HeadConfig, verifier_config, mask_id: int) -> HeadShape:
         """The shape `cfg` asks for on this verifier (0 = the verifier's MLP width)."""
         width = cfg.intermediate_size or int(verifier_config.intermediate_size)
         return cls(cfg.layers, width, tuple(feature_layers(cfg, verifier_config)), mask_id,
-                   cfg.block_masks, cfg.anchor_fusion)
+                   cfg.block_masks, cfg.anchor_fusion, cfg.anchored)
 
     @classmethod
     def saved(cls, meta: dict) -> HeadShape:
         """The shape recorded in a saved head's json (`saved_head`; a head saved before
-        `block_masks` or `anchor_fusion` existed drafts whole blocks, its anchor fused)."""
+        `block_masks`, `anchor_fusion` or `anchored` existed drafts whole blocks, its anchor fused
+        and unanchored)."""
         return cls(int(meta["layers"]), int(meta["intermediate_size"]),
                    tuple(meta["feature_layers"]), int(meta["mask_id"]),
-                   meta.get("block_masks", "block"), bool(meta.get("anchor_fusion", True)))
+                   meta.get("block_masks", "block"), bool(meta.get("anchor_fusion", True)),
+                   bool(meta.get("anchored", False)))
 
     def drafted(self, block_size: int) -> int:
         """Tokens this head drafts a round at its section's `block_size` (`drafted`)."""
@@ -294,6 +298,7 @@ class BDHead(nn.Module):
                 "intermediate_size": self.shape.intermediate_size,
                 "feature_layers": list(self.shape.feature_layers), "mask_id": self.shape.mask_id,
                 "block_masks": self.shape.block_masks, "anchor_fusion": self.shape.anchor_fusion,
+                "anchored": self.shape.anchored,
                 "verifier": self.verifier_shape}
         (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         return out_dir

@@ -16,8 +16,9 @@ What the format has no place for is refused, naming the field (`DflashExportErro
 - `anchor_fusion` (W_f: vLLM embeds the block's first token plainly, as DFlash does);
 - feature layer 0 or L (vLLM reads decoder layers' outputs, its target_layer_ids; the last one
   before the final norm, where transformers' hidden_states[L] is after it);
-- more than one head layer (our block's first token does not see the masks; vLLM's block is
-  non-causal, where it does: identical drafts only when no later layer reads that token's output).
+- `anchored=false` with more than one head layer (the block's first token does not see the
+  masks; vLLM's block is non-causal, where it does: the drafts differ once a later layer reads
+  that token's output).
 
 Our other methods have no vLLM format: PEFT-BD drafts with the verifier itself, its LoRA adapter
 on (vLLM drafts with a separate model; its LoRA support switches adapters per request, not per
@@ -35,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from peftbd.errors import UserError
+from peftbd.methods.dflash import ID as DFLASH_ID
 from peftbd.models.bd_head import BDHead
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -69,14 +71,14 @@ def refusals(head: BDHead, section: str) -> list[str]:
         why.append(f"{section}.feature_layers={list(shape.feature_layers)} reads {edge}: vLLM's "
                    f"dflash reads decoder layers' outputs 1..{depth - 1} (the embeddings never, the "
                    f"last layer before the final norm); pick layers in 1..{depth - 1}")
-    if shape.layers > 1:
-        why.append(f"{section}.layers={shape.layers}: vLLM's dflash block is non-causal, so its "
-                   "first token sees the masks, which ours does not; only a 1-layer head drafts "
-                   "alike")
+    if shape.layers > 1 and not shape.anchored:
+        why.append(f"{section}.anchored=false with layers={shape.layers}: vLLM's dflash block is "
+                   "non-causal, so its first token sees the masks, which this head's does not (a "
+                   "later layer reads that token's output); train with anchored=true (DFlash's)")
     return why
 
 
-def export_dflash(head: BDHead, block_size: int, out_dir: str | Path, section: str = "dflash") -> DflashExport:
+def export_dflash(head: BDHead, block_size: int, out_dir: str | Path, section: str = DFLASH_ID) -> DflashExport:
     """Write `head` (its section's `block_size`) to `out_dir` in vLLM's dflash format; raises
     DflashExportError with every reason it cannot (`refusals`)."""
     why = refusals(head, section)

@@ -42,13 +42,13 @@ class Load(_Message):
     """vLLM's `gpu_memory_utilization`: on CPU the share of RAM it reserves for the KV cache."""
     seed: int = 0
     ngram: NgramSpec | None = None
-    dflash: DflashSpec | None = None
+    dflash_drafter: DflashSpec | None = None
     enforce_eager: bool = False
 
     @model_validator(mode="after")
     def _one_method(self) -> Load:
-        if self.ngram is not None and self.dflash is not None:
-            raise ValueError("ngram and dflash are both set: an engine runs one speculative method")
+        if self.ngram is not None and self.dflash_drafter is not None:
+            raise ValueError("ngram and dflash_drafter are both set: an engine runs one speculative method")
         return self
 
 

@@ -48,9 +48,9 @@ class Side:
         if req.ngram is not None:
             speculative = {"method": "ngram", "num_speculative_tokens": req.ngram.num_tokens,
                            "prompt_lookup_min": req.ngram.min_ngram, "prompt_lookup_max": req.ngram.max_ngram}
-        elif req.dflash is not None:
-            speculative = {"method": "dflash", "model": req.dflash.model_dir,
-                           "num_speculative_tokens": req.dflash.num_tokens}
+        elif req.dflash_drafter is not None:
+            speculative = {"method": "dflash", "model": req.dflash_drafter.model_dir,
+                           "num_speculative_tokens": req.dflash_drafter.num_tokens}
         start = time.perf_counter()
         self.speculative = speculative is not None
         self.llm = vllm.LLM(

@@ -85,7 +85,7 @@ def head_drafts(head: BDHead, verifier: PreTrainedModel, batch: SequenceBatch, *
 
     def drafts(starts: list[list[int]]) -> torch.Tensor:
         draft = round_draft_batch(batch, starts, block_size=block_size, mask_id=head.shape.mask_id,
-                                  pad_id=pad_id, anchored=False, dtype=head.mask_embedding.dtype)
+                                  pad_id=pad_id, anchored=head.shape.anchored, dtype=head.mask_embedding.dtype)
         hidden = draft.block_view(head_chunk_hidden(head, draft, ctx))[:, 0]
         return head.draft_tokens(hidden, vocab).cpu()
 

@@ -66,7 +66,7 @@ class HeadTask:
                   else block_starts(batch, d, "random", seed, epoch, h.block_stride))
         draft = build_draft_batch(
             batch, starts, block_size=d,
-            mask_id=self.mask_id, pad_id=self.pad_id, anchored=False, gamma=h.prefix_gamma,
+            mask_id=self.mask_id, pad_id=self.pad_id, anchored=h.anchored, gamma=h.prefix_gamma,
             t_range=(1.0, 1.0), seed=seed, epoch=epoch, dtype=next(module.parameters()).dtype,
             decay=h.loss_decay,
         )

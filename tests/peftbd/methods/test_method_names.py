@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "peftbd/serving/schemas.py": {"peftbd"},
     # speed.json's key of the speed check's own PEFT-BD run (an experiment's format, no arm)
     "peftbd/benchmarking/engine_speed.py": {"peftbd"},
+    # vLLM's name of its DFlash proposer (its speculative_config's method), not ours
+    "peftbd/peers/vllm_side.py": {"dflash"},
 }
 """File -> names of a method it may spell, each for the reason above it."""
 

@@ -14,6 +14,7 @@ from peftbd.config import load_config
 from peftbd.methods import DraftContext
 from peftbd.methods.bd_head import METHOD as HEAD
 from peftbd.methods.dflash import METHOD as DFLASH
+from peftbd.models.bd_head import BDHead
 from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.peers.dflash_export import ARCHITECTURE, MASK_FILE, DflashExportError, export_dflash
 
@@ -55,7 +56,12 @@ def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(ctx, t
     assert "peftbd_head.anchor_fusion=true" in message and "anchor_fusion=false" in message
     assert "peftbd_head.feature_layers=[1, 2] reads [2]" in message and "1..1" in message
     assert not (tmp_path / "head").exists()
-    deep = DFLASH.load(dataclasses.replace(ctx, cfg=ctx.cfg.with_section(
-        "dflash", dataclasses.replace(ctx.cfg.dflash, layers=2))), None)
-    with pytest.raises(DflashExportError, match=r"dflash.layers=2: .*only a 1-layer head"):
-        export_dflash(deep, 16, tmp_path / "deep")
+    def dflash(**changes) -> BDHead:
+        section = dataclasses.replace(ctx.cfg.dflash, **changes)
+        return DFLASH.load(dataclasses.replace(ctx, cfg=ctx.cfg.with_section("dflash", section)), None)
+
+    # deeper heads export when their block is DFlash's (anchored: the first token sees the masks)
+    assert export_dflash(dflash(layers=2), 16, tmp_path / "deep").target_layer_ids == (0,)
+    with pytest.raises(DflashExportError, match=r"dflash.anchored=false with layers=2: .*anchored=true"):
+        export_dflash(dflash(layers=2, anchored=False), 16, tmp_path / "unanchored")
+    export_dflash(dflash(anchored=False), 16, tmp_path / "one")  # one layer: its drafts are alike
