@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
+from jobs.generate_vllm import vllm_generate
 from jobs.ray_env import init_ray, shutdown
 from jobs.resources import wait_for_resources
 from peftbd import progress
@@ -152,7 +153,8 @@ class VerifierActor:
 
 
 def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> ray.data.Dataset:
-    """The `todo` rows (id -> split) continued by an actor pool of verifiers."""
+    """The `todo` rows (id -> split) continued by an actor pool of verifiers (`generate.backend:
+    engine`) or of vLLM engines (`vllm`: `jobs.generate_vllm`)."""
     g = cfg.generate
     # (Ray types the function as taking the batch only; `fn_kwargs` gives the rest)
     ds = prepared.map_batches(_select, fn_kwargs={"splits": todo}, batch_format="pyarrow",  # type: ignore[arg-type]
@@ -160,6 +162,8 @@ def generate(prepared: ray.data.Dataset, todo: dict[str, str], cfg: Config) -> r
     # One block per batch: actors share the work evenly and each finished batch becomes a part.
     ds = ds.repartition(target_num_rows_per_block=g.batch_size, strict=True)
     ds.context.execution_options.preserve_order = False
+    if g.backend == "vllm":
+        return vllm_generate(ds, cfg)
     return ds.map_batches(
         VerifierActor, fn_constructor_kwargs={"cfg": cfg}, batch_format="pyarrow",
         batch_size=g.batch_size, compute=ray.data.ActorPoolStrategy(size=g.num_actors),

@@ -114,6 +114,9 @@ class DataConfig:
 class GenerateConfig:
     """Ray Data generation: verifier actors and their batch size and resources."""
 
+    # engine: our engine's greedy AR in Ray Data actors; vllm: vLLM through ray.data.llm
+    # (scripts/install.sh --with-vllm), one engine an actor
+    backend: Literal["engine", "vllm"]
     num_actors: PositiveInt
     batch_size: PositiveInt
     num_cpus_per_actor: NonNegativeFloat

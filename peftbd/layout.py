@@ -26,10 +26,11 @@ _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.deco
                   "peftbd.decoding.sampling", "peftbd.models.early_exit")
 """The engine's greedy AR, which decodes generate's continuations (its drafters do not)."""
 GENERATE = StageSpec(
-    "generate", "generate continuations", "continuations", reads=("model", "data"),
+    "generate", "generate continuations", "continuations", reads=("model", "data", "generate.backend"),
     ignores=("data.source",),  # where the prompts lie: their content is in extra["source"]
     inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "peftbd.models.sources",
-                           "peftbd.models.architecture", "jobs.generate", *_GREEDY_ENGINE),
+                           "peftbd.models.architecture", "peftbd.peers.vllm_env", "jobs.generate",
+                           "jobs.generate_vllm", *_GREEDY_ENGINE),
     command="python -m jobs.generate",
 )
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")

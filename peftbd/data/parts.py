@@ -128,11 +128,16 @@ def actor_peaks(per_actor: dict[str, dict[str, Any]]) -> WorkerPeaks:
                                 for a in per_actor.values()])
 
 
+def _per(tokens: int, seconds: float | None) -> float | None:
+    return None if seconds is None else round(tokens / max(seconds, 1e-9), 1)
+
+
 def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
     """Tokens/s of the WORK_SCHEMA rows generated in one run: over the span from the first batch
     start to the last batch end (`tokens_per_s`), over the whole generation phase with actor
     start-up (`stage_tokens_per_s`), per CPU-second of the actors (`tokens_per_cpu_s`: the
-    efficiency, insensitive to other load on a shared machine), and per actor."""
+    efficiency, insensitive to other load on a shared machine; None where an actor's CPU time was
+    not measured), and per actor."""
     if table.num_rows == 0:
         return {"generated_rows": 0, "generated_tokens": 0}
     batches = table.group_by(["actor", "batch_start", "batch_end", "batch_cpu_seconds", "actor_dtype"]).aggregate([
@@ -142,29 +147,33 @@ def throughput(table: pa.Table, stage_seconds: float) -> dict[str, Any]:
     for b in batches:
         a = per_actor.setdefault(b["actor"], {"rows": 0, "tokens": 0, "busy_seconds": 0.0,
                                               "cpu_seconds": 0.0, "batches": 0,
-                                              "peak_rss_mib": 0.0, "peak_gpu_mib": None,
+                                              "peak_rss_mib": None, "peak_gpu_mib": None,
                                               "dtype": b["actor_dtype"]})
         a["rows"] += b["id_count"]
         a["tokens"] += b["continuation_len_sum"]
         a["busy_seconds"] += b["batch_end"] - b["batch_start"]
-        a["cpu_seconds"] += b["batch_cpu_seconds"]
+        cpu = b["batch_cpu_seconds"]  # null: not measured (vLLM's engine runs in processes of its own)
+        a["cpu_seconds"] = None if cpu is None or a["cpu_seconds"] is None else a["cpu_seconds"] + cpu
         a["batches"] += 1
-        a["peak_rss_mib"] = max(a["peak_rss_mib"], round(b["actor_rss_mib_max"], 1))
+        if b["actor_rss_mib_max"] is not None:
+            a["peak_rss_mib"] = max(a["peak_rss_mib"] or 0.0, round(b["actor_rss_mib_max"], 1))
         if b["actor_gpu_mib_max"] is not None:
             a["peak_gpu_mib"] = max(a["peak_gpu_mib"] or 0.0, round(b["actor_gpu_mib_max"], 1))
     for a in per_actor.values():
         a["tokens_per_s"] = round(a["tokens"] / max(a["busy_seconds"], 1e-9), 1)
-        a["tokens_per_cpu_s"] = round(a["tokens"] / max(a["cpu_seconds"], 1e-9), 1)
-        a["busy_seconds"], a["cpu_seconds"] = round(a["busy_seconds"], 3), round(a["cpu_seconds"], 3)
+        a["tokens_per_cpu_s"] = _per(a["tokens"], a["cpu_seconds"])
+        a["busy_seconds"] = round(a["busy_seconds"], 3)
+        a["cpu_seconds"] = None if a["cpu_seconds"] is None else round(a["cpu_seconds"], 3)
     tokens = pc.sum(table["continuation_len"]).as_py()
     span = pc.max(table["batch_end"]).as_py() - pc.min(table["batch_start"]).as_py()
-    cpu = sum(a["cpu_seconds"] for a in per_actor.values())
+    cpus = [a["cpu_seconds"] for a in per_actor.values()]
+    cpu = None if None in cpus else sum(cpus)
     return {
         "generated_rows": table.num_rows,
         "generated_tokens": tokens,
         "tokens_per_s": round(tokens / max(span, 1e-9), 1),
         "stage_tokens_per_s": round(tokens / max(stage_seconds, 1e-9), 1),
-        "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1),
+        "tokens_per_cpu_s": _per(tokens, cpu),
         "span_seconds": round(span, 3),
         "stage_seconds": round(stage_seconds, 3),
         "per_actor": per_actor,

@@ -7,7 +7,13 @@ import dataclasses
 from typing import get_args
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from peftbd.config import RANDOM_WEIGHTS, Config
 from peftbd.config_sections import Dtype
@@ -80,7 +86,12 @@ def load_verifier(cfg: Config, device: torch.device | None = None,
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Every id that ends a generation: the generation config's EOS ids plus `<|im_end|>`."""
-    ids = model.generation_config.eos_token_id
+    return stop_ids(model.generation_config, tokenizer)
+
+
+def stop_ids(generation_config: GenerationConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """`eos_token_ids` from a checkpoint's generation config (no model loaded)."""
+    ids = generation_config.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     for tok in ("<|im_end|>", tokenizer.eos_token):
         tid = tokenizer.convert_tokens_to_ids(tok) if tok else None

@@ -1,7 +1,7 @@
 """`VllmPeer`: a vLLM engine in its side process (`peftbd.peers.vllm_side`), driven over the typed
 line protocol. A context manager: the process starts on enter and stops on exit; a request that
 failed there raises `VllmError` here with its message (the side's traceback is kept on it). The
-process starts as vLLM's CPU guide says: Intel's OpenMP (its environment's `libiomp5.so`) preloaded."""
+process starts as vLLM's CPU guide says (`vllm_env.vllm_environment`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import subprocess
 from types import TracebackType
 
-from peftbd.peers.vllm_env import REPO, venv_dir, vllm_python
+from peftbd.peers.vllm_env import REPO, vllm_environment, vllm_python
 from peftbd.peers.vllm_protocol import (
     REPLY,
     REQUEST,
@@ -40,11 +40,8 @@ class VllmPeer:
         self.ready: Ready | None = None
 
     def __enter__(self) -> VllmPeer:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        iomp = venv_dir() / "lib" / "libiomp5.so"  # vLLM's CPU guide: preload Intel's OpenMP
-        if iomp.is_file():
-            env["LD_PRELOAD"] = os.pathsep.join(filter(None, [str(iomp), os.environ.get("LD_PRELOAD")]))
+        env = {**os.environ, **vllm_environment(1), "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # its Load sets the threads
         with open(self.log_path or os.devnull, "a") as log:  # the child keeps its own handle
             self.proc = subprocess.Popen([str(vllm_python()), "-m", "peftbd.peers.vllm_side"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,

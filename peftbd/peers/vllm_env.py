@@ -38,6 +38,26 @@ def vllm_python() -> Path:
     return python
 
 
+def vllm_environment(threads: int) -> dict[str, str]:
+    """Environment variables for a process that runs vLLM's engine (vLLM's CPU guide): Intel's
+    OpenMP from its environment preloaded, `threads` OpenMP threads, no core pinning (the box is
+    shared with our engine, which pins nothing either), no usage stats."""
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
+           "VLLM_NO_USAGE_STATS": "1"}
+    iomp = venv_dir() / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        env["LD_PRELOAD"] = os.pathsep.join(filter(None, [str(iomp), os.environ.get("LD_PRELOAD")]))
+    return env
+
+
+def cpu_memory_share(weight_bytes: int, kv_bytes: int = 1 << 30) -> float:
+    """vLLM's `gpu_memory_utilization` on CPU, where it is the share of this machine's RAM that
+    vLLM reserves: room for the weights (`weight_bytes`, twice: vLLM unties a tied LM head, and
+    its memory profile counts a forward's peak) and a KV cache of `kv_bytes`."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return round(min(0.5, (2 * weight_bytes + kv_bytes) / ram), 4)
+
+
 def absent_reason() -> str | None:
     """None where vLLM is installed, else why not (for a skip or a report line)."""
     try:

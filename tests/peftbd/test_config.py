@@ -108,6 +108,7 @@ ENUMS = {  # field -> (a bad value, the allowed values the error lists)
     "serving.drafter_sync": ("mail", "'ship', 'forward'"),
     "cost_profile.roofline_gpu": ("A100", "'H200', 'H100'"),
     "prompt_lookup.occurrence": ("latest", "'recent', 'earliest'"),
+    "generate.backend": ("sglang", "'engine', 'vllm'"),
 }
 
 
