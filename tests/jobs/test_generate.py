@@ -12,13 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from jobs.generate import run_generate
+from jobs.generate import generate_call, run_generate
 from peftbd.config import load_config
 from peftbd.data.artifact import ARTIFACT_SCHEMA, SPLITS, read_split
 from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.data.parts import WORK_SCHEMA, PartStore
+from peftbd.decoding import compare
 from peftbd.manifest import read_manifest
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier
+from peftbd.peers.vllm_env import absent_reason
 from peftbd.tiny_world.corpus import CATEGORIES
+
+from .conftest import GENERATE_LIMIT, GENERATE_OVERRIDES
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +154,36 @@ def test_spec_bench_questions_render_and_generate(local_ray, spec_bench_path, tm
     assert Counter(r["category"] for r in rows) == Counter(q["category"] for q in first)
     assert all(r["source"] == "spec-bench" and 1 <= r["continuation_len"] <= 6 for r in rows)
     assert read_split(out, "train").num_rows == read_split(out, "val").num_rows == 0
+
+
+@pytest.mark.slow  # a vLLM engine actor's start (~20 s) and the run
+@pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason()))
+def test_the_vllm_backend_resumes_into_the_engines_artifact(reference, tmp_path):
+    """generate.backend=vllm (ray.data.llm; vLLM's CPU build in float32): the reference's artifact,
+    row for row and column for column (a reply may differ only from a near tie on, by its top-2
+    margin), resumed from half of its rows already in the run's work parts (as after a kill)."""
+    cfg, ref = reference
+    cfg = load_config("tiny", overrides=[*GENERATE_OVERRIDES, "generate.backend=vllm",
+                                         "generate.num_actors=1"])
+    out = tmp_path / "vllm"
+    call = generate_call(cfg, out, limit=GENERATE_LIMIT)
+    expected = {r["id"]: r for rows in _rows(ref).values() for r in rows}
+    done = sorted(expected)[::2]
+    parts = PartStore(out.with_name(out.name + ".work"), call.inputs().fingerprint)
+    parts.write(pa.Table.from_pylist([{**expected[i], "actor": "killed run", "batch_start": 0.0,
+                                       "batch_end": 1.0, "batch_cpu_seconds": 0.0, "actor_rss_mib": 0.0,
+                                       "actor_gpu_mib": None, "actor_dtype": "float32"} for i in done],
+                                     schema=WORK_SCHEMA))
+    call.run()
+    got = {r["id"]: r for rows in _rows(out).values() for r in rows}
+    assert got.keys() == expected.keys()
+    verifier = load_verifier(cfg)
+    differ = [m for i in sorted(got) if (m := compare(verifier, i, got[i]["prompt_ids"],
+                                                      expected[i]["continuation_ids"],
+                                                      got[i]["continuation_ids"]))]
+    assert len(differ) <= 1 and all(m.top2_margin < 1e-3 for m in differ), differ
+    same = [i for i in got if i not in {m.prompt_id for m in differ}]
+    assert all(got[i] == expected[i] for i in same)  # every column: split, source, lengths, reason
+    m = read_manifest(out)
+    assert m["counts"]["resumed_rows"] == len(done) and m["throughput"]["generated_rows"] == len(got) - len(done)
+    assert set(m["throughput"]["per_actor"]) == {"vllm"} and m["throughput"]["tokens_per_cpu_s"] is None
