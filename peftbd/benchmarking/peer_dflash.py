@@ -36,7 +36,7 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
     `peer` (vLLM, with `load`'s engine settings) and time both engines' DFlash on `prompts`."""
     head = DFLASH.load(ctx, head_dir)
     assert isinstance(head, BDHead)
-    exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir)
+    exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir, DFLASH.id)
     drafter = DflashSpec(model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)
     peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter}))
     [arm] = DFLASH.arms(ctx.cfg)

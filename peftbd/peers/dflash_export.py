@@ -36,7 +36,6 @@ import torch
 from safetensors.torch import save_file
 
 from peftbd.errors import UserError
-from peftbd.methods.dflash import ID as DFLASH_ID
 from peftbd.models.bd_head import BDHead
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -78,9 +77,9 @@ def refusals(head: BDHead, section: str) -> list[str]:
     return why
 
 
-def export_dflash(head: BDHead, block_size: int, out_dir: str | Path, section: str = DFLASH_ID) -> DflashExport:
-    """Write `head` (its section's `block_size`) to `out_dir` in vLLM's dflash format; raises
-    DflashExportError with every reason it cannot (`refusals`)."""
+def export_dflash(head: BDHead, block_size: int, out_dir: str | Path, section: str) -> DflashExport:
+    """Write `head` (configured by config section `section`, with its `block_size`) to `out_dir`
+    in vLLM's dflash format; raises DflashExportError with every reason it cannot (`refusals`)."""
     why = refusals(head, section)
     if why:
         raise DflashExportError("this head cannot be exported to vLLM's dflash format: " + "; ".join(why))

@@ -31,7 +31,7 @@ def test_the_dflash_head_exports_under_vllm_s_names(ctx, tmp_path):
     with torch.no_grad():  # distinct values, so a swapped tensor shows
         for p in head.parameters():
             p.copy_(torch.randn_like(p))
-    out = export_dflash(head, ctx.cfg.dflash.block_size, tmp_path / "draft")
+    out = export_dflash(head, ctx.cfg.dflash.block_size, tmp_path / "draft", DFLASH.id)
     assert out.num_speculative_tokens == 15 and out.target_layer_ids == (0,)  # hidden_states[1]
     config = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert config["architectures"] == [ARCHITECTURE] and config["block_size"] == 16
@@ -51,7 +51,7 @@ def test_the_dflash_head_exports_under_vllm_s_names(ctx, tmp_path):
 def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(ctx, tmp_path):
     head = HEAD.load(ctx, None)  # the head's recipe: its anchor fused, the final layer read
     with pytest.raises(DflashExportError) as info:
-        export_dflash(head, 16, tmp_path / "head", section="peftbd_head")
+        export_dflash(head, 16, tmp_path / "head", HEAD.id)
     message = str(info.value)
     assert "peftbd_head.anchor_fusion=true" in message and "anchor_fusion=false" in message
     assert "peftbd_head.feature_layers=[1, 2] reads [2]" in message and "1..1" in message
@@ -61,7 +61,7 @@ def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(ctx, t
         return DFLASH.load(dataclasses.replace(ctx, cfg=ctx.cfg.with_section("dflash", section)), None)
 
     # deeper heads export when their block is DFlash's (anchored: the first token sees the masks)
-    assert export_dflash(dflash(layers=2), 16, tmp_path / "deep").target_layer_ids == (0,)
+    assert export_dflash(dflash(layers=2), 16, tmp_path / "deep", DFLASH.id).target_layer_ids == (0,)
     with pytest.raises(DflashExportError, match=r"dflash.anchored=false with layers=2: .*anchored=true"):
-        export_dflash(dflash(layers=2, anchored=False), 16, tmp_path / "unanchored")
-    export_dflash(dflash(anchored=False), 16, tmp_path / "one")  # one layer: its drafts are alike
+        export_dflash(dflash(layers=2, anchored=False), 16, tmp_path / "unanchored", DFLASH.id)
+    export_dflash(dflash(anchored=False), 16, tmp_path / "one", DFLASH.id)  # one layer: its drafts are alike
