@@ -69,11 +69,11 @@ def run_bench(cfg: Config, out_dir: Path, rows: int | None, batch1_rows: int,
     under `out_dir` for inspection."""
     init_ray()
     batch = cfg.generate.batch_size
-    runs = {
-        "1_actor_batch_1": (1, 1, batch1_rows),
-        f"1_actor_batch_{batch}_small": (1, batch, batch1_rows),
-        f"1_actor_batch_{batch}": (1, batch, rows),
-        f"2_actors_batch_{batch}": (2, batch, rows),
+    runs: dict[str, tuple[int, int, int | None, str]] = {
+        "1_actor_batch_1": (1, 1, batch1_rows, "engine"),
+        f"1_actor_batch_{batch}_small": (1, batch, batch1_rows, "engine"),
+        f"1_actor_batch_{batch}": (1, batch, rows, "engine"),
+        f"2_actors_batch_{batch}": (2, batch, rows, "engine"),
     }
     if vllm:
         runs[f"vllm_1_actor_batch_{batch}"] = (1, batch, rows, "vllm")

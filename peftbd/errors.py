@@ -30,6 +30,7 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
 - `ReadmeTableError` (peftbd.analysis.readme_table): no results to tabulate, or a README without
   its results markers.
 - `VllmAbsent` (peftbd.peers.vllm_env): vLLM is not installed where the project looks for it.
+- `DflashExportError` (peftbd.peers.dflash_export): a head vLLM's dflash format cannot hold.
 
 Not user errors: `serve_apps.backends.BackendUnavailable` (a replica that keeps dying: an HTTP
 503 of the running server, no command line), `peftbd.serving.validation.RequestError` (a bad
@@ -51,6 +52,7 @@ USER_ERRORS: dict[str, str] = {
     "SourceError": "peftbd.data.sources",
     "ArtifactError": "peftbd.data.artifact",
     "VllmAbsent": "peftbd.peers.vllm_env",
+    "DflashExportError": "peftbd.peers.dflash_export",
     "CheckpointMismatch": "peftbd.training.checkpoint",
     "BenchmarkInputError": "jobs.benchmark",
     "ResourcesUnavailable": "jobs.resources",

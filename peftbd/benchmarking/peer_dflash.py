@@ -11,7 +11,9 @@ drafter.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,8 +53,8 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
     results: list[DecodeResult] = []
     generated: list[Generated] = []
     for _ in range(repeats):
-        got, seconds = interleaved_timing({"ours": ours.decode, "vllm": vllm}, prompts, 1,
-                                          Clock(torch.device("cpu")))
+        arms: dict[str, Callable[[list[int]], Any]] = {"ours": ours.decode, "vllm": vllm}
+        got, seconds = interleaved_timing(arms, prompts, 1, Clock(torch.device("cpu")))
         results, generated = got["ours"], got["vllm"]
         runs["ours"].append(arm_run(sum(len(r.tokens) for r in results), sum(seconds["ours"][0]),
                                     tokens_per_step(results), *ours_steps(results)))
