@@ -78,9 +78,10 @@ def vllm_generate(ds: ray.data.Dataset, cfg: Config) -> ray.data.Dataset:
     g, d = cfg.generate, cfg.data
     tokenizer_dir, model_dir = model_dirs(cfg)
     if model_dir.startswith(RANDOM_WEIGHTS):
-        raise ConfigError(f"generate.backend=vllm loads a checkpoint, but model.name_or_path={model_dir!r} "
-                          "is built in memory; use generate.backend=engine")
-    stop = stop_ids(GenerationConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(tokenizer_dir))
+        raise ConfigError(f"generate.backend=vllm loads a checkpoint, but model.name_or_path="
+                          f"{model_dir!r} is built in memory; use generate.backend=engine")
+    stop = stop_ids(GenerationConfig.from_pretrained(model_dir),
+                    AutoTokenizer.from_pretrained(tokenizer_dir))
     bundle = {k: v for k, v in (("CPU", g.num_cpus_per_actor), ("GPU", g.num_gpus_per_actor)) if v}
     if not bundle:
         raise ConfigError("generate.backend=vllm: generate.num_cpus_per_actor and num_gpus_per_actor "
@@ -88,7 +89,8 @@ def vllm_generate(ds: ray.data.Dataset, cfg: Config) -> ray.data.Dataset:
     engine: dict[str, Any] = {"dtype": cfg.model.dtype, "max_model_len": d.max_prompt_len + d.max_new_tokens,
                               "max_num_seqs": g.batch_size, "skip_tokenizer_init": True, "seed": d.seed}
     if not g.num_gpus_per_actor:  # vLLM's CPU build: its RAM share, and no compile to wait for
-        engine |= {"gpu_memory_utilization": cpu_memory_share(_weight_bytes(model_dir)), "enforce_eager": True}
+        engine |= {"gpu_memory_utilization": cpu_memory_share(_weight_bytes(model_dir)),
+                   "enforce_eager": True}
     config = vLLMEngineProcessorConfig(
         model_source=model_dir, engine_kwargs=engine, batch_size=g.batch_size, concurrency=g.num_actors,
         placement_group_config={"bundles": [bundle]},

@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = stage_out(args, cfg, spec)
     log_dir = out.parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    run_stage_job(spec, out, lambda: peer_call(cfg, settings, out, args.artifacts or output_root(cfg)), args.force, args.verbose, errors=(VllmError,))
+    root = args.artifacts or output_root(cfg)
+    run_stage_job(spec, out, lambda: peer_call(cfg, settings, out, root), args.force, args.verbose,
+                  errors=(VllmError,))
     print((out / "peer.md").read_text())
     print(f"wrote {out / 'peer.json'}, {out / 'peer.md'} and {out / 'manifest.json'}")
 

@@ -91,9 +91,11 @@ def _dflash_lines(table: PeerTable) -> list[str]:
         f"position 1, 2, 3, ...: ours {_head(pair.ours_accepted_per_position)}, vLLM's "
         f"{_head(pair.vllm_accepted_per_position)} (vLLM also counts drafts it accepted past the "
         "token budget, in a request's last round).", "",
-        "| arm | tok/s | tokens per verifier step | engine steps | ms per step (ours: verifier forwards + the rest, drafting included) |",
+        "| arm | tok/s | tokens per verifier step | engine steps "
+        "| ms per step (ours: verifier forwards + the rest, drafting included) |",
         "|---|---|---|---|---|",
-        f"| DFlash, ours | {o.tokens_per_s:.1f} | {o.tokens_per_step:.2f} | {_count(o.steps)} | {_step_ms(o)} |",
+        f"| DFlash, ours | {o.tokens_per_s:.1f} | {o.tokens_per_step:.2f} | {_count(o.steps)} "
+        f"| {_step_ms(o)} |",
         f"| DFlash, vLLM | {t.tokens_per_s:.1f} | "
         f"{'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'} | {_count(t.steps)} "
         f"| {_ms(t.ms_per_step)} |",

@@ -100,9 +100,11 @@ class Side:
         if self.llm is None or not self.speculative:
             return None
         found = {m.name: m for m in self.llm.get_metrics()}
-        drafts, accepted = found.get("vllm:spec_decode_num_drafts"), found.get("vllm:spec_decode_num_accepted_tokens")
+        drafts = found.get("vllm:spec_decode_num_drafts")
+        accepted = found.get("vllm:spec_decode_num_accepted_tokens")
         per_position = found.get("vllm:spec_decode_num_accepted_tokens_per_pos")
-        if not (isinstance(drafts, Counter) and isinstance(accepted, Counter) and isinstance(per_position, Vector)):
+        if not (isinstance(drafts, Counter) and isinstance(accepted, Counter)
+                and isinstance(per_position, Vector)):
             return None
         return drafts.value, accepted.value, list(per_position.values)
 

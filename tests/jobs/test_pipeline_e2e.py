@@ -25,6 +25,7 @@ TRIM = [
     # DFlash's recipe differs from the head's in its anchors alone, so the ablation trains one
     # variant, not four (a training each; the table over several: test_learning_curves.py)
     "dflash.feature_rule=three", "dflash.block_masks=block", "dflash.loss_decay=0.0",
+    "dflash.anchor_fusion=true", "dflash.anchored=false",
     "decoding.num_prompts=4", "decoding.repeats=1", "decoding.max_new_tokens=16",
     "decoding.batch_sizes=[1, 4]", "decoding.temperatures=[0, 1]", "decoding.sampling_prompts=2",
     "decoding.reference_engines=[hf_generate]",  # vLLM's: tests/jobs/test_benchmark.py
