@@ -9,9 +9,18 @@ import pytest
 import torch
 from peft import PeftModel
 
-from peftbd.config import Config
+from peftbd.config import Config, load_config
+from peftbd.methods import DraftContext
 from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.models.peft_bd import attach_drafter_adapter, set_adapter_enabled
+
+
+@pytest.fixture(scope="module")
+def draft_ctx(tiny_world) -> DraftContext:
+    """The tiny world's `DraftContext`: its verifier (one per test module), mask and pad ids."""
+    cfg = load_config("tiny")
+    tok = load_tokenizer(cfg)
+    return DraftContext(cfg, load_verifier(cfg), tok.mask_token_id, tok.pad_token_id)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ over a loaded head, and the cost profile's three depths at Qwen3-0.6B's shape.""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -15,7 +14,6 @@ from peftbd.methods.dflash import TRAIN_DFLASH
 from peftbd.methods import DraftContext, method, by_serving, method, methods
 from peftbd.methods import dflash
 from peftbd.models.bd_head import BDHead
-from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.training.head_task import HeadTask
 
 DFLASH = dflash.METHOD
@@ -44,29 +42,22 @@ def test_its_arm_and_positions_follow_the_dflash_section():
         f"{TRAIN_DFLASH.name}@{k}" for k in (1, 2, 5)]
 
 
-@pytest.fixture(scope="module")
-def ctx(tiny_world) -> DraftContext:
-    cfg = load_config("tiny")
-    tok = load_tokenizer(cfg)
-    return DraftContext(cfg, load_verifier(cfg), tok.mask_token_id, tok.pad_token_id)
-
-
-def test_its_task_load_and_drafter_read_the_dflash_section(ctx, tmp_path):
-    task = DFLASH.task(ctx.cfg)
-    assert isinstance(task, HeadTask) and task.head_cfg == ctx.cfg.dflash
-    head = DFLASH.load(ctx, None)
+def test_its_task_load_and_drafter_read_the_dflash_section(draft_ctx, tmp_path):
+    task = DFLASH.task(draft_ctx.cfg)
+    assert isinstance(task, HeadTask) and task.head_cfg == draft_ctx.cfg.dflash
+    head = DFLASH.load(draft_ctx, None)
     assert isinstance(head, BDHead) and head.shape.block_masks == "block_minus_one"
     assert head.shape.feature_layers == (1,)  # 1 head layer on the 2-layer verifier
     # DFlash embeds the block's first token plainly: no fusion weights, the verifier's row
     assert not head.shape.anchor_fusion and not any("fuse" in k or "anchor" in k for k in head.state_dict())
-    ids = torch.tensor([[7, ctx.mask_id, ctx.mask_id]])
+    ids = torch.tensor([[7, draft_ctx.mask_id, draft_ctx.mask_id]])
     x = head.embed(ids, torch.zeros(1, 1, head.config.hidden_size))
-    assert torch.equal(x[0, 0], ctx.verifier.get_input_embeddings().weight[7])
+    assert torch.equal(x[0, 0], draft_ctx.verifier.get_input_embeddings().weight[7])
     head.save_pretrained(tmp_path / "bd_head")
-    loaded = DFLASH.load(ctx, tmp_path)  # a training run's output dir
+    loaded = DFLASH.load(draft_ctx, tmp_path)  # a training run's output dir
     assert loaded.shape == head.shape
-    [arm] = DFLASH.arms(ctx.cfg)
-    drafter = DFLASH.drafter(loaded, ctx, arm)
+    [arm] = DFLASH.arms(draft_ctx.cfg)
+    drafter = DFLASH.drafter(loaded, draft_ctx, arm)
     assert isinstance(drafter, BDHeadDrafter) and drafter.block_size == 15
 
 

@@ -10,32 +10,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from peftbd.config import load_config
-from peftbd.methods import DraftContext
 from peftbd.methods.bd_head import METHOD as HEAD
 from peftbd.methods.dflash import METHOD as DFLASH
 from peftbd.models.bd_head import BDHead
-from peftbd.models.loading import load_tokenizer, load_verifier
 from peftbd.peers.dflash_export import ARCHITECTURE, MASK_FILE, DflashExportError, export_dflash
 
 
-@pytest.fixture(scope="module")
-def ctx(tiny_world) -> DraftContext:
-    cfg = load_config("tiny")
-    tok = load_tokenizer(cfg)
-    return DraftContext(cfg, load_verifier(cfg), tok.mask_token_id, tok.pad_token_id)
-
-
-def test_the_dflash_head_exports_under_vllm_s_names(ctx, tmp_path):
-    head = DFLASH.load(ctx, None)
+def test_the_dflash_head_exports_under_vllm_s_names(draft_ctx, tmp_path):
+    head = DFLASH.load(draft_ctx, None)
     with torch.no_grad():  # distinct values, so a swapped tensor shows
         for p in head.parameters():
             p.copy_(torch.randn_like(p))
-    out = export_dflash(head, ctx.cfg.dflash.block_size, tmp_path / "draft", DFLASH.id)
+    out = export_dflash(head, draft_ctx.cfg.dflash.block_size, tmp_path / "draft", DFLASH.id)
     assert out.num_speculative_tokens == 15 and out.target_layer_ids == (0,)  # hidden_states[1]
     config = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert config["architectures"] == [ARCHITECTURE] and config["block_size"] == 16
-    assert config["dflash_config"] == {"target_layer_ids": [0], "mask_token_id": ctx.mask_id}
+    assert config["dflash_config"] == {"target_layer_ids": [0], "mask_token_id": draft_ctx.mask_id}
     assert config["num_hidden_layers"] == 1 and config["hidden_size"] == head.config.hidden_size
     weights = load_file(str(tmp_path / "draft" / "model.safetensors"))
     ours = head.state_dict()
@@ -45,11 +35,11 @@ def test_the_dflash_head_exports_under_vllm_s_names(ctx, tmp_path):
     assert all(torch.equal(v, ours[k]) for k, v in weights.items())
     # no embeddings or LM head (vLLM shares the verifier's); the mask embedding in its own file
     mask = torch.load(tmp_path / "draft" / MASK_FILE, weights_only=True)
-    assert mask["mask_token_id"] == ctx.mask_id and torch.equal(mask["embedding"], ours["mask_embedding"])
+    assert mask["mask_token_id"] == draft_ctx.mask_id and torch.equal(mask["embedding"], ours["mask_embedding"])
 
 
-def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(ctx, tmp_path):
-    head = HEAD.load(ctx, None)  # the head's recipe: its anchor fused, the final layer read
+def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(draft_ctx, tmp_path):
+    head = HEAD.load(draft_ctx, None)  # the head's recipe: its anchor fused, the final layer read
     with pytest.raises(DflashExportError) as info:
         export_dflash(head, 16, tmp_path / "head", HEAD.id)
     message = str(info.value)
@@ -57,8 +47,8 @@ def test_what_vllm_s_format_has_no_place_for_is_refused_naming_each_field(ctx, t
     assert "peftbd_head.feature_layers=[1, 2] reads [2]" in message and "1..1" in message
     assert not (tmp_path / "head").exists()
     def dflash(**changes) -> BDHead:
-        section = dataclasses.replace(ctx.cfg.dflash, **changes)
-        return DFLASH.load(dataclasses.replace(ctx, cfg=ctx.cfg.with_section("dflash", section)), None)
+        section = dataclasses.replace(draft_ctx.cfg.dflash, **changes)
+        return DFLASH.load(dataclasses.replace(draft_ctx, cfg=draft_ctx.cfg.with_section("dflash", section)), None)
 
     # deeper heads export when their block is DFlash's (anchored: the first token sees the masks)
     assert export_dflash(dflash(layers=2), 16, tmp_path / "deep", DFLASH.id).target_layer_ids == (0,)
