@@ -43,7 +43,8 @@ def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path, root: Path) ->
     dflash, absent = trained_dflash(root)
 
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
-        table = run(cfg, settings, out_dir.parent / "logs", dflash, tmp / EXPORT_SUBDIR)
+        head = None if dflash is None else (dflash, tmp / EXPORT_SUBDIR)
+        table = run(cfg, settings, out_dir.parent / "logs", head)
         table.dflash_absent = absent
         (tmp / "peer.json").write_text(table.model_dump_json(indent=2))
         (tmp / "peer.md").write_text(markdown(table))

@@ -1,6 +1,6 @@
-"""The config tree: `Config`, its sections (one frozen dataclass per stage), the allowed values
-of their enum-like fields and the rules of their values; `peftbd.config` re-exports them beside
-the loading and the checks.
+"""The config tree: `Config`, its sections (one frozen dataclass per stage) and the allowed values
+of their enum-like fields, their values' rules from `peftbd.config_rules`; `peftbd.config`
+re-exports them beside the loading and the checks.
 
 The presets (`peftbd/configs/*.yaml`) are the only source of values: no field has a default, so
 `Config()` cannot be built by accident; `peftbd.config.load_config` builds a preset's complete
@@ -14,35 +14,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
-
-@dataclass(frozen=True)
-class Range:
-    """Inclusive bounds of a number (None: unbounded)."""
-
-    low: float | None = None
-    high: float | None = None
-
-
-@dataclass(frozen=True)
-class Form:
-    """A string's form: a regex it must match whole, and the form in words for the error."""
-
-    pattern: str
-    words: str
-
-
-DISTINCT = "distinct"
-"""The rule of a list that must hold at least one entry, none twice."""
-
-PositiveInt = Annotated[int, Range(1)]
-NonNegativeInt = Annotated[int, Range(0)]
-NonNegativeFloat = Annotated[float, Range(0)]
-Fraction = Annotated[float, Range(0, 1)]
-Device = Annotated[str, Form(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")]
-ArmTokens = Annotated[str, Form(r"[a-z][a-z0-9_]*=\d+(\.\d+)?",
-                                "arm=tokens_per_round, e.g. peftbd=2.881")]
-MethodTokens = Annotated[str, Form(r"[a-z][a-z0-9-]*=\d+(\.\d+)?",
-                                   "method=tokens_per_round, e.g. peftbd=2.881")]
+from peftbd.config_rules import (  # noqa: F401 - re-exported: the sections' rules
+    DISTINCT,
+    ArmTokens,
+    Device,
+    Form,
+    Fraction,
+    MethodTokens,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    Range,
+)
 
 # The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
 Dtype = Literal["float32", "bfloat16", "float16"]

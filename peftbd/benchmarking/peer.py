@@ -144,11 +144,11 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     return row, ready.vllm_version
 
 
-def run(cfg: Config, settings: PeerSettings, log_dir: Path, dflash: Path | None = None,
-        export_dir: Path | None = None) -> PeerTable:
+def run(cfg: Config, settings: PeerSettings, log_dir: Path,
+        dflash: tuple[Path, Path] | None = None) -> PeerTable:
     """Every shape's row, our engine and vLLM taking turns; with `dflash` (a DFlash training
-    run's output), that head in both engines on the tiny world (`peer_dflash`), exported to
-    `export_dir`."""
+    run's output, where its vLLM export goes), that head in both engines on the tiny world
+    (`peer_dflash`)."""
     vllm_python()  # VllmAbsent, with the install command, before anything is loaded
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(cfg)
@@ -164,13 +164,11 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path, dflash: Path | None 
     rows.append(row)
     pair = None
     if dflash is not None:
-        if export_dir is None:
-            raise ValueError("run: a DFlash head to compare needs export_dir, where its vLLM export goes")
         ctx = DraftContext(cfg, verifier, tokenizer.mask_token_id, tokenizer.pad_token_id)
         load = engine_load(verifier, model_dir, cfg.model.dtype, prompts, settings.max_new_tokens,
                            settings, cfg)
         with VllmPeer(log_dir / "vllm_dflash.log") as peer:
-            pair = dflash_pair(ctx, dflash, export_dir, load, prompts, eos, settings.max_new_tokens,
+            pair = dflash_pair(ctx, *dflash, load, prompts, eos, settings.max_new_tokens,
                                settings.repeats, peer)
     del verifier
     if settings.shape:

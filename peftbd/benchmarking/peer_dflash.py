@@ -49,28 +49,27 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
         return peer.generate(Generate(prompts=[ids], max_tokens=max_new_tokens, stop_token_ids=eos))
 
     ours.decode(prompts[0]), vllm(prompts[0])  # warm-up
+    arms: dict[str, Callable[[list[int]], Any]] = {"ours": ours.decode, "vllm": vllm}
+    clock = Clock(torch.device("cpu"))
     runs: dict[str, list[ArmRun]] = {"ours": [], "vllm": []}
     results: list[DecodeResult] = []
     generated: list[Generated] = []
     for _ in range(repeats):
-        arms: dict[str, Callable[[list[int]], Any]] = {"ours": ours.decode, "vllm": vllm}
-        got, seconds = interleaved_timing(arms, prompts, 1, Clock(torch.device("cpu")))
+        got, seconds = interleaved_timing(arms, prompts, 1, clock)
         results, generated = got["ours"], got["vllm"]
         runs["ours"].append(arm_run(sum(len(r.tokens) for r in results), sum(seconds["ours"][0]),
                                     tokens_per_step(results), *ours_steps(results)))
         runs["vllm"].append(arm_run(sum(len(g.outputs[0]) for g in generated), sum(seconds["vllm"][0]),
                                     vllm_tokens_per_step(generated, len(prompts)),
                                     sum(g.steps for g in generated)))
-    interval = acceptance_interval([results])
-    theirs = best(runs["vllm"]).tokens_per_step
     return DflashPair(
         head_dir=str(head_dir), export_subdir=exported.model_dir.name,
         num_speculative_tokens=exported.num_speculative_tokens,
         target_layer_ids=list(exported.target_layer_ids), ours=best(runs["ours"]),
-        vllm=best(runs["vllm"]), ours_interval=interval,
-        within=None if interval is None or theirs is None else interval[0] <= theirs <= interval[1],
+        vllm=best(runs["vllm"]), ours_interval=acceptance_interval([results]),
         identical=sum(r.tokens == g.outputs[0] for r, g in zip(results, generated)),
         prompts=len(prompts),
         ours_accepted_per_position=[sum(r.accepted >= j for res in results for r in res.rounds)
                                     for j in range(1, exported.num_speculative_tokens + 1)],
-        vllm_accepted_per_position=[sum(col) for col in zip(*(g.accepted_per_position or [] for g in generated))])
+        vllm_accepted_per_position=[sum(col) for col in
+                                    zip(*(g.accepted_per_position or [] for g in generated))])

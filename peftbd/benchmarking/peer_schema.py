@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from peftbd.decoding.audit import Mismatch
 from peftbd.peers.vllm_protocol import NgramSpec
@@ -39,9 +39,9 @@ class ShapeRow(BaseModel):
 
 class DflashPair(BaseModel):
     """The main job's DFlash head drafting in both engines (`peftbd.benchmarking.peer_dflash`):
-    its training output, the vLLM export (a directory beside peer.json), each engine's batch-1 pass, our tokens per step's 95%
-    interval over the prompts and whether vLLM's falls inside it, and the prompts whose two
-    outputs are equal."""
+    its training output, the vLLM export (a directory beside peer.json), each engine's batch-1
+    pass, our tokens per step's 95% interval over the prompts and whether vLLM's falls inside it,
+    and the prompts whose two outputs are equal."""
 
     head_dir: str
     export_subdir: str
@@ -50,11 +50,19 @@ class DflashPair(BaseModel):
     ours: ArmRun
     vllm: ArmRun
     ours_interval: tuple[float, float] | None
-    within: bool | None
     identical: int
     prompts: int
     ours_accepted_per_position: list[int]  # rounds whose draft position j was accepted
     vllm_accepted_per_position: list[int]  # vLLM's count (it also counts drafts past the budget)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def within(self) -> bool | None:
+        """vLLM's tokens per verifier step inside our interval (None: either is missing)."""
+        theirs = self.vllm.tokens_per_step
+        if self.ours_interval is None or theirs is None:
+            return None
+        return self.ours_interval[0] <= theirs <= self.ours_interval[1]
 
 
 class PeerTable(BaseModel):

@@ -23,9 +23,9 @@ training cuts blocks with the same code. The chunk's KV is cropped off afterward
 
 Shared, not copied: the verifier's embeddings and LM head are bound, not parameters, so
 `parameters()`, `state_dict()` and `save_pretrained` hold only W_c, the layers, their norms, the
-mask embedding, and W_f and its norm with `anchor_fusion`. A draft vocabulary (FR-Spec) restricts the draft LM head to N token ids
-(`draft_vocabulary`): their (N, d) rows are gathered once per drafter, and the argmax maps back
-to token ids.
+mask embedding, and W_f and its norm with `anchor_fusion`. A draft vocabulary (FR-Spec) restricts
+the draft LM head to N token ids (`draft_vocabulary`): their (N, d) rows are gathered once per
+drafter, and the argmax maps back to token ids.
 """
 
 from __future__ import annotations

@@ -79,17 +79,14 @@ class Generated(_Message):
     """Each prompt's output token ids (a stop token included, as our engine's), the wall seconds
     from the first request added to the last finished, the engine steps (each one verifier
     forward over the running requests), and each request's steps summed; with a speculative
-    method, vLLM's own counts over the call: rounds drafted and draft tokens accepted (its
-    `spec_decode_num_drafts` and `spec_decode_num_accepted_tokens`), the accepted ones per draft
-    position too."""
+    method, vLLM's own count over the call of the draft tokens accepted at each draft position
+    (its `spec_decode_num_accepted_tokens_per_pos`)."""
 
     kind: Literal["generated"] = "generated"
     outputs: list[list[int]]
     seconds: float
     steps: int
     request_steps: int
-    drafts: int | None = None
-    accepted: int | None = None
     accepted_per_position: list[int] | None = None
 
 

@@ -47,7 +47,8 @@ class Side:
         speculative = None
         if req.ngram is not None:
             speculative = {"method": "ngram", "num_speculative_tokens": req.ngram.num_tokens,
-                           "prompt_lookup_min": req.ngram.min_ngram, "prompt_lookup_max": req.ngram.max_ngram}
+                           "prompt_lookup_min": req.ngram.min_ngram,
+                           "prompt_lookup_max": req.ngram.max_ngram}
         elif req.dflash_drafter is not None:
             speculative = {"method": "dflash", "model": req.dflash_drafter.model_dir,
                            "num_speculative_tokens": req.dflash_drafter.num_tokens}
@@ -73,7 +74,7 @@ class Side:
                                 stop_token_ids=req.stop_token_ids, detokenize=False)
         outputs: dict[int, list[int]] = {}
         steps = request_steps = 0
-        before = self.spec_counts()
+        before = self.accepted_per_position()
         start = time.perf_counter()
         for i, ids in enumerate(req.prompts):
             engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params)
@@ -85,28 +86,22 @@ class Side:
                 if out.finished:
                     outputs[int(out.request_id)] = list(out.outputs[0].token_ids)
         seconds = time.perf_counter() - start
-        after = self.spec_counts()
-        spec = {} if after is None or before is None else {
-            "drafts": after[0] - before[0], "accepted": after[1] - before[1],
-            "accepted_per_position": [a - b for a, b in zip(after[2], before[2])]}
+        after = self.accepted_per_position()
+        accepted = None if after is None or before is None else [a - b for a, b in zip(after, before)]
         return Generated(outputs=[outputs[i] for i in range(len(req.prompts))],
-                         seconds=round(seconds, 6), steps=steps, request_steps=request_steps, **spec)
+                         seconds=round(seconds, 6), steps=steps, request_steps=request_steps,
+                         accepted_per_position=accepted)
 
-    def spec_counts(self) -> tuple[int, int, list[int]] | None:
-        """vLLM's speculative counters so far (rounds drafted, tokens accepted, accepted per draft
-        position), None without a speculative method (its stats are off then)."""
-        from vllm.v1.metrics.reader import Counter, Vector
+    def accepted_per_position(self) -> list[int] | None:
+        """vLLM's count so far of draft tokens accepted at each draft position; None without a
+        speculative method (its stats are off then)."""
+        from vllm.v1.metrics.reader import Vector
 
         if self.llm is None or not self.speculative:
             return None
-        found = {m.name: m for m in self.llm.get_metrics()}
-        drafts = found.get("vllm:spec_decode_num_drafts")
-        accepted = found.get("vllm:spec_decode_num_accepted_tokens")
-        per_position = found.get("vllm:spec_decode_num_accepted_tokens_per_pos")
-        if not (isinstance(drafts, Counter) and isinstance(accepted, Counter)
-                and isinstance(per_position, Vector)):
-            return None
-        return drafts.value, accepted.value, list(per_position.values)
+        found = next((m for m in self.llm.get_metrics()
+                      if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"), None)
+        return list(found.values) if isinstance(found, Vector) else None
 
 
 def main() -> None:
