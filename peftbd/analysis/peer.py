@@ -19,8 +19,9 @@ def _count(n: int | None) -> str:
     return "n/a" if n is None else str(n)
 
 
-def _ms(ms: float | None) -> str:
-    return "n/a" if ms is None else f"{ms:.2f}"
+def _num(value: float | None) -> str:
+    """Two decimals, or n/a (not measured)."""
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _step_ms(run: ArmRun) -> str:
@@ -28,7 +29,7 @@ def _step_ms(run: ArmRun) -> str:
     if run.ms_per_step is None:
         return "n/a"
     if run.forward_ms_per_step is None:
-        return _ms(run.ms_per_step)
+        return _num(run.ms_per_step)
     host = run.ms_per_step - run.forward_ms_per_step
     return f"{run.ms_per_step:.2f} ({run.forward_ms_per_step:.2f} + {host:.2f})"
 
@@ -58,10 +59,10 @@ def markdown(table: PeerTable) -> str:
                                     ("prompt lookup / ngram, batch 1", "ours_prompt_lookup", "vllm_ngram")):
             o, t = a[ours], a[theirs]
             steps = ("" if o.tokens_per_step is None else
-                     f"{o.tokens_per_step:.2f}, {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}")
+                     f"{o.tokens_per_step:.2f}, {_num(t.tokens_per_step)}")
             lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
                          f"{ratio(o, t):.2f}x | {steps} | {_count(o.steps)}, {_count(t.steps)} "
-                         f"| {_step_ms(o)}, {_ms(t.ms_per_step)} |")
+                         f"| {_step_ms(o)}, {_num(t.ms_per_step)} |")
         for m in row.mismatches:
             lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
                          f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")
@@ -86,7 +87,7 @@ def _dflash_lines(table: PeerTable) -> list[str]:
         f"exported to vLLM's dflash format in {pair.export_subdir}/ (target layers "
         f"{pair.target_layer_ids}, {pair.num_speculative_tokens} tokens a round). Tokens per "
         f"verifier step: ours {o.tokens_per_step:.2f} (95% interval over the prompts {interval}), "
-        f"vLLM's {'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'}: {verdict}. "
+        f"vLLM's {_num(t.tokens_per_step)}: {verdict}. "
         f"Outputs identical on {pair.identical}/{pair.prompts} prompts. Rounds accepting draft "
         f"position 1, 2, 3, ...: ours {_head(pair.ours_accepted_per_position)}, vLLM's "
         f"{_head(pair.vllm_accepted_per_position)} (vLLM also counts drafts it accepted past the "
@@ -97,8 +98,8 @@ def _dflash_lines(table: PeerTable) -> list[str]:
         f"| DFlash, ours | {o.tokens_per_s:.1f} | {o.tokens_per_step:.2f} | {_count(o.steps)} "
         f"| {_step_ms(o)} |",
         f"| DFlash, vLLM | {t.tokens_per_s:.1f} | "
-        f"{'n/a' if t.tokens_per_step is None else f'{t.tokens_per_step:.2f}'} | {_count(t.steps)} "
-        f"| {_ms(t.ms_per_step)} |",
+        f"{_num(t.tokens_per_step)} | {_count(t.steps)} "
+        f"| {_num(t.ms_per_step)} |",
         f"| ours / vLLM | {ratio(o, t):.2f}x | | | |", ""]
 
 
