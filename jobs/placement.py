@@ -92,7 +92,6 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=1800)
-    jobs = [i for _ in range(cfg.decoding.repeats) for i in range(len(prompts))]
     rates = synthetic_rates(cfg)
     records: list[RequestRecord] = []
     windows: list[Window] = []
@@ -100,6 +99,8 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
         label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
         for concurrency in cfg.serving.client_concurrency:
+            jobs = level_prompts(len(prompts), cfg, concurrency)
+
             def one(i: int, concurrency: int = concurrency, method: str = method) -> RequestRecord:
                 start = time.perf_counter()
                 resp = client.completions.create(model=f"{model}:{method}", prompt=prompts[i],
@@ -122,6 +123,15 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
                 role: [(after[role][r] - before[role].get(r, 0.0)) / wall for r in after[role]]
                 for role in after}))
     return records, windows
+
+
+def level_prompts(prompts: int, cfg: Config, clients: int) -> list[int]:
+    """The prompt of each request a level of `clients` sends: every prompt
+    `decoding.repeats` times, or with `serving.level_requests` n > 0 the first max(n, clients)
+    of those (cycling), so a level's wall time shrinks where its noise allows."""
+    every = [i for _ in range(cfg.decoding.repeats) for i in range(prompts)]
+    n = cfg.serving.level_requests
+    return every if not n else [every[k % len(every)] for k in range(max(n, clients))]
 
 
 def _usage(usage: Any) -> tuple[int, SpecStats]:
@@ -212,8 +222,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         else:
             runnable.append((name, app, options))
     s = cfg.serving
-    tally = Tally(len(runnable) * len(placement_methods(s)) * len(s.client_concurrency)
-                  * len(prompts) * cfg.decoding.repeats)
+    tally = Tally(len(runnable) * len(placement_methods(s)) * sum(
+        len(level_prompts(len(prompts), cfg, c)) for c in s.client_concurrency))
     for name, app, options in runnable:
         log.info("placement %s: deploying the %s app", name, app)
         app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
@@ -234,7 +244,10 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     notes = [
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, client concurrency "
-        f"{list(cfg.serving.client_concurrency)} (the first table: the lowest); serving.max_batch "
+        f"{list(cfg.serving.client_concurrency)} (the first table: the lowest), requests per "
+        "level " + ", ".join(f"{c}: {len(level_prompts(len(prompts), cfg, c))}"
+                             for c in cfg.serving.client_concurrency)
+        + f" (serving.level_requests {cfg.serving.level_requests}); serving.max_batch "
         f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
         "; ".join(f"{m.what}: {dirs.get(m.serving, 'untrained')}" for m in methods()),
         "devices: " + ", ".join(f"{p} {d.total} ({d.verifiers} holding a verifier)"

@@ -282,6 +282,9 @@ class ServingConfig:
     placement_methods: tuple[Method, ...]  # ditto
     # jobs/placement.py: requests in flight, each level in turn
     client_concurrency: Annotated[tuple[PositiveInt, ...], DISTINCT]
+    # jobs/placement.py: requests per level: 0 = every prompt x decoding.repeats; n = max(n,
+    # clients) of them, cycling over the prompts (one request per client at least)
+    level_requests: NonNegativeInt
     # jobs/placement.py: capacity = the most clients that each still get >= this share of one
     # client's tok/s
     capacity_fraction: Fraction

@@ -1,36 +1,25 @@
-"""How the ingress gets a request's steps: from the colocated `Engine`, or by running the rounds
-over the split `Drafter` and `Verifier` handles. Both yield `RoundEvent`s and survive a dead
-replica by resuming elsewhere from the committed tokens (at most `serving.round_retries` times,
-then a clear `BackendUnavailable`)."""
+"""How the ingress gets a request's steps: streamed from the colocated `Engine`, or from the split
+app's round driver (`Rounds`), whose calls to the `Drafter` and `Verifier` handles are wired here
+(`split_driver`). Every hop survives a dead replica by resuming elsewhere from the committed tokens
+(at most `serving.round_retries` times, then a clear `BackendUnavailable`)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextvars
-import functools
-import itertools
 import logging
 import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from peftbd.config import ServingConfig
-from peftbd.serving.gather import Gather
-from peftbd.serving.messages import (
-    PrefillItem,
-    PrefillReply,
-    ProposeItem,
-    ProposeReply,
-    VerifyItem,
-    VerifyReply,
-)
 from peftbd.serving.roles import Role
-from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
+from peftbd.serving.round_driver import Answer, CallKind, Item, RoundDriver
+from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.validation import GenerationSpec
 
 log = logging.getLogger("ray.serve")
@@ -74,32 +63,63 @@ class _Retrying:
         raise AssertionError("unreachable")
 
 
-class ColocatedBackend:
-    """Streams a request's steps from one `Engine` replica (the whole loop runs there)."""
+class _StreamBackend:
+    """Streams a request's steps from one replica that runs its whole loop; a lost replica's
+    request restarts on another from the tokens already committed."""
 
-    def __init__(self, engine: DeploymentHandle, serving: ServingConfig) -> None:
-        self.engine = engine.options(stream=True)
+    role: Role
+
+    def __init__(self, handle: DeploymentHandle, serving: ServingConfig) -> None:
+        self.handle = handle.options(stream=True)
         self.retry = _Retrying(serving)
 
+    def _open(self, spec: GenerationSpec, committed: list[int]) -> AsyncIterator[RoundEvent]:
+        raise NotImplementedError
+
+    def _timed(self, event: RoundEvent, wall_ms: float) -> None:
+        """Fill in the ingress-side transport of an event `wall_ms` after the previous one."""
+
     async def rounds(self, spec: GenerationSpec) -> AsyncGenerator[RoundEvent, None]:
-        """Transport per step = the wall time between two events minus the step's compute."""
         committed = list(spec.prompt_ids)
         for attempt in range(self.retry.retries + 1):
-            # a streaming handle's call: the `RoundEvent`s `Engine.rounds` yields, as objects
-            stream = cast("AsyncIterator[RoundEvent]", self.engine.rounds.remote(
-                spec.prompt_ids, spec.max_new_tokens, spec.method, committed, spec.sampling
-            ))
+            stream = self._open(spec, committed)
             try:
                 last = time.perf_counter()
                 async for event in stream:
                     now = time.perf_counter()
-                    event.transport_ms = max((now - last) * 1e3 - event.compute_ms, 0.0)
+                    self._timed(event, (now - last) * 1e3)
                     last = now
                     committed.extend(event.tokens)
                     yield event
                 return
             except REPLICA_LOST as exc:
-                self.retry.failed(Role.ENGINE.deployment, attempt, exc)
+                self.retry.failed(self.role.deployment, attempt, exc)
+
+
+class ColocatedBackend(_StreamBackend):
+    """Streams a request's steps from one `Engine` replica (the whole loop runs there)."""
+
+    role = Role.ENGINE
+
+    def _open(self, spec: GenerationSpec, committed: list[int]) -> AsyncIterator[RoundEvent]:
+        # a streaming handle's call: the `RoundEvent`s `Engine.rounds` yields, as objects
+        return cast("AsyncIterator[RoundEvent]", self.handle.rounds.remote(
+            spec.prompt_ids, spec.max_new_tokens, spec.method, committed, spec.sampling))
+
+    def _timed(self, event: RoundEvent, wall_ms: float) -> None:
+        """Transport per step = the wall time between two events minus the step's compute."""
+        event.transport_ms = max(wall_ms - event.compute_ms, 0.0)
+
+
+class SplitBackend(_StreamBackend):
+    """Streams a request's steps from the split app's one round driver (`Rounds`, which runs
+    every request's rounds over the Drafter and the Verifier: `split_driver`); its events carry
+    the driver's transport (its calls' wall time minus the replicas' time)."""
+
+    role = Role.ROUNDS
+
+    def _open(self, spec: GenerationSpec, committed: list[int]) -> AsyncIterator[RoundEvent]:
+        return cast("AsyncIterator[RoundEvent]", self.handle.rounds.remote(spec, committed))
 
 
 class _Shards:
@@ -119,82 +139,34 @@ class _Shards:
         return self.handle.options(session_id=self.key(session_id))
 
 
-Reply = tuple[PrefillReply | ProposeReply | VerifyReply, float]
-"""A batched call's reply for one item: (the reply, the item's share of the call's transport
-ms, the items the call carried)."""
-
-_R = TypeVar("_R", PrefillReply, ProposeReply, VerifyReply)
-
-
-class _Course:
-    """Where one request of `group` is: heading to a call (`("to", kind, group)`, between two
-    calls) or in one (`("in", kind, group)`, pending or sent), counted in `counts`; `changed`
-    runs on every move (the gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
-
-    def __init__(self, counts: collections.Counter, changed: Callable[[], None],
-                 group: int = 0) -> None:
-        self.counts, self.changed, self.group = counts, changed, group
-        self.where: tuple[str, str, int] | None = None
-
-    def move(self, where: tuple[str, str] | None) -> None:
-        if self.where is not None:
-            self.counts[self.where] -= 1
-        self.where = None if where is None else (*where, self.group)
-        if self.where is not None:
-            self.counts[self.where] += 1
-        self.changed()
-
-
-class SplitBackend:
-    """Runs the rounds: Drafter.propose_batch then Verifier.verify_batch. Requests are dealt
-    round-robin into `serving.split_groups` groups; each group's items are gathered per call
-    kind (`peftbd.serving.gather.Gather`: at most `serving.max_batch`, waiting up to
-    `serving.batch_wait_ms`) into one call per shard, so transport is paid per batch (a batch
-    waits only for its group's requests heading to it, and a verify for its group's requests
-    still proposing: `_Course`). A group moves in lockstep; groups do not wait for each other,
-    so with two or more the Drafter drafts one group while the Verifier verifies another
-    (PEARL-style overlap across requests); one group is the lockstep of every request. Each
-    item carries the committed tokens, and each propose the verifier features of its last
-    prefill / verify reply (a `FeatureBlock` for the block-diffusion head, else None). A
-    request's transport is its share of its calls'."""
+class _SplitCalls:
+    """The round driver's calls to the Drafter and the Verifier: a batch becomes one call per
+    shard, retried after a lost replica; a release is fire and forget."""
 
     def __init__(self, drafter: DeploymentHandle, verifier: DeploymentHandle,
                  serving: ServingConfig) -> None:
-        self.drafter = _Shards(drafter, Role.DRAFTER.deployment, serving.drafter_replicas)
-        self.verifier = _Shards(verifier, Role.VERIFIER.deployment, serving.verifier_replicas)
+        self.shards = {Role.DRAFTER: _Shards(drafter, Role.DRAFTER.deployment,
+                                             serving.drafter_replicas),
+                       Role.VERIFIER: _Shards(verifier, Role.VERIFIER.deployment,
+                                              serving.verifier_replicas)}
         self.retry = _Retrying(serving)
-        self._where: collections.Counter = collections.Counter()
-        self._dealt = itertools.count()
-        self.groups = serving.split_groups
-        count = self._where.__getitem__
-        self._gathers = {
-            (kind, g): Gather(functools.partial(self._send, target, f"{kind}_batch"),
-                              serving.max_batch, serving.batch_wait_ms,
-                              functools.partial(count, ("to", kind, g)),
-                              # a verify waits for its group's requests still proposing
-                              functools.partial(count, ("in", "propose", g)) if kind == "verify"
-                              else lambda: 0)
-            for kind, target in (("prefill", self.verifier), ("propose", self.drafter),
-                                 ("verify", self.verifier))
-            for g in range(self.groups)
-        }
 
-    async def _send(self, target: _Shards, method: str,
-                    items: Sequence[Any]) -> list[Reply | BaseException]:
+    async def send(self, kind: CallKind, items: Sequence[Item]) -> list[Answer]:
         """One call per shard, concurrently; a shard whose replica kept dying fails only its
         own items."""
+        target = self.shards[Role.DRAFTER if kind == "propose" else Role.VERIFIER]
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault(target.key(item.session_id), []).append(i)
 
-        async def shard(key: str, idx: list[int]) -> list[Reply]:
+        async def shard(key: str, idx: list[int]) -> list[Answer]:
             handle, batch = target.handle.options(session_id=key), [items[i] for i in idx]
             replies, wall = await self.retry.call(
-                target.name, lambda: getattr(handle, method).remote(batch))
+                target.name, lambda: getattr(handle, f"{kind}_batch").remote(batch))
             share = max(wall - replies[0].handler_ms, 0.0) / len(idx)
             return [(reply, share) for reply in replies]
 
-        out: dict[int, Reply | BaseException] = {}  # item index: its reply or its shard's error
+        out: dict[int, Answer] = {}  # item index: its reply or its shard's error
         done = await asyncio.gather(*(shard(k, idx) for k, idx in groups.items()),
                                     return_exceptions=True)
         for idx, result in zip(groups.values(), done):
@@ -202,59 +174,17 @@ class SplitBackend:
                 out[i] = result if isinstance(result, BaseException) else result[n]
         return [out[i] for i in range(len(items))]
 
-    def _changed(self) -> None:
-        for gather in self._gathers.values():
-            gather.poke()
+    def release(self, role: Role, session_id: str) -> None:
+        target = self.shards[role]
+        _detached(lambda: target.to(session_id).release.remote(session_id))
 
-    async def _call(self, kind: str, item: PrefillItem | ProposeItem | VerifyItem,
-                    course: _Course, expected: type[_R]) -> tuple[_R, float]:
-        """(the `expected` reply to `item`, its share of the call's transport ms)."""
-        course.move(("in", kind))
-        result = await self._gathers[kind, course.group].call(item)
-        if isinstance(result, BaseException):
-            raise result
-        reply, share = result
-        if not isinstance(reply, expected):
-            raise TypeError(f"a {kind} call answered a {type(reply).__name__}, not a "
-                            f"{expected.__name__}")
-        return reply, share
 
-    async def rounds(self, spec: GenerationSpec) -> AsyncGenerator[RoundEvent, None]:
-        sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
-        first = "verify" if spec.method == "ar" else "propose"  # of each round
-        course = _Course(self._where, self._changed, next(self._dealt) % self.groups)
-        course.move(("to", "prefill"))
-        try:
-            started, share = await self._call(
-                "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling), course,
-                PrefillReply)
-            event = prefill_event(started, share, started.batch_size)
-            committed = prompt + event.tokens
-            course.move(None if event.done else ("to", first))
-            yield event
-            shipped = started.shipped
-            while not event.done:
-                proposal: ProposeReply | None = None
-                draft_share = 0.0
-                if spec.method != "ar":
-                    proposal, draft_share = await self._call("propose", ProposeItem(
-                        sid, committed, len(prompt), budget, spec.method, shipped, spec.sampling),
-                        course, ProposeReply)
-                    course.move(("to", "verify"))
-                draft = proposal.draft if proposal else []
-                reply, verify_share = await self._call("verify", VerifyItem(
-                    sid, committed, len(prompt), budget, draft, spec.method, spec.sampling), course,
-                    VerifyReply)
-                shipped = reply.shipped
-                event = split_round(proposal, draft_share, reply, verify_share, reply.batch_size)
-                committed = committed + event.tokens
-                course.move(None if event.done else ("to", first))
-                yield event
-        finally:  # also when the client left: see `_detached`
-            course.move(None)
-            if spec.method != "ar":
-                _detached(lambda: self.drafter.to(sid).release.remote(sid))
-            _detached(lambda: self.verifier.to(sid).release.remote(sid))
+def split_driver(drafter: DeploymentHandle, verifier: DeploymentHandle,
+                 serving: ServingConfig) -> RoundDriver:
+    """The round driver of a split app over its Drafter and Verifier handles
+    (`peftbd.serving.round_driver.RoundDriver`, which the `Rounds` deployment runs)."""
+    calls = _SplitCalls(drafter, verifier, serving)
+    return RoundDriver(calls.send, calls.release, serving)
 
 
 def _detached(call: Callable[[], Any]) -> None:

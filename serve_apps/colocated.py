@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from peftbd.serving.roles import MODEL_ROLES, Role
+from peftbd.serving.roles import APP_ROLES, Role
 from serve_apps.args import AppArgs, actor_options
 from serve_apps.deployments import Engine, deployment_of
 from serve_apps.ingress import Ingress
@@ -21,8 +21,8 @@ def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Ap
     """The app; `options` (by role, `Role`: `engine`, `ingress`) replaces the `.options(...)`
     that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
-    roles = (*MODEL_ROLES["colocated"], Role.INGRESS)
-    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role) for role in roles}
+    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role)
+                                       for role in APP_ROLES["colocated"]}
     opts |= options or {}
     plain = args.model_dump()
     engine = deployment_of(Engine).options(**opts[Role.ENGINE]).bind(plain)

@@ -1,4 +1,5 @@
-"""The model deployments: `Engine` (colocated: the whole loop), `Drafter` and `Verifier` (split).
+"""The deployments behind the Ingress: `Engine` (colocated: the whole loop), `Drafter` and
+`Verifier` (split), and the split app's round driver `Rounds`.
 
 Thin wrappers over `peftbd.serving.replica.ReplicaDecoder`. The Engine streams each request's
 steps from its step loop (concurrent requests batched); Drafter and Verifier take batched calls
@@ -7,10 +8,11 @@ steps from its step loop (concurrent requests batched); Drafter and Verifier tak
 reach the replica that holds its state; any other replica rebuilds it from the committed tokens
 the item carries.
 
-Each Ingress replica gathers only its own requests into a call, so Drafter and Verifier combine
-again (`peftbd.serving.combine`): calls that arrive while a batch is in flight, from any Ingress,
-run as the next batch, up to `serving.max_batch` items (the colocated Engine's step loop does the
-same for its requests).
+`Rounds` (one replica) runs every request's rounds of the split app, whichever Ingress took it
+(`peftbd.serving.round_driver`), so each role sees one batch stream per `serving.split_groups`
+group; Drafter and Verifier still combine calls that arrive while a batch is in flight
+(`peftbd.serving.combine`) into the next batch, up to `serving.max_batch` items (the colocated
+Engine's step loop does the same for its requests).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Deployment
+from ray.serve.handle import DeploymentHandle
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.methods import AR, methods, serving_names
@@ -37,7 +40,9 @@ from peftbd.serving.models import load_serving_models
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.roles import Role
 from peftbd.serving.rounds import RoundEvent
+from peftbd.serving.validation import GenerationSpec
 from serve_apps.args import MAX_ONGOING, SESSION_ROUTER, AppArgs
+from serve_apps.backends import split_driver
 
 
 def deployment_of(decorated: object) -> Deployment:
@@ -130,3 +135,21 @@ class Verifier(_ModelReplica):
         token and ships what the request's drafter reads of it: one batched verify (with the
         other calls waiting here)."""
         return await self.combiner.call("verify", self.decoder.verify_batch, items)
+
+
+@serve.deployment(name=Role.ROUNDS.deployment, max_ongoing_requests=256)
+class Rounds:
+    """Split: the app's round driver, one replica holding every request's rounds (from both
+    Ingress replicas) and keeping the Drafter and the Verifier each fed with the next ready
+    batch (`peftbd.serving.round_driver.RoundDriver`)."""
+
+    def __init__(self, args: dict[str, Any], drafter: DeploymentHandle,
+                 verifier: DeploymentHandle) -> None:
+        self.driver = split_driver(drafter, verifier, AppArgs.model_validate(args).load().serving)
+
+    async def rounds(self, spec: GenerationSpec, committed: Sequence[int] = ()
+                     ) -> AsyncIterator[RoundEvent]:
+        """Stream one request's steps (its prefill unless `committed` extends its prompt: a
+        request resumed after a lost driver, then its rounds) as `RoundEvent`s."""
+        async for event in self.driver.rounds(spec, committed):
+            yield event

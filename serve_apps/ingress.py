@@ -5,8 +5,9 @@
     POST /v1/chat/completions   messages (chat template, thinking off) -> assistant message
 
 It validates and tokenizes (`peftbd.serving.validation`), gets the request's steps from its
-backend (colocated `Engine`, or split `Drafter` + `Verifier`), detokenizes incrementally and
-reports usage with speculative stats; per-round metrics go to Prometheus.
+backend (colocated `Engine`, or the split app's round driver `Rounds` over `Drafter` +
+`Verifier`), detokenizes incrementally and reports usage with speculative stats; per-round
+metrics go to Prometheus.
 """
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at runtime.
 
@@ -105,24 +106,21 @@ api.add_middleware(_QuietDisconnect)
 @serve.deployment(name=Role.INGRESS.deployment, max_ongoing_requests=256)
 @serve.ingress(api)
 class Ingress:
-    """Front end of the `colocated` app (given `engine`) or the `split` app (given `drafter` and
-    `verifier`)."""
+    """Front end of the `colocated` app (given `engine`) or the `split` app (given its round
+    driver, `rounds`)."""
 
     def __init__(self, args: dict[str, Any], engine: DeploymentHandle | None = None,
-                 drafter: DeploymentHandle | None = None,
-                 verifier: DeploymentHandle | None = None) -> None:
+                 rounds: DeploymentHandle | None = None) -> None:
         self.cfg = AppArgs.model_validate(args).load()
         self.serving = self.cfg.serving
         self.tokenizer = load_tokenizer(self.cfg)
         self.backend: ColocatedBackend | SplitBackend
-        if engine is not None:
+        if engine is not None and rounds is None:
             self.placement, self.backend = "colocated", ColocatedBackend(engine, self.serving)
-        elif drafter is not None and verifier is not None:
-            self.placement = "split"
-            self.backend = SplitBackend(drafter, verifier, self.serving)
+        elif rounds is not None and engine is None:
+            self.placement, self.backend = "split", SplitBackend(rounds, self.serving)
         else:
-            raise ValueError("the Ingress takes an `engine` (colocated) or a `drafter` and a "
-                             "`verifier` (split)")
+            raise ValueError("the Ingress takes an `engine` (colocated) or `rounds` (split)")
         self.metrics = RoundMetrics(self.placement)
         self.synthetic = synthetic_rates(self.cfg)  # {method: tokens per round} of the synthetic
         self.created = int(time.time())

@@ -1,8 +1,8 @@
-"""The `split` app: Ingress runs the rounds over a `Drafter` deployment (every registered
-method's drafter: PEFT-BD adapter on the backbone, the MTP head, the block-diffusion head, ...) and
-a `Verifier` deployment (adapter off; it ships each drafter the verifier state its method reads,
-`Method.ships`), each with its own replicas and resources; a request's rounds stick to one
-replica of each by session id.
+"""The `split` app: Ingress -> `Rounds` (one round driver for the app) -> a `Drafter` deployment
+(every registered method's drafter: PEFT-BD adapter on the backbone, the MTP head, the
+block-diffusion head, ...) and a `Verifier` deployment (adapter off; it ships each drafter the
+verifier state its method reads, `Method.ships`), each with its own replicas and resources; a
+request's rounds stick to one replica of each by session id.
 
     serve run serve_apps.split:app_builder preset=tiny
     serve deploy serve_apps/local.yaml            # local, with the colocated app, on /split
@@ -15,24 +15,24 @@ from typing import Any
 
 from ray.serve import Application
 
-from peftbd.serving.roles import MODEL_ROLES, Role
+from peftbd.serving.roles import APP_ROLES, Role
 from serve_apps.args import AppArgs, actor_options
-from serve_apps.deployments import Drafter, Verifier, deployment_of
+from serve_apps.deployments import Drafter, Rounds, Verifier, deployment_of
 from serve_apps.ingress import Ingress
 
 
 def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
-    """The app; `options` (by role, `Role`: `drafter`, `verifier`, `ingress`) replaces the
-    `.options(...)` that `cfg.serving` gives (placement experiments)."""
+    """The app; `options` (by role, `Role`: `drafter`, `verifier`, `rounds`, `ingress`)
+    replaces the `.options(...)` that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
-    roles = (*MODEL_ROLES["split"], Role.INGRESS)
-    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role) for role in roles}
+    opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role)
+                                       for role in APP_ROLES["split"]}
     opts |= options or {}
     plain = args.model_dump()
     drafter = deployment_of(Drafter).options(**opts[Role.DRAFTER]).bind(plain)
     verifier = deployment_of(Verifier).options(**opts[Role.VERIFIER]).bind(plain)
-    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(
-        plain, drafter=drafter, verifier=verifier)
+    rounds = deployment_of(Rounds).options(**opts[Role.ROUNDS]).bind(plain, drafter, verifier)
+    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(plain, rounds=rounds)
 
 
 def app_builder(args: AppArgs) -> Application:

@@ -136,6 +136,15 @@ class LoadRow:
     mean_batch: float | None
     busy: dict[str, float | None]  # role: its replicas' mean busy fraction
     speedup: float | None = None
+    # the replicas' time per round at this level (a batched call's whole time: t_d and t_v at
+    # the batch sizes they ran), and the tokens a round gave
+    draft_ms_per_round: float | None = None
+    verify_ms_per_round: float | None = None
+    sync_ms_per_round: float | None = None
+    tokens_per_round: float | None = None
+    # the prefill calls' time per generated token (each call once: a request's over its call's
+    # requests)
+    prefill_ms_per_token: float | None = None
 
 
 def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Window] = (),
@@ -144,8 +153,9 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
     aggregate wall time (first request sent to last answered), tokens/s per device (`devices`),
     each client's tokens/s (mean over requests), p50 / p95 client latency, the transport per
     generated token (each request's share of its batched calls, summed), the mean batch size of
-    its rounds, each role's mean replica busy fraction (`windows`), and tokens/s over the same
-    placement and method at the lowest concurrency (`speedup`)."""
+    its rounds, each role's mean replica busy fraction (`windows`), tokens/s over the same
+    placement and method at the lowest concurrency (`speedup`), and the draft / verify / sync
+    ms and tokens of a round at this level."""
     load = {(w.placement, w.method, w.concurrency): w.busy for w in windows}
     key: Callable[[RequestRecord], tuple[str, str, int]] = (  # noqa: E731
         lambda r: (r.placement, r.method, r.concurrency))
@@ -170,6 +180,12 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
             mean_batch=_div(sum(r.spec.mean_batch_size * r.spec.rounds for r in group), rounds),
             busy={role: _div(sum(f), len(f))
                   for role, f in load.get((placement, method, conc), {}).items()},
+            draft_ms_per_round=_div(sum(r.spec.draft_ms for r in group), rounds),
+            verify_ms_per_round=_div(sum(r.spec.verify_ms for r in group), rounds),
+            sync_ms_per_round=_div(sum(r.spec.sync_ms for r in group), rounds),
+            tokens_per_round=_div(tokens - len(group), rounds),  # the prefill token is no round's
+            prefill_ms_per_token=_div(sum(r.spec.prefill_ms / max(r.spec.prefill_batch_size, 1)
+                                          for r in group), tokens),
         ))
     base: dict[tuple[str, str], float | None] = {}  # (placement, method): its lowest's tok/s
     for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
@@ -210,7 +226,8 @@ CONCURRENCY_COLUMNS = [
     ("clients", "concurrency"), ("requests", "requests"), ("requests/s", "requests_per_s"),
     ("tokens/s", "tokens_per_s"), ("x vs lowest", "speedup"), ("p50 ms", "p50_ms"),
     ("p95 ms", "p95_ms"), ("transport ms/token", "transport_ms_per_token"),
-    ("mean batch", "mean_batch"), ("tok/s per device", "tokens_per_s_per_device"),
+    ("mean batch", "mean_batch"), ("draft ms/round", "draft_ms_per_round"),
+    ("verify ms/round", "verify_ms_per_round"), ("tok/s per device", "tokens_per_s_per_device"),
     ("tok/s per client", "client_tokens_per_s"),
 ]
 
@@ -242,7 +259,8 @@ def markdown(summary: dict[str, dict[str, PlacementRun]], skipped: dict[str, str
                   "last answered); p50 / p95 = client latency per request; transport ms/token = "
                   "the requests' shares of their batched calls' transport over the tokens "
                   "generated; mean batch = requests per batched step (colocated) or verify call "
-                  "(split) of a round; x vs lowest = tokens/s over the lowest concurrency's; "
+                  "(split) of a round; draft / verify ms/round = a round's batched draft / verify "
+                  "call at this level (t_d, t_v at the batch sizes run); x vs lowest = tokens/s over the lowest concurrency's; "
                   "tok/s per device = tokens/s over the placement's devices (replicas); tok/s "
                   "per client = mean over requests of tokens / latency; replica busy = the mean "
                   "share of the run's wall time each role's replicas held their model lock."]

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, RequestRecord, busy_words
+from peftbd.analysis.placement_ledger import Ledger, ledger, ledger_words, level_bound, losses
 from peftbd.analysis.tables import fmt, markdown_table
 
 GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
@@ -61,6 +62,9 @@ class Verdict:
     terms_ms_per_token: dict[str, float]  # split-only costs at `clients`
     busy: dict[str, float | None]  # split's roles at `clients`
     batch: tuple[float | None, float | None]  # mean batch (colocated, split) at `clients`
+    # a verifier device's ms per token at `clients` (colocated, split): `placement_ledger`
+    ledgers: tuple[Ledger | None, Ledger | None] = (None, None)
+    level_bound: float | None = None  # `overlap_bound` at the round times `clients` ran
 
 
 def capacity(rows: Sequence[LoadRow], fraction: float) -> Capacity | None:
@@ -116,6 +120,9 @@ def _verdict(method: str, placement: str, summary: dict[str, dict[str, Placement
         terms_ms_per_token=_terms(one[placement], split),
         busy=split.busy if split is not None else {},
         batch=_pair(placement, lambda p: _read(at[p], lambda r: r.mean_batch)),
+        ledgers=_pair(placement, lambda p: ledger(at[p], one[p], devices[p].verifiers,
+                                                  p != "colocated")),
+        level_bound=level_bound(at["colocated"], split, devices[placement]),
     )
 
 
@@ -238,16 +245,39 @@ def sentence(v: Verdict) -> str:
         f"generated token split against {_f(v.draft_ms_per_token[0], 2)} colocated "
         f"({_f(change, 2)}x, one request at a time). At {v.clients} clients split serves "
         f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device (at most "
-        f"{_f(v.overlap_bound, 2)}x were both roles always busy); the largest split-only "
+        f"{_f(v.overlap_bound, 2)}x were both roles always busy at one request's round times"
+        + (f", {v.level_bound:.2f}x at those this level ran" if v.level_bound is not None else "")
+        + "); the largest split-only "
         f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
         + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
         + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
         f"per verifier device, split over colocated: {_gain_words(capacity_gain(v))} (clients "
         f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated; each client "
         f"kept >= {_floor_words(v.capacity[1])} vs {_floor_words(v.capacity[0])} tok/s), against "
-        f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. Goals: "
-        + "; ".join(goals) + "."
+        f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. "
+        + _ledger_sentence(v) + "Goals: " + "; ".join(goals) + "."
     )
+
+
+def _ledger_sentence(v: Verdict) -> str:
+    """What split's verifier device lost at the verdict's level, in ms per token ("" when a
+    term was not measured)."""
+    colocated, split = v.ledgers
+    if colocated is None or split is None:
+        return ""
+    lost = max(losses(split).items(), key=lambda kv: kv[1])
+    floors = [c.floor_tps for c in v.capacity if c is not None]
+    floor = (f" (a saturated placement's capacity is its tok/s over its floor: this ratio x "
+             f"colocated's floor over split's, {floors[0] / floors[1]:.2f})"
+             if len(floors) == 2 and floors[1] else "")
+    return (f"Per verifier device at {v.clients} clients split serves "
+            f"{colocated.wall / split.wall:.2f}x colocated's tok/s{floor}, against "
+            f"{colocated.rounds / split.rounds:.2f}x predicted from the round forwards at the "
+            f"batches they ran ({colocated.one_request / split.one_request:.2f}x one request at "
+            f"a time; {(colocated.rounds + colocated.prefill) / (split.rounds + split.prefill):.2f}x "
+            f"with the prefills, which split's verifier runs alone); "
+            f"{ledger_words('colocated', colocated)}; {ledger_words('split', split)}; "
+            f"split lost most to {lost[0]} ({lost[1]:.1f} ms per token). ")
 
 
 def _goal(value: float | None, goal: float) -> str:

@@ -17,6 +17,7 @@ class Role(str, Enum):
     ENGINE = "engine"  # colocated: the verifier and every drafter, the whole loop
     DRAFTER = "drafter"  # split: every drafter
     VERIFIER = "verifier"  # split: the verifier
+    ROUNDS = "rounds"  # split: the round driver (every request's rounds over both)
 
     def __str__(self) -> str:
         return self.value
@@ -30,13 +31,18 @@ class Role(str, Enum):
 
 DEPLOYMENT_NAMES: dict[Role, str] = {
     Role.INGRESS: "Ingress", Role.ENGINE: "Engine", Role.DRAFTER: "Drafter",
-    Role.VERIFIER: "Verifier",
+    Role.VERIFIER: "Verifier", Role.ROUNDS: "Rounds",
 }
 """Role -> its Ray Serve deployment name."""
 
 MODEL_ROLES: dict[str, tuple[Role, ...]] = {
     "colocated": (Role.ENGINE,), "split": (Role.DRAFTER, Role.VERIFIER)}
 """App -> the roles of its model deployments (each app also has an `Role.INGRESS`)."""
+
+APP_ROLES: dict[str, tuple[Role, ...]] = {
+    "colocated": (Role.ENGINE, Role.INGRESS),
+    "split": (Role.DRAFTER, Role.VERIFIER, Role.ROUNDS, Role.INGRESS)}
+"""App -> the roles of all its deployments (the split app's round driver too)."""
 
 VERIFIER_ROLES = (Role.ENGINE, Role.VERIFIER)
 """The roles whose replicas hold a verifier."""

@@ -84,6 +84,7 @@ class RequestStats:
     resumes: int = 0
     feature_bytes: int = 0
     batch_size_sum: int = 0
+    prefill_batch_size: int = 0
     times_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
@@ -97,6 +98,7 @@ class RequestStats:
         self.feature_bytes += event.feature_bytes
         if event.prefill:
             self.times_ms["prefill"] += event.compute_ms
+            self.prefill_batch_size = event.batch_size
             return
         self.times_ms["draft"] += event.draft_ms
         self.times_ms["verify"] += event.verify_ms
@@ -122,6 +124,7 @@ class RequestStats:
             other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
             resumes=self.resumes, feature_bytes=self.feature_bytes,
             mean_batch_size=round(self.batch_size_sum / self.rounds, 4) if self.rounds else 0.0,
+            prefill_batch_size=self.prefill_batch_size,
         )
 
 

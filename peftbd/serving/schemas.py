@@ -133,7 +133,8 @@ class SpecStats(BaseModel):
     `feature_bytes` = verifier features sent to a split drafter (the block-diffusion head reads
     them instead of running the verifier; prefill included), 0 for other methods and colocated;
     `mean_batch_size` = requests per batched step (colocated) or verify call (split) over its
-    rounds; `transport_ms` of a batched call is this request's share (the call's / its items).
+    rounds, `prefill_batch_size` the requests its prefill call carried; `transport_ms` of a
+    batched call is this request's share (the call's / its items).
     `synthetic`: set when the method runs under controlled acceptance (`serving.synthetic`): the
     tokens per round its drafts were forced to (its acceptance is chosen, not measured; the
     output is still the verifier's greedy output). `temperature`: the request's sampling
@@ -157,6 +158,7 @@ class SpecStats(BaseModel):
     resumes: int = 0
     feature_bytes: int = 0
     mean_batch_size: float = 0.0
+    prefill_batch_size: int = 0
 
 
 class Usage(BaseModel):

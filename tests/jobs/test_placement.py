@@ -112,6 +112,17 @@ def test_a_local_cluster_rerun_rebuilds_an_output_that_skipped_placements(tmp_pa
     assert _skipped_some(tmp_path)
 
 
+def test_a_level_sends_every_prompt_or_at_least_one_request_per_client():
+    from jobs.placement import level_prompts
+
+    every = load_config("tiny", overrides=["decoding.repeats=2"])
+    assert level_prompts(3, every, 16) == [0, 1, 2, 0, 1, 2]
+    fewer = load_config("placement-0.6b")
+    assert fewer.serving.level_requests == 8
+    assert [len(level_prompts(8, fewer, c)) for c in (1, 8, 32)] == [8, 8, 32]
+    assert level_prompts(3, fewer, 4) == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
 def test_overrides_rebuild_the_config_from_its_preset():
     cfg = load_config("tiny", overrides=["decoding.num_prompts=3", "serving.placements=[split]"])
     assert load_config("tiny", overrides=_overrides(cfg)) == cfg
@@ -123,8 +134,9 @@ def test_placement_job_on_this_machine(tmp_path):
     from jobs.placement import run_placement
 
     cfg = load_config("tiny", overrides=[
-        "decoding.num_prompts=2", "decoding.max_new_tokens=6", "decoding.repeats=1",
-        "serving.client_concurrency=[1, 2]", "serving.synthetic=[peftbd=3]",
+        "decoding.num_prompts=1", "decoding.max_new_tokens=6", "decoding.repeats=1",
+        "serving.client_concurrency=[1, 2]", "serving.level_requests=2",
+        "serving.synthetic=[peftbd=3]",
         "serving.placements=[colocated, split, split-cross-node]",
         "serving.placement_methods=[ar, peftbd, fastmtp, peftbd_head]"])
     import ray
@@ -138,7 +150,7 @@ def test_placement_job_on_this_machine(tmp_path):
     synthetic = "peftbd [synthetic: 3/round]"
     for methods in result.summary.values():
         assert set(methods) == {"ar", synthetic, "fastmtp", "peftbd_head"}
-        assert all(m.requests == 2 and m.transport_ms_per_round is not None
+        assert all(m.requests == 2 and m.transport_ms_per_round is not None  # 1 prompt, twice
                    for m in methods.values())
     # a split drafter is shipped what it reads (KV, hidden states, features); colocated: nothing
     split, colocated = result.summary["split"], result.summary["colocated"]
@@ -159,4 +171,5 @@ def test_placement_job_on_this_machine(tmp_path):
     assert result.outputs_identical is True
     md = (out / "placement.md").read_text()
     assert md.startswith("# Placement") and "## Verdict" in md and "largest split-only cost" in md
+    assert all(None not in v.ledgers for v in result.verdicts) and "split lost most to" in md
     assert (out / "manifest.json").is_file()

@@ -1,5 +1,6 @@
-"""The ingress backends without a cluster: deployment handles faked over in-process replicas, so
-the split rounds, retries after a lost replica and the clear error are checked in seconds."""
+"""The ingress backends and the split round driver without a cluster: deployment handles faked
+over in-process replicas, so the split rounds, retries after a lost replica (model replica or
+round driver) and the clear error are checked in seconds."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from peftbd.decoding import decode
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.validation import GenerationSpec
-from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend
+from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend, split_driver
 
 MAX_NEW = 12
 
@@ -37,7 +38,8 @@ class FakeHandle:
 
     def die(self) -> ActorDiedError:
         self.deaths -= 1
-        self.replica.sessions = type(self.replica.sessions)(4)
+        if isinstance(self.replica, ReplicaDecoder):
+            self.replica.sessions = type(self.replica.sessions)(4)
         return ActorDiedError()
 
     def __getattr__(self, method: str) -> Any:
@@ -106,7 +108,7 @@ def _collect(backend: Any, spec: GenerationSpec) -> tuple[list[int], int]:
 def test_split_rounds_survive_a_lost_drafter(tiny_cfg, setup, method):
     models, prompt, expected = setup
     drafter = FakeHandle(ReplicaDecoder(models, 4), dies_on="propose_batch", deaths=1)
-    backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
+    backend = split_driver(drafter, FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
     tokens, resumes = _collect(backend, _spec(prompt, method))
     assert tokens == expected and resumes == 1 and drafter.deaths == 0
 
@@ -117,7 +119,7 @@ def test_split_rounds_hand_the_verifier_features_to_the_head_drafter(tiny_cfg, s
     models, prompt, expected = setup
     drafter = ReplicaDecoder(models, 4)
     monkeypatch.setattr(drafter, "release", lambda _sid: None)  # keep its session to look at
-    backend = SplitBackend(FakeHandle(drafter), FakeHandle(ReplicaDecoder(models, 4)),
+    backend = split_driver(FakeHandle(drafter), FakeHandle(ReplicaDecoder(models, 4)),
                            tiny_cfg.serving)
 
     async def run() -> list:
@@ -161,10 +163,50 @@ def test_colocated_stream_resumes_on_a_new_engine(tiny_cfg, setup):
     assert tokens == expected and resumes == 1 and engine.deaths == 0
 
 
+class _DriverReplica:
+    """A `Rounds` replica stand-in: its `rounds` stream is the driver's (FakeHandle streams a
+    replica's `arounds`)."""
+
+    def __init__(self, driver: Any) -> None:
+        self.arounds = driver.rounds
+
+
+@pytest.mark.parametrize("method", ["ar", "peftbd", "peftbd_head"])
+def test_a_split_request_resumes_on_a_new_round_driver(tiny_cfg, setup, method):
+    """The Ingress streams a split request from the round driver; a driver lost after three
+    steps is replaced and the request goes on from the tokens already sent (no second prefill),
+    exactly."""
+    models, prompt, expected = setup
+    driver = split_driver(FakeHandle(ReplicaDecoder(models, 4)),
+                          FakeHandle(ReplicaDecoder(models, 4)), tiny_cfg.serving)
+    rounds = FakeHandle(_DriverReplica(driver), dies_on="rounds", deaths=1)
+
+    async def run() -> list[RoundEvent]:
+        return [e async for e in SplitBackend(rounds, tiny_cfg.serving).rounds(_spec(prompt, method))]
+
+    events = asyncio.run(run())
+    assert [t for e in events for t in e.tokens] == expected
+    assert rounds.calls == 2 and rounds.deaths == 0 and sum(e.prefill for e in events) == 1
+
+
+def test_the_round_driver_resumes_from_committed_tokens_without_a_prefill(tiny_cfg, setup):
+    models, prompt, expected = setup
+    verifier = ReplicaDecoder(models, 4)
+    driver = split_driver(FakeHandle(ReplicaDecoder(models, 4)), FakeHandle(verifier),
+                          tiny_cfg.serving)
+
+    async def run() -> list[RoundEvent]:
+        return [e async for e in driver.rounds(_spec(prompt, "fastmtp"), prompt + expected[:5])]
+
+    events = asyncio.run(run())
+    assert [t for e in events for t in e.tokens] == expected[5:]
+    assert not any(e.prefill for e in events) and events[0].resumes >= 1
+
+
 def test_a_replica_that_keeps_dying_gives_a_clear_error(tiny_cfg, setup):
     models, prompt, _ = setup
     verifier = FakeHandle(ReplicaDecoder(models, 4), dies_on="verify_batch", deaths=99)
-    backend = SplitBackend(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
+    backend = split_driver(FakeHandle(ReplicaDecoder(models, 4)), verifier, tiny_cfg.serving)
     with pytest.raises(BackendUnavailable, match="Verifier replica .* lost 3 times"):
         _collect(backend, _spec(prompt, "peftbd"))
 
@@ -174,7 +216,7 @@ def test_closing_split_rounds_early_releases_both_sessions(tiny_cfg, setup):
     Verifier sessions are released at once, not left for the LRU."""
     models, prompt, _ = setup
     drafter, verifier = ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
-    backend = SplitBackend(FakeHandle(drafter), FakeHandle(verifier), tiny_cfg.serving)
+    backend = split_driver(FakeHandle(drafter), FakeHandle(verifier), tiny_cfg.serving)
 
     async def two_rounds() -> None:
         rounds = backend.rounds(_spec(prompt, "fastmtp"))
@@ -205,7 +247,7 @@ def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, 
     models, prompt, expected = setup
     drafter, verifier = ReplicaDecoder(models, 16), ReplicaDecoder(models, 16)
     dh, vh = FakeHandle(drafter), FakeHandle(verifier)
-    backend = SplitBackend(dh, vh, tiny_cfg.serving)
+    backend = split_driver(dh, vh, tiny_cfg.serving)
     results = _concurrent(backend, [_spec(prompt, method, f"r{i}") for i in range(8)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
     assert sum(e.resumes for r in results for e in r) == 0
@@ -221,7 +263,7 @@ def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, 
 def test_a_drafter_killed_under_concurrent_load_leaves_every_answer_exact(tiny_cfg, setup, method):
     models, prompt, expected = setup
     drafter = FakeHandle(ReplicaDecoder(models, 16), dies_on="propose_batch", deaths=1)
-    backend = SplitBackend(drafter, FakeHandle(ReplicaDecoder(models, 16)), tiny_cfg.serving)
+    backend = split_driver(drafter, FakeHandle(ReplicaDecoder(models, 16)), tiny_cfg.serving)
     results = _concurrent(backend, [_spec(prompt, method, f"r{i}") for i in range(6)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
     assert sum(e.resumes for r in results for e in r) >= 1 and drafter.deaths == 0
@@ -280,7 +322,7 @@ def test_split_groups_overlap_drafting_with_verifying_and_stay_exact(tiny_cfg, s
     # two processes' worth of models: the adapter switch is model-wide
     drafter = ThreadedHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
     verifier = ThreadedHandle(ReplicaDecoder(models, 16))
-    backend = SplitBackend(drafter, verifier, serving)
+    backend = split_driver(drafter, verifier, serving)
     results = _concurrent(backend, [_spec(prompt, "peftbd", f"r{i}") for i in range(8)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
     overlap = _overlap_s(drafter.spans, verifier.spans)

@@ -21,22 +21,23 @@ def _config(name: str) -> dict:
     return yaml.safe_load((APPS / f"{name}.yaml").read_text())
 
 
-DEPLOYMENTS = {"colocated": {"Engine", "Ingress"}, "split": {"Drafter", "Verifier", "Ingress"}}
+DEPLOYMENTS = {"colocated": {"Engine", "Ingress"},
+               "split": {"Drafter", "Verifier", "Rounds", "Ingress"}}
 
 
 def test_each_deployment_is_named_by_its_role():
     """One name per role (`peftbd.serving.roles`): the deployments, the apps' YAMLs and the
     placement job's handles all say it."""
-    from peftbd.serving.roles import MODEL_ROLES, Role
-    from serve_apps.deployments import Drafter, Engine, Verifier, deployment_of
+    from peftbd.serving.roles import APP_ROLES, MODEL_ROLES, Role
+    from serve_apps.deployments import Drafter, Engine, Rounds, Verifier, deployment_of
     from serve_apps.ingress import Ingress
 
     by_role = {Role.ENGINE: Engine, Role.DRAFTER: Drafter, Role.VERIFIER: Verifier,
-               Role.INGRESS: Ingress}
+               Role.ROUNDS: Rounds, Role.INGRESS: Ingress}
     assert {role: deployment_of(d).name for role, d in by_role.items()} == {
         role: role.deployment for role in Role}
-    assert DEPLOYMENTS == {app: {r.deployment for r in (*roles, Role.INGRESS)}
-                           for app, roles in MODEL_ROLES.items()}
+    assert DEPLOYMENTS == {app: {r.deployment for r in roles} for app, roles in APP_ROLES.items()}
+    assert all(set(MODEL_ROLES[app]) <= set(roles) for app, roles in APP_ROLES.items())
     with pytest.raises(TypeError, match="no Serve deployment"):
         deployment_of(object())
 

@@ -1,7 +1,7 @@
 """The Serve apps over HTTP when clients or replicas fail (deployed by the `served` fixture,
 loopback only; run after the other Serve tests, since they kill replicas): disconnected clients
-are released at once, a killed Drafter replica mid-request resumes exactly, a killed Ingress
-replica fails only its own requests, as openai errors."""
+are released at once, a killed Drafter replica or round driver mid-request resumes exactly, a
+killed Ingress replica fails only its own requests, as openai errors."""
 
 from __future__ import annotations
 
@@ -92,14 +92,11 @@ def test_disconnected_clients_are_released_at_once_without_a_traceback(served):
     assert "client disconnected" in new
 
 
-def test_killed_drafter_replica_mid_request_recovers(served, engine):
-    """Kill every Drafter replica process while a streamed request is mid-way: the request
-    resumes on a new replica from its committed tokens and the answer is still the engine's."""
-    _, greedy = engine
-    pids = served.replica_pids("split", "Drafter")  # looked up first: the CLI takes seconds
-    assert len(pids) == 2
+def _killed_mid_stream(served, method: str, pids: list[int]) -> tuple[str, list]:
+    """Stream LONG_PROMPT from the split app, SIGKILL `pids` (replica processes of this test's
+    own cluster) after three chunks, read the rest: (the whole text, the chunks after the kill)."""
     stream = served.client("split").chat.completions.create(
-        model=f"{served.model}:fastmtp", messages=[{"role": "user", "content": LONG_PROMPT}],
+        model=f"{served.model}:{method}", messages=[{"role": "user", "content": LONG_PROMPT}],
         max_tokens=LONG_TOKENS, stream=True, stream_options={"include_usage": True},
     )
     pieces: list[str] = []
@@ -108,12 +105,32 @@ def test_killed_drafter_replica_mid_request_recovers(served, engine):
         pieces.append(chunk.choices[0].delta.content or "")
         if len(pieces) == 3:
             break
-    for pid in pids:  # replica processes of this test's own cluster
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
     rest = list(chunks)
-    pieces += [c.choices[0].delta.content or "" for c in rest if c.choices]
-    assert "".join(pieces) == greedy(LONG_PROMPT, LONG_TOKENS)
+    return "".join(pieces + [c.choices[0].delta.content or "" for c in rest if c.choices]), rest
+
+
+def test_killed_drafter_replica_mid_request_recovers(served, engine):
+    """Kill every Drafter replica process while a streamed request is mid-way: the request
+    resumes on a new replica from its committed tokens and the answer is still the engine's."""
+    _, greedy = engine
+    pids = served.replica_pids("split", "Drafter")  # looked up first: the CLI takes seconds
+    assert len(pids) == 2
+    text, rest = _killed_mid_stream(served, "fastmtp", pids)
+    assert text == greedy(LONG_PROMPT, LONG_TOKENS)
     assert rest[-1].usage.model_extra["speculative"]["resumes"] >= 1
+
+
+def test_killed_round_driver_mid_request_recovers(served, engine):
+    """Kill the split app's round driver (`Rounds`, one replica) while a streamed request is
+    mid-way: the Ingress restarts the request's rounds on its replacement from the tokens
+    already sent, and the answer is still the engine's."""
+    _, greedy = engine
+    [pid] = served.replica_pids("split", "Rounds")
+    text, _ = _killed_mid_stream(served, "peftbd", [pid])
+    assert text == greedy(LONG_PROMPT, LONG_TOKENS)
+    assert served.replica_pids("split", "Rounds") != [pid]
 
 
 def test_killed_ingress_fails_only_its_own_requests_as_openai_errors(served, engine):

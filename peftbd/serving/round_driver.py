@@ -1,0 +1,157 @@
+"""The split app's round scheduler (no Ray): one `RoundDriver` per app owns every request's
+rounds (prefill, then propose on the Drafter and verify on the Verifier) and keeps both roles fed.
+
+Requests are dealt round-robin into `serving.split_groups` groups; each group's items are
+gathered per call kind (`peftbd.serving.gather.Gather`: at most `serving.max_batch`, waiting up
+to `serving.batch_wait_ms`) into one batched call. Whom a batch waits for is explicit
+(`Course`): a batch waits only for its group's requests heading to it, and a verify for its
+group's requests still proposing. A group moves in lockstep; groups do not wait for each other,
+so with two or more the Drafter drafts one group while the Verifier verifies another
+(PEARL-style overlap across requests); one group is the lockstep of every request. Because one
+driver holds every request of the app (whichever Ingress took it), each role sees one batch
+stream per group, not one per Ingress and group.
+
+Each item carries the committed tokens, and each propose what the last prefill / verify reply
+shipped for the request's drafter. `rounds(spec, committed)` resumes a request from tokens
+already sent (a lost driver's requests, restarted by the ingress): no prefill, the replicas
+rebuild what they lack from the committed tokens. The calls themselves (routing, retries after a
+lost replica) are the caller's `send`; `release` forgets a finished request's sessions.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Literal, TypeVar
+
+from peftbd.config import ServingConfig
+from peftbd.serving.gather import Gather
+from peftbd.serving.messages import (
+    PrefillItem,
+    PrefillReply,
+    ProposeItem,
+    ProposeReply,
+    VerifyItem,
+    VerifyReply,
+)
+from peftbd.serving.roles import Role
+from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
+from peftbd.serving.validation import GenerationSpec
+
+CallKind = Literal["prefill", "propose", "verify"]
+Item = PrefillItem | ProposeItem | VerifyItem
+Answer = tuple[PrefillReply | ProposeReply | VerifyReply, float] | BaseException
+"""A batched call's answer for one item: (its reply, its share of the call's transport ms), or
+the error of the call that carried it."""
+Send = Callable[[CallKind, Sequence[Item]], Awaitable[Sequence[Answer]]]
+"""One batched call of a kind (prefill / verify: the Verifier; propose: the Drafter): the
+answers in item order."""
+Release = Callable[[Role, str], None]
+"""Forget a request's session (by its id) on a role's replica; fire and forget."""
+
+_R = TypeVar("_R", PrefillReply, ProposeReply, VerifyReply)
+
+
+class Course:
+    """Where one request of `group` is: heading to a call (`("to", kind, group)`, between two
+    calls) or in one (`("in", kind, group)`, pending or sent), counted in `counts`; `changed`
+    runs on every move (the gathers re-check whom to wait for: `Gather.expected` / `behind`)."""
+
+    def __init__(self, counts: collections.Counter, changed: Callable[[], None],
+                 group: int = 0) -> None:
+        self.counts, self.changed, self.group = counts, changed, group
+        self.where: tuple[str, str, int] | None = None
+
+    def move(self, where: tuple[str, str] | None) -> None:
+        if self.where is not None:
+            self.counts[self.where] -= 1
+        self.where = None if where is None else (*where, self.group)
+        if self.where is not None:
+            self.counts[self.where] += 1
+        self.changed()
+
+
+class RoundDriver:
+    """Runs every request's rounds of one split app (see the module doc)."""
+
+    def __init__(self, send: Send, release: Release, serving: ServingConfig) -> None:
+        self.release = release
+        self.groups = serving.split_groups
+        self._where: collections.Counter = collections.Counter()
+        self._dealt = itertools.count()
+        count = self._where.__getitem__
+        kinds: tuple[CallKind, ...] = ("prefill", "propose", "verify")
+        self._gathers = {
+            (kind, g): Gather(functools.partial(send, kind), serving.max_batch,
+                              serving.batch_wait_ms, functools.partial(count, ("to", kind, g)),
+                              # a verify waits for its group's requests still proposing
+                              functools.partial(count, ("in", "propose", g)) if kind == "verify"
+                              else lambda: 0)
+            for kind in kinds for g in range(self.groups)
+        }
+
+    def _changed(self) -> None:
+        for gather in self._gathers.values():
+            gather.poke()
+
+    async def _call(self, kind: CallKind, item: Item, course: Course,
+                    expected: type[_R]) -> tuple[_R, float]:
+        """(the `expected` reply to `item`, its share of the call's transport ms)."""
+        course.move(("in", kind))
+        result = await self._gathers[kind, course.group].call(item)
+        if isinstance(result, BaseException):
+            raise result
+        reply, share = result
+        if not isinstance(reply, expected):
+            raise TypeError(f"a {kind} call answered a {type(reply).__name__}, not a "
+                            f"{expected.__name__}")
+        return reply, share
+
+    async def rounds(self, spec: GenerationSpec, committed: Sequence[int] = ()
+                     ) -> AsyncGenerator[RoundEvent, None]:
+        """The request's steps: its prefill (unless `committed` already extends the prompt: a
+        resumed request), then a round at a time until done."""
+        sid, prompt, budget = spec.request_id, list(spec.prompt_ids), spec.max_new_tokens
+        first = "verify" if spec.method == "ar" else "propose"  # of each round
+        course = Course(self._where, self._changed, next(self._dealt) % self.groups)
+        try:
+            if len(committed) > len(prompt):
+                tokens, shipped = list(committed), None
+                course.move(("to", first))
+            else:
+                course.move(("to", "prefill"))
+                started, share = await self._call(
+                    "prefill", PrefillItem(sid, prompt, budget, spec.method, spec.sampling),
+                    course, PrefillReply)
+                event = prefill_event(started, share, started.batch_size)
+                tokens, shipped = prompt + event.tokens, started.shipped
+                course.move(None if event.done else ("to", first))
+                yield event
+                if event.done:
+                    return
+            while True:
+                proposal: ProposeReply | None = None
+                draft_share = 0.0
+                if spec.method != "ar":
+                    proposal, draft_share = await self._call("propose", ProposeItem(
+                        sid, tokens, len(prompt), budget, spec.method, shipped, spec.sampling),
+                        course, ProposeReply)
+                    course.move(("to", "verify"))
+                draft = proposal.draft if proposal else []
+                reply, verify_share = await self._call("verify", VerifyItem(
+                    sid, tokens, len(prompt), budget, draft, spec.method, spec.sampling), course,
+                    VerifyReply)
+                shipped = reply.shipped
+                event = split_round(proposal, draft_share, reply, verify_share, reply.batch_size)
+                tokens = tokens + event.tokens
+                course.move(None if event.done else ("to", first))
+                yield event
+                if event.done:
+                    return
+        finally:  # also when the client left
+            course.move(None)
+            if spec.method != "ar":
+                self.release(Role.DRAFTER, sid)
+            self.release(Role.VERIFIER, sid)
