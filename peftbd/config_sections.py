@@ -233,6 +233,7 @@ class DecodingConfig:
     # Verify (the AR step and the verify over k + 1) through one torch.compile'd graph over static
     # KV (peftbd.decoding.fast_path); tokens as eager's. Off: on the 2-core box each graph (batch
     # 1 / B, width 1 / k + 1) compiles in 10-60 s, more than a tiny benchmark arm decodes in.
+    # The benchmark refuses it while the drafts stay eager (arms on different paths).
     fast_path: bool
     # Controlled ("synthetic") acceptance (peftbd.decoding.controlled): each "arm=tokens" entry
     # adds arm "<arm>_synthetic", the arm's real drafts forced to `tokens` accepted tokens per

@@ -101,9 +101,12 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
                     "verify_ms_per_forward": round(1e3 * sum(r.forward_seconds.get("verify", 0.0)
                                                              for r in runs) / max(calls, 1), 3),
                     "roofline_verify_ms": roof[spec.id].roofline_verify_ms,
-                    "compile_s": round(dec.fast.compile_s, 1) if dec.fast else 0.0}
+                    "compile_s": round(dec.fast.compile_s, 1) if dec.fast else 0.0,
+                    "paths": dec.forward_paths()}
                 ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)
+                # like for like: every forward of the arm on AR's path (else the speedup mixes stacks)
+                out[key]["like_for_like"] = set(out[key]["paths"].values()) == {ar["paths"]["verify"]}
                 print(f"{key} ({cp.dtypes[0]}, SYNTHETIC acceptance): {out[key]}", flush=True)
     return out
 

@@ -32,6 +32,7 @@ from peftbd.analysis.placement_verdict import PlacementSections
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.analysis.references import describe, reference_sentence
 from peftbd.analysis.peer import section as peer_section
+from peftbd.benchmarking.forward_paths import path_words
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import (
     acceptance_study_stage,
@@ -111,6 +112,13 @@ def concurrency_section(results: Results) -> list[str]:
     ]
 
 
+def _paths_words(results: Results) -> str:
+    """" Forward paths: every forward eager (like for like)." from the arms' `paths` ("" for
+    results written before arms recorded them)."""
+    paths = {arm_id: arm.paths for arm_id, arm in results.arms.items() if arm.paths}
+    return f" Forward paths: {path_words(paths)} (like for like)." if paths else ""
+
+
 def _runs_words(repeats: int) -> str:
     """"1 timed run" / "3 timed runs"."""
     return f"{repeats} timed run{'s' if repeats != 1 else ''}"
@@ -153,7 +161,8 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         f"{_sweep_words(results)}{sampling.intro_words(results)}, "
         f"at most {pr.max_new_tokens} new tokens; "
         f"{_runs_words(tm.repeats)} per arm. "
-        f"Timing: {tm.workers} worker(s), {tm.torch_threads} torch thread(s) each; {tm.how}",
+        f"Timing: {tm.workers} worker(s), {tm.torch_threads} torch thread(s) each; {tm.how}"
+        + _paths_words(results),
         *filter(None, [untrained_note(results)]),
         "## Summary", "\n".join(f"- {line}" for line in summary_lines(results)),
         "## Findings: the paper's (a)-(f) on this run",

@@ -92,11 +92,12 @@ def category_entry(runs: Sequence[Sequence[DecodeResult]], speculative: bool) ->
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
               mismatches: Sequence[Mismatch], replay: ReplaySums | None = None,
               ar_runs: Sequence[Sequence[DecodeResult]] | None = None,
-              floor: RoundFloor | None = None) -> Arm:
+              floor: RoundFloor | None = None, paths: dict[str, str] | None = None) -> Arm:
     """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
     its rounds replayed offline on the same prompts (None: the arm has no replay); `ar_runs`:
     AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm);
-    `floor`: one round's floor on the device (None: not counted)."""
+    `floor`: one round's floor on the device (None: not counted); `paths`: the path of each
+    forward of its round (`SpeculativeDecoder.forward_paths`)."""
     stats = _repeat_stats(runs)
     overall = summarize([res for run in runs for res in run])
     speculative = spec.method != AR
@@ -126,6 +127,7 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         by_category=by_category,
         floor=None if floor is None else _over_floor(floor, rnd["draft_ms"],
                                                      overall["forward"].get("verify")),
+        paths=paths or {},
     )
 
 
@@ -148,7 +150,8 @@ def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
     return {
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
                         [m for shard in shards for m in shard.mismatches.get(s.id, [])],
-                        _replay(shards, s.id), ar, shards[0].floors.get(s.id))
+                        _replay(shards, s.id), ar, shards[0].floors.get(s.id),
+                        shards[0].paths.get(s.id))
         for s in specs
     }
 

@@ -84,9 +84,11 @@ def run(cfg: Config) -> dict[str, Any]:
     return {
         "prompts": len(prompts), "max_new_tokens": budget, "repeats": cfg.decoding.repeats,
         "torch_threads": torch.get_num_threads(), "device": str(clock.device),
-        # which path each arm ran: the engine's verify compiled (`decoding.fast_path`), the
-        # compile time apart (warm-up), or eager; HF generate always eager
-        "paths": {"hf_generate": "eager", **{n: "fast" if e.fast else "eager" for n, e in engines.items()}},
+        # which path each forward of each arm ran (`SpeculativeDecoder.forward_paths`): the
+        # engine's verify compiled on `decoding.fast_path` (the compile time apart, in the
+        # warm-up), its drafts eager; HF generate always eager
+        "paths": {"hf_generate": {"generate": "eager"},
+                  **{n: e.forward_paths() for n, e in engines.items()}},
         "compile_s": {n: e.fast.compile_s if e.fast else 0.0 for n, e in engines.items()},
         "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "tokens_per_s_best": best_tps,
         "new_tokens": tokens,

@@ -30,6 +30,7 @@ from peftbd.benchmarking.cost_profile_schema import DeviceFloor
 from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import engine_description, hardware_description
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
+from peftbd.benchmarking.forward_paths import check_like_for_like
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.references import ReferenceCheck, reference_checks
 from peftbd.benchmarking.replay import ReplaySums, replay_arms
@@ -70,6 +71,8 @@ class ShardResult:
     floors: dict[str, RoundFloor] = field(default_factory=dict)
     """{arm: the floor of one counted round on this worker's device} (`round_floors`)."""
     floor: DeviceFloor | None = None
+    paths: dict[str, dict[str, str]] = field(default_factory=dict)
+    """{arm: the path of each forward of its round} (`SpeculativeDecoder.forward_paths`)."""
     references: list[ReferenceCheck] = field(default_factory=list)
     """AR's outputs against independent engines' (`peftbd.benchmarking.references`)."""
     device: str = ""
@@ -88,6 +91,7 @@ class Timings:
     results: dict[str, list[list[DecodeResult]]]
     batch_runs: list[BatchRun]
     sampled: list[SampledPass] = field(default_factory=list)
+    paths: dict[str, dict[str, str]] = field(default_factory=dict)  # forward_paths per arm
 
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
@@ -105,14 +109,17 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
     AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
     outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: the compiled verify
-    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups). Last, the sampled
-    passes of `sampling` (`peftbd.benchmarking.sampled.sample_arms`)."""
+    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups), refused when it
+    would time some arm's forward on another path than AR's step (`forward_paths`). Last, the
+    sampled passes of `sampling` (`peftbd.benchmarking.sampled.sample_arms`)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
     ids = [p.prompt_ids for p in prompts]
     oracle = synthetic_oracle(models, specs, ids, max_new_tokens)
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s, oracle, seed),
                                          models.eos_ids, max_new_tokens, fast_path)
                 for s in specs}
+    paths = {arm: decoder.forward_paths() for arm, decoder in decoders.items()}
+    check_like_for_like(paths)  # before any compile or timing
     batched = [b for b in batch_sizes if b > 1]
     in_sweep = [s for s in specs if swept(s, sweep_variants)]
     warmup = max_new_tokens if fast_path else min(WARMUP_TOKENS, max_new_tokens)  # compiles: every width
@@ -156,7 +163,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
         progress.report(done, total, arm=arm, temperature=temperature)
 
     vocab = models.verifier.config.vocab_size
-    return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass))
+    return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass), paths)
 
 
 def swept(spec: ArmSpec, variants: bool) -> bool:
@@ -259,7 +266,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,
                             floor, oracle, cfg.decoding.synthetic_seed),
-        floor=floor,
+        floor=floor, paths=timings.paths,
         device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),

@@ -259,6 +259,7 @@ class Arm(Record):
     oracle: Oracle | None  # speculative arms only
     by_category: dict[str, CategoryStats]
     floor: OverFloor | None = None
+    paths: dict[str, str] = {}  # each round forward's path: "compiled" | "eager" (older: {})
 
     @property
     def speculative(self) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peftbd.decoding.drafter import Drafter
+from peftbd.decoding.drafter import Drafter, draft_forward
 from peftbd.decoding.state import DecodeState
 
 Oracle = Callable[[DecodeState], Sequence[int]]
@@ -117,6 +117,7 @@ class ControlledDrafter:
         self.reads_kv_layers = inner.reads_kv_layers
         self.reads_hidden = inner.reads_hidden
         self.feature_layers = inner.feature_layers
+        self.draft_forward = draft_forward(inner)
 
     def start(self, state: DecodeState) -> None:
         if not state.sampling.greedy:

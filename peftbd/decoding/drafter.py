@@ -11,7 +11,9 @@ New drafters (layer skipping, draft-in-verify, DFlash-style heads) implement the
 and join the loop unchanged. A sampled request verifies a proposal as one-hot (q = 1 on each
 proposed token, as argmax drafts are; `peftbd.decoding.sampling`): lossless whatever proposed it.
 A drafter that scripts its acceptance against the verifier's greedy tokens (the controlled
-drafter) does not hold that script for sampled requests.
+drafter) does not hold that script for sampled requests. A drafter whose `propose` runs no model
+(prompt lookup) sets `draft_forward = False`: it has no draft forward to put on a path
+(`draft_forward`, `SpeculativeDecoder.forward_paths`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class NoDrafter:
     reads_kv_layers: int | None = 0
     reads_hidden = False
     feature_layers: tuple[int, ...] = ()
+    draft_forward = False
 
     def start(self, state: DecodeState) -> None:
         state.drafter_state = None
@@ -69,6 +72,12 @@ class NoDrafter:
 def no_draft(state: DecodeState) -> torch.Tensor:
     """An empty (1, 0) draft."""
     return torch.empty(1, 0, dtype=torch.long, device=state.device)
+
+
+def draft_forward(drafter: Drafter) -> bool:
+    """Whether `drafter.propose` runs a model forward: its optional `draft_forward` attribute
+    (True when absent; False: greedy AR, prompt lookup)."""
+    return bool(getattr(drafter, "draft_forward", True))
 
 
 def catch_up_layers(drafter: Drafter) -> int | None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from peftbd.decoding.drafter import Drafter, NoDrafter
+from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
@@ -79,6 +79,14 @@ class SpeculativeDecoder:
         """`verify` of several requests in one batched forward; each accepts its own prefix."""
         self.verifier_steps += 1
         return verify_rows(self.model, states, drafts, self.fast)
+
+    def forward_paths(self) -> dict[str, str]:
+        """The path each model forward of a round runs on, "compiled" or "eager": the verify
+        (compiled on the fast path unless it keeps verifier features for the drafter) and the
+        draft, if the drafter runs a model (always eager so far)."""
+        compiled = self.fast is not None and not self.drafter.feature_layers
+        paths = {"verify": "compiled" if compiled else "eager"}
+        return paths | ({"draft": "eager"} if draft_forward(self.drafter) else {})
 
     def step(self, state: DecodeState) -> RoundMetrics:
         """One timed round: propose, verify, record."""

@@ -109,6 +109,7 @@ class PromptLookupDrafter:
     reads_kv_layers: int | None = 0  # model-free: never reads the verifier's KV
     reads_hidden = False
     feature_layers: tuple[int, ...] = ()
+    draft_forward = False  # nor runs a model: no draft forward
 
     def __init__(self, num_tokens: int, min_ngram: int, max_ngram: int,
                  occurrence: Occurrence = "recent") -> None:

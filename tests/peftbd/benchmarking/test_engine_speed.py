@@ -19,7 +19,8 @@ def test_speed_check_writes_exact_comparisons(tmp_path, capsys):
     assert result["exact_vs_hf"] == 2 and result["peftbd_exact_vs_ar"] == 2  # engine AR == HF generate
     assert result["new_tokens"]["engine_ar"] == result["new_tokens"]["hf_generate"]
     assert set(result["peftbd"]["oracle"]["needed_accepted"]) == {"engine_ar"}
-    assert result["paths"] == {"hf_generate": "eager", "engine_ar": "eager", "peftbd": "eager"}
+    assert result["paths"] == {"hf_generate": {"generate": "eager"}, "engine_ar": {"verify": "eager"},
+                               "peftbd": {"verify": "eager", "draft": "eager"}}
     assert (out / "manifest.json").is_file() and str(out / "speed.json") in capsys.readouterr().out
 
 
@@ -33,6 +34,8 @@ def test_the_fast_path_switch_reaches_both_engine_arms(tmp_path):
           "--set", "decoding.repeats=1", "--set", "decoding.max_new_tokens=4",
           "--set", "decoding.torch_threads=1", "--set", "decoding.fast_path=true"])
     result = json.loads((out / "speed.json").read_text())
-    assert result["paths"] == {"hf_generate": "eager", "engine_ar": "fast", "peftbd": "fast"}
+    assert result["paths"] == {"hf_generate": {"generate": "eager"},
+                               "engine_ar": {"verify": "compiled"},
+                               "peftbd": {"verify": "compiled", "draft": "eager"}}
     assert result["compile_s"]["engine_ar"] > 0  # the warm-up compiled its verify graph
     assert result["exact_vs_hf"] == 1 and result["peftbd_exact_vs_ar"] == 1

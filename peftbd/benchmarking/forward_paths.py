@@ -1,0 +1,43 @@
+"""Like for like: the benchmark times no arm on a slower stack than AR's.
+
+The paper ran FastMTP under CUDA graphs and PEFT-BD without them, and part of its 34 vs 188 tok/s
+is that difference. Each arm's decoder says which path every model forward of its round runs on
+(`SpeculativeDecoder.forward_paths`: "compiled" or "eager"); a speedup over AR means something
+only when all of them run on the path of AR's own step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from peftbd.errors import UserError
+
+Paths = Mapping[str, Mapping[str, str]]
+"""{arm id: {forward ("verify", "draft"): "compiled" | "eager"}}."""
+
+
+class MixedPaths(UserError, ValueError):
+    """Arms whose forwards would be timed on different paths (the message names one and the fix)."""
+
+
+def check_like_for_like(paths: Paths, reference: str = "ar") -> None:
+    """Raise `MixedPaths` unless every forward of every arm runs on the path of the `reference`
+    arm's step (its verify)."""
+    want = paths[reference]["verify"]
+    for arm, forwards in paths.items():
+        for forward, path in forwards.items():
+            if path != want:
+                raise MixedPaths(
+                    f"decoding.fast_path: {reference}'s step runs {want} but {arm}'s {forward} "
+                    f"runs {path}, so its speedup would compare different stacks; the fast path "
+                    "compiles only the verify forward that keeps no verifier features so far: "
+                    "set decoding.fast_path=false to time every arm eager")
+
+
+def path_words(paths: Paths) -> str:
+    """"every forward eager" when all agree, else each arm's paths (a report's line)."""
+    found = {p for forwards in paths.values() for p in forwards.values()}
+    if len(found) == 1:
+        return f"every forward {found.pop()}"
+    return "; ".join(f"{arm}: " + ", ".join(f"{f} {p}" for f, p in forwards.items())
+                     for arm, forwards in paths.items())
