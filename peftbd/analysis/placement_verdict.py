@@ -244,8 +244,9 @@ def sentence(v: Verdict) -> str:
         f"**{v.method}, {v.placement}:** drafting costs {_f(v.draft_ms_per_token[1], 2)} ms per "
         f"generated token split against {_f(v.draft_ms_per_token[0], 2)} colocated "
         f"({_f(change, 2)}x, one request at a time). At {v.clients} clients split serves "
-        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device (at most "
-        f"{_f(v.overlap_bound, 2)}x were both roles always busy at one request's round times"
+        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device ("
+        f"{_f(v.overlap_bound, 2)}x if every replica of both were always busy at one request's "
+        "round times"
         + (f", {v.level_bound:.2f}x at those this level ran" if v.level_bound is not None else "")
         + "); the largest split-only "
         f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
@@ -296,7 +297,7 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
              _cap_words(v.capacity[1]), _gain_words(capacity_gain(v)),
              _f(v.predicted_capacity, 2)] for v in found]
     header = ["method", "placement", "draft ms/token colocated", "draft ms/token split",
-              "split/colocated tok/s per device", "its bound, both roles always busy",
+              "split/colocated tok/s per device", "the same, every replica always busy",
               "capacity colocated", "capacity split",
               "capacity per verifier device (x)", "predicted 1 + t_d/t_v"]
     return ["", "## Verdict", "", markdown_table(header, rows), "",
