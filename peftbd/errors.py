@@ -26,6 +26,8 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
 - `ArtifactError` (peftbd.data.artifact): an artifact directory or split file missing or malformed.
 - `CheckpointMismatch` (peftbd.training.checkpoint): a checkpoint of another run's inputs or shapes.
 - `BenchmarkInputError` (jobs.benchmark): a benchmark option or setting it cannot run with.
+- `MixedPaths` (peftbd.benchmarking.forward_paths): arms whose forwards would be timed on
+  different paths (`decoding.fast_path` while some draft stays eager).
 - `ResourcesUnavailable` (jobs.resources): the Ray cluster lacks what the job asks for.
 - `ReadmeTableError` (peftbd.analysis.readme_table): no results to tabulate, or a README without
   its results markers.
@@ -55,6 +57,7 @@ USER_ERRORS: dict[str, str] = {
     "DflashExportError": "peftbd.peers.dflash_export",
     "CheckpointMismatch": "peftbd.training.checkpoint",
     "BenchmarkInputError": "jobs.benchmark",
+    "MixedPaths": "peftbd.benchmarking.forward_paths",
     "ResourcesUnavailable": "jobs.resources",
     "ReadmeTableError": "peftbd.analysis.readme_table",
 }
