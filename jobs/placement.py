@@ -82,10 +82,10 @@ def _free_port() -> int:
 
 
 def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
-             model: str, replicas: dict[str, tuple[Any, int]], tally: Tally
-             ) -> tuple[list[RequestRecord], list[Window]]:
-    """Every method's requests (the prompts x `decoding.repeats`) at each client concurrency
-    of `serving.client_concurrency` in turn: that many requests in flight at all times; and
+             model: str, replicas: dict[str, tuple[Any, int]], tally: Tally,
+             levels: dict[int, list[int]]) -> tuple[list[RequestRecord], list[Window]]:
+    """Every method's requests at each client concurrency in turn (`levels`: clients -> the
+    prompt of each request, `level_prompts`): that many requests in flight at all times; and
     each run's busy fraction of every replica of `replicas` ({role's value: (handle,
     replicas)}).
     `tally` counts the answered requests and says each level's throughput."""
@@ -98,9 +98,7 @@ def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Confi
     for method in placement_methods(cfg.serving):
         label = method_label(method, rates)
         client.completions.create(model=f"{model}:{method}", prompt=prompts[0], max_tokens=4)
-        for concurrency in cfg.serving.client_concurrency:
-            jobs = level_prompts(len(prompts), cfg, concurrency)
-
+        for concurrency, jobs in levels.items():
             def one(i: int, concurrency: int = concurrency, method: str = method) -> RequestRecord:
                 start = time.perf_counter()
                 resp = client.completions.create(model=f"{model}:{method}", prompt=prompts[i],
@@ -221,9 +219,9 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
             log.info("placement %s: skipped (%s)", name, reason)
         else:
             runnable.append((name, app, options))
-    s = cfg.serving
-    tally = Tally(len(runnable) * len(placement_methods(s)) * sum(
-        len(level_prompts(len(prompts), cfg, c)) for c in s.client_concurrency))
+    levels = {c: level_prompts(len(prompts), cfg, c) for c in cfg.serving.client_concurrency}
+    tally = Tally(len(runnable) * len(placement_methods(cfg.serving))
+                  * sum(map(len, levels.values())))
     for name, app, options in runnable:
         log.info("placement %s: deploying the %s app", name, app)
         app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
@@ -234,7 +232,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         devices[name] = Devices(total=sum(roles.values()),
                                 verifiers=sum(n for role, n in roles.items() if role in VERIFIER_ROLES))
         measured, loads = _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
-                                   cfg.serving.model_name, replicas, tally)
+                                   cfg.serving.model_name, replicas, tally, levels)
         records, windows = records + measured, windows + loads
         serve.delete("placement")
     serve.shutdown()
@@ -245,8 +243,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, client concurrency "
         f"{list(cfg.serving.client_concurrency)} (the first table: the lowest), requests per "
-        "level " + ", ".join(f"{c}: {len(level_prompts(len(prompts), cfg, c))}"
-                             for c in cfg.serving.client_concurrency)
+        "level " + ", ".join(f"{c}: {len(jobs)}" for c, jobs in levels.items())
         + f" (serving.level_requests {cfg.serving.level_requests}); serving.max_batch "
         f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
         "; ".join(f"{m.what}: {dirs.get(m.serving, 'untrained')}" for m in methods()),

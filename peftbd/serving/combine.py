@@ -1,8 +1,8 @@
-"""A split replica's second gathering: concurrent batched calls (from every Ingress replica)
-combined into one model call.
+"""A split replica's second gathering: concurrent batched calls combined into one model call.
 
-Each Ingress replica gathers only its own requests (`peftbd.serving.gather`), so two Ingresses
-would each send a half batch and the replica would run two forwards where one would do.
+The round driver gathers each of its groups' requests (`peftbd.serving.round_driver`), and calls
+of several groups (or several callers) can reach a replica while it is busy: the replica would
+run one forward each where one would do.
 `Combiner.call(kind, run, items)` puts the call's items in the replica's gather of that kind
 (no wait: a lone call runs at once); calls that arrive while a batch of that kind is in flight,
 from any caller, run together as the next batch, at most `max_batch` items (Ray Serve's

@@ -1,4 +1,5 @@
-"""Gather concurrent asyncio callers' items into batched calls (the split ingress's step loop).
+"""Gather concurrent asyncio callers' items into batched calls (the split round driver's step
+loop).
 
 `Gather(send, max_batch, wait_ms, expected)`: each `await gather.call(item)` joins the pending
 batch; one flusher task sends at most `max_batch` items per `send(items) -> results` (results in
