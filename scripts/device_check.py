@@ -101,7 +101,7 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
                     "verify_ms_per_forward": round(1e3 * sum(r.forward_seconds.get("verify", 0.0)
                                                              for r in runs) / max(calls, 1), 3),
                     "roofline_verify_ms": roof[spec.id].roofline_verify_ms,
-                    "compile_s": round(dec.fast.compile_s, 1) if dec.fast else 0.0,
+                    "compile_s": round(dec.path.compile_s, 1),
                     "paths": dec.forward_paths()}
                 ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)

@@ -89,7 +89,7 @@ def run(cfg: Config) -> dict[str, Any]:
         # warm-up), its drafts eager; HF generate always eager
         "paths": {"hf_generate": {"generate": "eager"},
                   **{n: e.forward_paths() for n, e in engines.items()}},
-        "compile_s": {n: e.fast.compile_s if e.fast else 0.0 for n, e in engines.items()},
+        "compile_s": {n: e.path.compile_s for n, e in engines.items()},
         "tokens_per_s": mean_tps, "tokens_per_s_per_repeat": tps, "tokens_per_s_best": best_tps,
         "new_tokens": tokens,
         "engine_ar_vs_hf": mean_tps["engine_ar"] / mean_tps["hf_generate"],

@@ -22,10 +22,29 @@ from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
+from peftbd.decoding.fast_path import Chunk
 from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, present, timed
-from peftbd.models.bd_head import BDHead
+from peftbd.models.bd_head import BDHead, DraftVocabulary
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
+
+
+def _add_context(mask: torch.Tensor | None, cache: CacheAdapter, head: BDHead,
+                 features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The context (B, n, d) of verifier `features`, its KV injected at `positions` (a
+    `peftbd.decoding.fast_path.Call` that reads no mask)."""
+    context = head.context(features)
+    head.add_context(context, positions, cache)
+    return context
+
+
+def _block_tokens(mask: torch.Tensor | None, cache: CacheAdapter, head: BDHead, chunk: torch.Tensor,
+                  positions: torch.Tensor, anchor: torch.Tensor,
+                  vocab: DraftVocabulary | None) -> torch.Tensor:
+    """The head's forward over the chunks (a `Call`): the draft tokens (B, D) of their masks."""
+    assert mask is not None  # a draft pattern is always a mask of its own
+    hidden = head.block_hidden(chunk, positions, mask, cache, anchor=anchor)
+    return head.draft_tokens(hidden[:, 1:], vocab)
 
 
 class BDHeadDrafter:
@@ -81,18 +100,16 @@ class BDHeadDrafter:
         chunk = torch.cat([draft_input_ids(s.tokens[-1], self.head.shape.mask_id, d, device)
                            for s in rows_of])
         chunk_positions = torch.cat([draft_position_ids(len(s.tokens) - 1, d, device) for s in rows_of])
+        path, head, pattern = rows_of[0].path, self.head, draft_visibility(0, d, self.head.shape.anchored)
+        layers = len(head.layers)
         with timed(rows_of, "draft"):
-            context = self.head.context(features)
-            kv.open_chunk(None if valid.all() else valid, features.shape[1])
-            self.head.add_context(context, positions.to(device), CacheAdapter(kv))
-            kv.open_chunk(None, d + 1)
-            mask = kv.chunk_mask(draft_visibility(0, d, self.head.shape.anchored), dtype)
-            assert mask is not None  # a draft pattern is always a mask of its own
+            context = path.run(_add_context, head.config, kv,
+                               Chunk(features.shape[1], layers, dtype, None if valid.all() else valid,
+                                     attends=False), head, features, positions.to(device))
             # each row's anchor: its last cached position's context, the one that predicted b
             anchor = context[torch.arange(len(rows_of), device=device), anchors].unsqueeze(1)
-            hidden = self.head.block_hidden(chunk, chunk_positions, mask, CacheAdapter(kv),
-                                            anchor=anchor)
-            block = self.head.draft_tokens(hidden[:, 1:], self.vocab)
+            block = path.run(_block_tokens, head.config, kv, Chunk(d + 1, layers, dtype, pattern=pattern),
+                             head, chunk, chunk_positions, anchor, self.vocab)
         kv.drop()
         kv.commit(counts)  # the committed context again
         for row, i in enumerate(live):

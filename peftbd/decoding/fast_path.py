@@ -1,36 +1,50 @@
-"""The fast path (`decoding.fast_path`): the verify forward (the AR step and the verify over
-[bonus, d_1..d_k]) as one `torch.compile`d graph over static KV.
+"""The forward paths (`decoding.fast_path`): every model forward of a round runs through one
+`ForwardPath`, eager (`EAGER`) or compiled (`FastPath`), the same call either way.
 
-Static KV: the graph writes each row's chunk into its `RaggedKV` buffers at the row's own offset
-and attends over the whole buffer (its capacity) under a mask it builds itself from the rows'
-lengths, so its shapes (batch, chunk width, capacity) never change with each token. They are
-compiled dynamic: a graph each for batch 1 and B > 1 times width 1 (AR) and k + 1 (torch
-specializes sizes of 1); fixed shapes (`dynamic=False`) recompiled at every capacity growth and
-batch change (7 graphs, 165 s, for one AR pass at batch 1 and 16 on the 2-core box). Inductor on
-CPU; CUDA graphs (`mode="reduce-overhead"`) on CUDA. Compile time is kept apart from steady
-state (`compile_s`, one log line per compile). Prefill, the drafters' forwards and catching a
-state up stay eager, and so does a verify that keeps verifier features (`feature_layers`).
-Tokens equal eager's; logits need not be bit-identical (fused kernels round differently). A batch
-with sampled rows runs the same graph: their logits come from its hidden states through the eager
-LM head (`peftbd.decoding.verify.choose`).
+A forward site hands the path a `call(mask, cache, *args)` (a module-level function: the
+compiled graph is keyed on it), the `RaggedKV` it writes and its `Chunk` (width, valid inputs,
+attention pattern). The eager path opens the chunk and builds its mask (`RaggedKV.chunk_mask`).
+The fast path runs `torch.compile`d graphs over static KV: the graph writes each row's chunk into
+the `RaggedKV` buffers at the row's own offset and attends over the whole buffer (its capacity)
+under a mask it builds itself (`peftbd.decoding.ragged.chunk_allowed`), so its shapes (batch,
+chunk width, capacity) never change with each token. They are compiled dynamic: a graph per call
+for batch 1 and B > 1 times width 1 and wider (torch specializes sizes of 1); fixed shapes
+(`dynamic=False`) recompiled at every capacity growth and batch change (7 graphs, 165 s, for one
+AR pass at batch 1 and 16 on the 2-core box). Inductor on CPU; CUDA graphs
+(`mode="reduce-overhead"`) on CUDA. Compile time is kept apart from steady state (`compile_s`,
+one log line per compile).
+
+On the fast path the verify (with or without verifier features), every drafter's draft forward
+(PEFT-BD's adapter-on block, FastMTP's steps, the heads' context and block) and catching a state
+up are compiled. A forward into a store that has no buffers yet runs eager, since its first write
+sizes them: that is every prefill (one forward per request, of a new width each time) and a
+head's first context. Tokens equal eager's; logits need not be bit-identical (fused kernels round
+differently). A batch with sampled rows runs the same graph: their logits come from its hidden
+states through the eager LM head (`peftbd.decoding.verify.choose`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from torch._dynamo import config as dynamo_config
 from torch._dynamo.utils import counters
 from torch.nn import functional as F
 from transformers import AttentionInterface, PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
-from peftbd.decoding.ragged import RaggedKV
+from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_pattern
 
 log = logging.getLogger(__name__)
 
 _ATTENTION = "peftbd_gqa_sdpa"
+_GRAPHS = 64
+T = TypeVar("T")
 
 
 def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -67,56 +81,96 @@ class _StaticKV:
         raise RuntimeError("the fast path passes its own mask: transformers never sizes one")
 
 
-def _verify_graph(base: PreTrainedModel, ids: torch.Tensor, positions: torch.Tensor,
-                  lengths: torch.Tensor, valid: torch.Tensor, keys: list[torch.Tensor],
-                  values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final hidden states (B, Q, d) and greedy tokens (B, Q) of one chunk per row (row i's at
-    slots lengths[i]..; `valid` (B, Q): its real inputs, left-aligned), its KV written in place.
-    A query sees its row's committed slots and the real chunk slots up to its own (causal): the
-    mask `RaggedKV.chunk_mask` gives a row's single open chunk, over every slot of the buffer."""
-    width, capacity = ids.shape[1], keys[0].shape[2]
-    rel = torch.arange(capacity, device=ids.device).unsqueeze(0) - lengths.unsqueeze(1)  # (B, C)
-    real = (rel < 0) | valid.gather(1, rel.clamp(0, width - 1))
-    causal = rel.unsqueeze(1) <= torch.arange(width, device=ids.device).view(1, -1, 1)
-    allowed = (real.unsqueeze(1) & causal).unsqueeze(1)  # (B, 1, Q, C)
-    dtype = base.dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device)
-    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
-    slots = lengths.unsqueeze(1) + torch.arange(width, device=ids.device)
-    out = base.model(input_ids=ids, cache=CacheAdapter(_StaticKV(keys, values, slots)),
-                     position_ids=positions, attention_mask={"full_attention": mask}, use_cache=True)
-    hidden = out.last_hidden_state
-    return hidden, base.lm_head(hidden).argmax(-1)
+@dataclass(frozen=True)
+class Chunk:
+    """What one forward writes: `width` slots per row, of which `valid` (B, width) bool are
+    real (left-aligned; None: all), attending in the chunk by `pattern` (bool (width, width);
+    None: causal); `layers` KV layers written; `dtype` the KV's (and the mask's); `attends`:
+    False for a forward that writes KV but reads no mask (the eager path builds none)."""
+
+    width: int
+    layers: int
+    dtype: torch.dtype
+    valid: torch.Tensor | None = None
+    pattern: torch.Tensor | None = None
+    attends: bool = True
 
 
-class FastVerify:
-    """The compiled verify forward of one device (shared by the requests of a decoder)."""
+Call = Callable[..., T]
+"""`call(mask, cache, *args)`: one forward, given its additive 4D mask (None: transformers'
+causal one) and its cache (a `CacheAdapter`)."""
+
+
+class EagerPath:
+    """Every forward eager: the chunk opened in the `RaggedKV`, its mask from `chunk_mask`."""
+
+    compiled = False
+    compile_s = 0.0
+    compiles = 0
+
+    def run(self, call: Call[T], config: object, kv: RaggedKV, chunk: Chunk, *args: object) -> T:
+        kv.open_chunk(chunk.valid, chunk.width)
+        mask = kv.chunk_mask(chunk.pattern, chunk.dtype) if chunk.attends else None
+        return call(mask, CacheAdapter(kv), *args)
+
+    def __deepcopy__(self, memo: dict) -> EagerPath:
+        return self
+
+
+EAGER = EagerPath()
+
+
+def _static_graph(call: Call[T], lengths: torch.Tensor, real: torch.Tensor, pattern: torch.Tensor,
+                  keys: list[torch.Tensor], values: list[torch.Tensor], *args: object) -> T:
+    """`call` over static KV: the open chunk (the last `pattern.shape[0]` of `real`'s slots after
+    each row's `lengths`) written in place, the mask over the whole buffer."""
+    width, capacity = pattern.shape[0], keys[0].shape[2]
+    allowed = chunk_allowed(lengths, real, pattern, capacity)
+    slots = lengths.unsqueeze(1) + (real.shape[1] - width) + torch.arange(width, device=real.device)
+    return call(additive(allowed, keys[0].dtype), CacheAdapter(_StaticKV(keys, values, slots)), *args)
+
+
+class FastPath:
+    """The compiled forwards of one device (shared by the requests of a decoder)."""
+
+    compiled = True
 
     def __init__(self, device: torch.device) -> None:
         mode = "reduce-overhead" if device.type == "cuda" else None
-        self._graph = torch.compile(_verify_graph, mode=mode, dynamic=True)
+        self._graph = torch.compile(_static_graph, mode=mode, dynamic=True)
+        self.device = device
         self.compile_s = 0.0  # wall time of the calls that compiled a graph (not steady state)
         self.compiles = 0
+        # one graph per (call, batch 1 or more, width 1 or more, layers): more than dynamo's 8
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS)
 
-    def __call__(self, base: PreTrainedModel, kv: RaggedKV, ids: torch.Tensor,
-                 positions: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_verify_graph` over `kv`'s rows (its buffers grown to hold the chunk first); the
-        chunk is recorded in `kv` as an eager forward's would be (the caller `commit`s)."""
-        width = ids.shape[1]
-        kv.reserve(max(kv.lengths) + width)
-        kv.open_chunk(valid, width)
+    def run(self, call: Call[T], config: object, kv: RaggedKV, chunk: Chunk, *args: object) -> T:
+        """`call` compiled over `kv`'s rows (its buffers grown to hold the chunk first); the chunk
+        is recorded in `kv` as an eager forward's is (the caller `commit`s or `drop`s). Eager
+        when `kv` lacks a layer the forward writes (its first write sizes the buffers)."""
+        if len(kv.keys) < chunk.layers:
+            return EAGER.run(call, config, kv, chunk, *args)
+        kv.open_chunk(chunk.valid, chunk.width)
+        kv.reserve(max(kv.lengths) + kv.appended)
+        pattern = own_pattern(chunk.pattern, chunk.width, kv.device)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
-        config, attention = base.config, base.config._attn_implementation
-        config._attn_implementation = _ATTENTION
+        attention = getattr(config, "_attn_implementation")
+        setattr(config, "_attn_implementation", _ATTENTION)
         try:
-            out = self._graph(base, ids, positions, kv.lengths_tensor(), valid.to(ids.device),
-                              kv.keys, kv.values)
+            out = self._graph(call, kv.lengths_tensor(), kv.appended_real(), pattern,
+                              kv.keys, kv.values, *args)
         finally:
-            config._attn_implementation = attention
+            setattr(config, "_attn_implementation", attention)
         if counters["stats"]["unique_graphs"] != graphs:
             elapsed = time.perf_counter() - start
             self.compile_s += elapsed
             self.compiles += 1
-            log.info("fast path: compiled the verify forward for batch %d, width %d, capacity %d "
-                     "in %.1f s", *ids.shape, kv.keys[0].shape[2], elapsed)
+            log.info("fast path: compiled %s for batch %d, width %d, capacity %d in %.1f s",
+                     call.__name__, kv.size, chunk.width, kv.keys[0].shape[2], elapsed)
         return out
+
+    def __deepcopy__(self, memo: dict) -> FastPath:
+        return self  # a device's graphs: shared, never copied with a state
+
+
+ForwardPath = EagerPath | FastPath

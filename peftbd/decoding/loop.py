@@ -11,7 +11,7 @@ from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.fast_path import FastVerify
+from peftbd.decoding.fast_path import EAGER, FastPath, ForwardPath
 from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
 
 
@@ -25,7 +25,8 @@ class SpeculativeDecoder:
     round `propose` and `verify` (possibly in different processes, passing plain token lists;
     see `peftbd.decoding.verify.advance`), or `step` / `step_many` for both. Every single-request
     method is its batched twin called with one row: batch 1 is the same code path.
-    `fast_path`: verify with the compiled forward (`peftbd.decoding.fast_path`; `fast.compile_s`).
+    `fast_path`: run every round forward compiled (`peftbd.decoding.fast_path`: `path`, its
+    `compile_s` apart from steady state), the verify's and the drafter's alike.
     `verifier_steps` counts the verifier's batched forwards (each batched prefill and each batched
     verify: the engine steps a scheduler such as vLLM's counts).
     """
@@ -36,7 +37,7 @@ class SpeculativeDecoder:
         self.drafter: Drafter = drafter or NoDrafter()
         self.eos_ids = tuple(eos_ids)
         self.max_new_tokens = max_new_tokens
-        self.fast = FastVerify(model_device(model)) if fast_path else None
+        self.path: ForwardPath = FastPath(model_device(model)) if fast_path else EAGER
         self.verifier_steps = 0
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -53,7 +54,8 @@ class SpeculativeDecoder:
         a sampled request without a seed gets a random one, in `state.sampling.seed`)."""
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
                               self.eos_ids, self.drafter.feature_layers,
-                              per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"))
+                              per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"),
+                              self.path)
         self.verifier_steps += 1
         for state in states:
             self.drafter.start(state)
@@ -78,15 +80,13 @@ class SpeculativeDecoder:
                     drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
         """`verify` of several requests in one batched forward; each accepts its own prefix."""
         self.verifier_steps += 1
-        return verify_rows(self.model, states, drafts, self.fast)
+        return verify_rows(self.model, states, drafts)
 
     def forward_paths(self) -> dict[str, str]:
-        """The path each model forward of a round runs on, "compiled" or "eager": the verify
-        (compiled on the fast path unless it keeps verifier features for the drafter) and the
-        draft, if the drafter runs a model (always eager so far)."""
-        compiled = self.fast is not None and not self.drafter.feature_layers
-        paths = {"verify": "compiled" if compiled else "eager"}
-        return paths | ({"draft": "eager"} if draft_forward(self.drafter) else {})
+        """The path each model forward of a round runs on, "compiled" or "eager": the verify,
+        and the draft if the drafter runs a model (prefill, once per request, stays eager)."""
+        path = "compiled" if self.path.compiled else "eager"
+        return {"verify": path} | ({"draft": path} if draft_forward(self.drafter) else {})
 
     def step(self, state: DecodeState) -> RoundMetrics:
         """One timed round: propose, verify, record."""

@@ -18,9 +18,27 @@ import torch
 from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
+from peftbd.decoding.fast_path import Chunk
 from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, present, timed
 from peftbd.models.mtp_head import MTPHead
+
+
+def _first_step(mask: torch.Tensor | None, cache: CacheAdapter, head: MTPHead, hidden: torch.Tensor,
+                tokens: torch.Tensor, positions: torch.Tensor, last: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1 over the newly committed positions (a `peftbd.decoding.fast_path.Call`): the
+    output hidden state (B, 1, d) and greedy token (B, 1) of each row's `last` one."""
+    out = head.step(hidden, tokens, positions, mask, cache)
+    out = out[torch.arange(out.shape[0], device=out.device), last].unsqueeze(1)
+    return out, head.logits(out).argmax(-1)
+
+
+def _next_step(mask: torch.Tensor | None, cache: CacheAdapter, head: MTPHead, hidden: torch.Tensor,
+               token: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A later step from the previous one's hidden state and token (a `Call`)."""
+    out = head(hidden, token, positions, attention_mask=mask, cache=cache)
+    return out.hidden, out.logits.argmax(-1)
 
 
 class MTPDrafter:
@@ -58,24 +76,19 @@ class MTPDrafter:
         hidden, valid = left_aligned(hiddens)
         tokens, _ = padded_ids([s.tokens[-n:] for s, n in zip(states, new)])
         positions, _ = padded_ids([range(len(s.tokens) - n, len(s.tokens)) for s, n in zip(states, new)])
-        kv.open_chunk(None if valid.all() else valid, hidden.shape[1])
-        mask = kv.chunk_mask(None, hidden.dtype)
         last = torch.tensor(new, device=device) - 1
+        path, head = states[0].path, self.head
+        first = Chunk(hidden.shape[1], 1, hidden.dtype, None if valid.all() else valid)
         with timed(states, "draft"):
-            out = self.head.step(hidden, tokens.to(device), positions.to(device), mask,
-                                 CacheAdapter(kv))
-            out = out[torch.arange(len(states), device=device), last].unsqueeze(1)  # step 1's
-            logits = self.head.logits(out)
+            hidden, token = path.run(_first_step, head.config, kv, first, head, hidden,
+                                     tokens.to(device), positions.to(device), last)
         steps = [min(self.num_steps, m) for m in max_tokens]
-        token, hidden = logits.argmax(-1), out
         drafts = [token]
         for s in range(1, max(steps)):
             pos = torch.tensor([[len(state.tokens) - 1 + s] for state in states], device=device)
-            kv.open_chunk(None, 1)
-            mask = kv.chunk_mask(None, hidden.dtype)
             with timed(states, "draft"):
-                out = self.head(hidden, token, pos, attention_mask=mask, cache=CacheAdapter(kv))
-            token, hidden = out.logits.argmax(-1), out.hidden
+                hidden, token = path.run(_next_step, head.config, kv, Chunk(1, 1, hidden.dtype),
+                                         head, hidden, token, pos)
             drafts.append(token)
         kv.commit(new)  # the committed positions only: the later steps' entries are dropped
         block = torch.cat(drafts, dim=1)

@@ -23,8 +23,10 @@ from collections.abc import Sequence
 
 import torch
 from peft import PeftModel
+from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
+from peftbd.decoding.fast_path import Chunk
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.ragged import pack
 from peftbd.decoding.state import DecodeState, timed
@@ -39,6 +41,15 @@ from peftbd.models.peft_bd import (
     draft_position_ids,
     draft_visibility,
 )
+
+
+def _draft_call(mask: torch.Tensor | None, cache: CacheAdapter, base: PreTrainedModel,
+                chunk: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One adapter-on denoising forward over `chunk` (B, D + 1) = [b, block] (a
+    `peftbd.decoding.fast_path.Call`): the logits (B, D, V) of the block's positions."""
+    out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=cache,
+                     position_ids=positions, attention_mask={"full_attention": mask}, use_cache=True)
+    return draft_logits(base, out.last_hidden_state[:, 1:])
 
 
 class PeftBDDrafter:
@@ -78,7 +89,7 @@ class PeftBDDrafter:
             return drafts
         rows_of = [states[i] for i in live]
         base, d, steps = unwrap(self.model), self.block_size, self.denoise_steps
-        device = rows_of[0].device
+        device, path = rows_of[0].device, rows_of[0].path
         kv = pack([s.cache for s in rows_of])
         chunk = torch.cat([draft_input_ids(s.tokens[-1], self.mask_id, d, device) for s in rows_of])
         positions = torch.cat([draft_position_ids(n, d, device) for n in kv.lengths])
@@ -86,14 +97,11 @@ class PeftBDDrafter:
         block = chunk[:, 1:].clone()
         fixed = torch.zeros_like(block, dtype=torch.bool)
         with adapter_on(self.model), lean_lora(self.model), first_layers(base.config, self.depth):
+            chunk_of = Chunk(d + 1, base.config.num_hidden_layers, base.dtype, pattern=pattern)
             for step in range(1, steps + 1):
-                kv.open_chunk(None, d + 1)
-                mask = kv.chunk_mask(pattern, base.dtype)
                 with timed(rows_of, "draft"):
-                    out = base.model(inputs_embeds=draft_embeddings(base, chunk),
-                                     cache=CacheAdapter(kv), position_ids=positions,
-                                     attention_mask=mask, use_cache=True)
-                    logits = draft_logits(base, out.last_hidden_state[:, 1:]).float()
+                    logits = path.run(_draft_call, base.config, kv, chunk_of, base, chunk,
+                                      positions).float()
                 kv.drop()
                 logits[..., self.mask_id] = -math.inf
                 if step == steps:

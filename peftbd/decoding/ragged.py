@@ -47,6 +47,11 @@ class RaggedKV:
     def size(self) -> int:
         return len(self.lengths)
 
+    @property
+    def appended(self) -> int:
+        """Slots per row appended since the last commit (the open chunk's included)."""
+        return self._offset
+
     def open_chunk(self, valid: torch.Tensor | None, width: int) -> None:
         """Open the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
         left-aligned; None: all): the next forward's `write`s go there, `chunk_mask` is its mask."""
@@ -90,28 +95,21 @@ class RaggedKV:
         return end - self._chunks[-1][0], end
 
     def chunk_mask(self, pattern: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        """The open chunk's additive mask (B, 1, width, slots): a query sees its row's committed
-        slots, the real slots of the chunks appended before it and, in its own chunk, `pattern`
-        (bool (width, width); None: causal) over real slots. None for one row's causal chunk
-        after real slots only: transformers builds that mask (the batch-1 engine's)."""
+        """The open chunk's additive mask (B, 1, width, slots): `chunk_allowed` over the slots
+        written so far. None for one row's causal chunk after real slots only: transformers
+        builds that mask (the batch-1 engine's)."""
         if self.size == 1 and pattern is None and all(v is None for _, v in self._chunks):
             return None
-        width, dev = self._chunks[-1][0], self.device
-        own_start = self._offset - width
-        real = torch.cat([torch.ones(self.size, w, dtype=torch.bool, device=dev) if v is None
-                          else v.to(dev) for w, v in self._chunks], 1)  # (B, offset)
-        rel = (torch.arange(max(self.lengths) + self._offset, device=dev).unsqueeze(0)
-               - self._lengths_on(dev).unsqueeze(1))  # (B, slots): slot - row's committed length
-        appended = (rel >= 0) & (rel < self._offset)
-        appended &= real.gather(1, rel.clamp(0, self._offset - 1))
-        seen = (rel < 0) | (appended & (rel < own_start))  # committed, or an earlier chunk's
-        own = torch.ones(width, width, dtype=torch.bool, device=dev).tril() if pattern is None \
-            else pattern.to(dev)
-        in_own = own[:, (rel - own_start).clamp(0, width - 1)].transpose(0, 1)  # (B, Q, slots)
-        allowed = seen.unsqueeze(1) | (in_own & (appended & (rel >= own_start)).unsqueeze(1))
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask.unsqueeze(1)
+        allowed = chunk_allowed(self._lengths_on(self.device), self.appended_real(),
+                                own_pattern(pattern, self._chunks[-1][0], self.device),
+                                max(self.lengths) + self._offset)
+        return additive(allowed, dtype)
+
+    def appended_real(self) -> torch.Tensor:
+        """Bool (B, offset): which slots of the chunks appended since the last commit (the open
+        one's last) are real inputs."""
+        return torch.cat([torch.ones(self.size, w, dtype=torch.bool, device=self.device) if v is None
+                          else v.to(self.device) for w, v in self._chunks], 1)
 
     def drop(self) -> None:
         """Forget the last chunk (a draft step's KV: the next chunk overwrites it)."""
@@ -231,6 +229,37 @@ def pack(caches: Sequence[RowCache]) -> RaggedKV:
     for i, c in enumerate(caches):
         c.kv, c.row = packed, i
     return packed
+
+
+def own_pattern(pattern: torch.Tensor | None, width: int, device: torch.device) -> torch.Tensor:
+    """A chunk's own attention pattern, bool (width, width): `pattern`, or causal for None."""
+    if pattern is None:
+        return torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    return pattern.to(device)
+
+
+def chunk_allowed(lengths: torch.Tensor, real: torch.Tensor, pattern: torch.Tensor,
+                  slots: int) -> torch.Tensor:
+    """Bool (B, width, slots): which of the first `slots` slots each query of the open chunk
+    sees. Row i committed `lengths[i]` slots, then the chunks appended since fill `real`'s (B,
+    offset) slots (True: a real input), the open chunk last, `pattern` (width, width) wide. A
+    query sees its row's committed slots, the real slots of the earlier chunks and, in its own
+    chunk, `pattern` over real slots. Pure tensor code: the fast path builds its masks with it
+    inside the compiled graph (`peftbd.decoding.fast_path`)."""
+    offset, width = real.shape[1], pattern.shape[0]
+    own_start = offset - width
+    rel = torch.arange(slots, device=real.device).unsqueeze(0) - lengths.unsqueeze(1)  # (B, slots)
+    appended = (rel >= 0) & (rel < offset) & real.gather(1, rel.clamp(0, offset - 1))
+    seen = (rel < 0) | (appended & (rel < own_start))  # committed, or an earlier chunk's
+    in_own = pattern[:, (rel - own_start).clamp(0, width - 1)].transpose(0, 1)  # (B, Q, slots)
+    return seen.unsqueeze(1) | (in_own & (appended & (rel >= own_start)).unsqueeze(1))
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive (B, 1, Q, slots) mask of bool `allowed` (B, Q, slots): 0 where a query may
+    attend, `finfo(dtype).min` elsewhere (transformers passes a 4D mask through as is)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
 
 def left_aligned(rows: Sequence[torch.Tensor], fill: float | int = 0) -> tuple[torch.Tensor, torch.Tensor]:

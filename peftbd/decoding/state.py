@@ -11,6 +11,7 @@ from typing import TypeVar
 import torch
 
 from peftbd.decoding.clock import ForwardLog
+from peftbd.decoding.fast_path import EAGER, ForwardPath
 from peftbd.decoding.ragged import RowCache
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 
@@ -65,7 +66,8 @@ class DecodeState:
     block-diffusion head reads them). `drafter_state` is the drafter's own per-request cache (the
     MTP head's, the block-diffusion head's; None for a drafter that keeps none), set by its
     `start`. `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
-    `peftbd.decoding.sampling`).
+    `peftbd.decoding.sampling`). `path`: the path its forwards run on, the verifier's and the
+    drafter's (`peftbd.decoding.fast_path`: eager, or its decoder's compiled graphs).
     """
 
     tokens: list[int]
@@ -84,6 +86,7 @@ class DecodeState:
     mark: float = 0.0  # clock reading at the end of the last prefill/round (for `other_ms`)
     drafter_state: RowCache | None = None
     sampling: SamplingParams = GREEDY
+    path: ForwardPath = EAGER
 
     @property
     def new_tokens(self) -> list[int]:

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.drafter import Drafter, catch_up_layers
-from peftbd.decoding.fast_path import FastVerify
+from peftbd.decoding.fast_path import EAGER, Chunk, ForwardPath
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
 from peftbd.decoding.state import DecodeState, timed
@@ -56,37 +56,42 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def _verifier_call(mask: torch.Tensor | None, cache: CacheAdapter, base: PreTrainedModel,
+                   ids: torch.Tensor, positions: torch.Tensor, layers: tuple[int, ...],
+                   argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One verifier forward (a `peftbd.decoding.fast_path.Call`): the final hidden states
+    (B, Q, d), the `layers` features (or None) and, `argmax`, the greedy token of every slot."""
+    out = base.model(input_ids=ids, cache=cache, position_ids=positions,
+                     attention_mask=None if mask is None else {"full_attention": mask},
+                     use_cache=True, output_hidden_states=bool(layers))
+    hidden = out.last_hidden_state
+    features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
+    return hidden, features, base.lm_head(hidden).argmax(-1) if argmax else None
+
+
 def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequence[Sequence[int]],
-             mode: str, pick: Pick | None = None,
-             fast: FastVerify | None = None
+             mode: str, pick: Pick | None = None
              ) -> tuple[RaggedKV, torch.Tensor, torch.Tensor | None, list[Any]]:
     """One verifier forward over each row's `inputs` at its next positions, the rows' caches
-    packed (`peftbd.decoding.ragged`): (their `RaggedKV`, the final hidden states (B, Q, d) and
-    `feature_layers` features (or None) of every slot, row i's being its first len(inputs[i]);
-    `pick`'s tokens per row (`tolist`: an int or a list), [] without it). `fast`: the compiled
-    verify forward (it computes every slot's argmax, which `pick` is given), used when no
-    features are kept. The caller `commit`s what the rows keep."""
+    packed (`peftbd.decoding.ragged`), on the rows' path (`state.path`): (their `RaggedKV`, the
+    final hidden states (B, Q, d) and `feature_layers` features (or None) of every slot, row
+    i's being its first len(inputs[i]); `pick`'s tokens per row (`tolist`: an int or a list), []
+    without it). A compiled verify computes every slot's argmax in its graph, which `pick` is
+    given. The caller `commit`s what the rows keep."""
     base = unwrap(model)
-    device = states[0].device
+    device, path = states[0].device, states[0].path
     kv = pack([s.cache for s in states])
     ids, valid = padded_ids(inputs)
     positions, _ = padded_ids([range(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
-    layers = states[0].feature_layers
-    if fast is not None and not layers:
-        with timed(states, mode):
-            hidden, argmax = fast(base, kv, ids.to(device), positions.to(device), valid)
-            picked = argmax if pick is None else pick(base.lm_head, hidden, argmax)
-            return kv, hidden, None, picked.tolist()  # one device sync
-    kv.open_chunk(None if valid.all() else valid, ids.shape[1])
-    mask = kv.chunk_mask(None, base.dtype)
+    chunk = Chunk(ids.shape[1], base.config.num_hidden_layers, base.dtype,
+                  None if valid.all() else valid)
+    argmax = path.compiled and mode == "verify"
     with timed(states, mode):
-        out = base.model(input_ids=ids.to(device), cache=CacheAdapter(kv),
-                         position_ids=positions.to(device), attention_mask=mask, use_cache=True,
-                         output_hidden_states=bool(layers))
-        hidden = out.last_hidden_state
-        features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
-        tokens = pick(base.lm_head, hidden, None).tolist() if pick else []  # one device sync
-    return kv, hidden, features, tokens
+        hidden, features, tokens = path.run(
+            _verifier_call, base.config, kv, chunk, base, ids.to(device), positions.to(device),
+            states[0].feature_layers, argmax)
+        picked = pick(base.lm_head, hidden, tokens).tolist() if pick else []  # one device sync
+    return kv, hidden, features, picked
 
 
 def choose(head: torch.nn.Module, hidden: torch.Tensor, states: Sequence[DecodeState],
@@ -141,11 +146,12 @@ def prefill(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
 def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Sequence[int], eos_ids: Sequence[int] = (),
                  feature_layers: Sequence[int] = (),
-                 sampling: Sequence[SamplingParams] | None = None) -> list[DecodeState]:
+                 sampling: Sequence[SamplingParams] | None = None,
+                 path: ForwardPath = EAGER) -> list[DecodeState]:
     """`prefill` of several requests in one batched forward (prompts of any lengths; `sampling`:
-    one per prompt, None: all greedy)."""
+    one per prompt, None: all greedy; `path`: the states' forward path, see `new_state`)."""
     sampling = sampling or [GREEDY] * len(prompts)
-    states = [new_state(model, p, n, eos_ids, feature_layers, s)
+    states = [new_state(model, p, n, eos_ids, feature_layers, s, path)
               for p, n, s in zip(prompts, max_new_tokens, sampling)]
     live = [s for s in states if not s.done]
     if not live:
@@ -170,9 +176,10 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
               eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = (),
-              sampling: SamplingParams = GREEDY) -> DecodeState:
+              sampling: SamplingParams = GREEDY, path: ForwardPath = EAGER) -> DecodeState:
     """A request's state before any forward: `prompt_ids` committed, an empty cache; a sampled
-    request without a seed gets a random one (`state.sampling.seed`)."""
+    request without a seed gets a random one (`state.sampling.seed`); `path`: where its
+    forwards run (`peftbd.decoding.fast_path`: `EAGER`, or a decoder's `FastPath`)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; pass at least one token id (e.g. the chat-template prompt)")
     if max_new_tokens < 0:
@@ -183,7 +190,7 @@ def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
         eos_ids=frozenset(eos_ids), cache=RowCache.empty(device),
         forwards=ForwardLog(Clock(device)), device=device, done=max_new_tokens == 0,
-        feature_layers=tuple(feature_layers), sampling=sampling.resolved(),
+        feature_layers=tuple(feature_layers), sampling=sampling.resolved(), path=path,
     )
 
 
@@ -211,17 +218,15 @@ def verify(model: torch.nn.Module, state: DecodeState,
 
 @torch.inference_mode()
 def verify_rows(model: torch.nn.Module, states: Sequence[DecodeState],
-                drafts: Sequence[Sequence[int] | torch.Tensor],
-                fast: FastVerify | None = None) -> list[VerifyResult]:
-    """`verify` of several requests in one batched forward; each row accepts its own prefix.
-    `fast`: run that forward compiled (`peftbd.decoding.fast_path`)."""
+                drafts: Sequence[Sequence[int] | torch.Tensor]) -> list[VerifyResult]:
+    """`verify` of several requests in one batched forward; each row accepts its own prefix."""
     for state in states:
         if state.done:
             raise ValueError("verify() on a finished request (state.done is True); start a new one")
     drafted = [_as_list(d) for d in drafts]
     kv, hidden, features, picked = _forward(
         model, states, [s.tokens[-1:] + d for s, d in zip(states, drafted)], "verify",
-        lambda head, h, argmax: choose(head, h, states, drafted, argmax), fast)
+        lambda head, h, argmax: choose(head, h, states, drafted, argmax))
     results, kept_slots = [], []
     for i, (state, draft) in enumerate(zip(states, drafted)):
         preds = picked[i][: len(draft) + 1]

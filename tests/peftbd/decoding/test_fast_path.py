@@ -1,21 +1,33 @@
-"""The fast path (`peftbd.decoding.fast_path`): the compiled verify forward decodes exactly the
-eager engine's tokens and rounds, at batch 1 and batch > 1, for AR and every drafter family;
-compile time is kept apart from steady state."""
+"""The fast path (`peftbd.decoding.fast_path`): every round forward (the verify, with or without
+verifier features, every drafter's draft, a catch-up) on static KV decodes exactly the eager
+engine's tokens and rounds, at batch 1 and batch > 1, for AR and every drafter family; compile
+time is kept apart from steady state.
+
+The static-KV graph runs uncompiled in the quick tests (its masks and in-place writes are the
+fast path's logic; inductor only fuses them) and compiled in the slow ones."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
+from peftbd.decoding import (
+    BDHeadDrafter,
+    MTPDrafter,
+    PeftBDDrafter,
+    SpeculativeDecoder,
+    advance_rows,
+)
+from peftbd.decoding.fast_path import FastPath, _static_graph
 from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.loading import load_verifier
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.peft_bd import attach_drafter_adapter
 
-pytestmark = pytest.mark.slow  # a few compiles (10-60 s each on 2 cores, less from inductor's cache)
-
 BUDGETS = [20, 7, 16, 12]
+FAMILIES = ["ar", "peftbd", "peftbd_2step", "peftbd_early_exit", "fastmtp", "peftbd_head", "dflash"]
 
 
 @pytest.fixture(scope="module")
@@ -25,35 +37,90 @@ def model(tiny_cfg, tokenizer):
     return attach_drafter_adapter(load_verifier(tiny_cfg), tiny_cfg.peftbd, tokenizer.mask_token_id)
 
 
-def _drafter(name: str, model, tiny_cfg, mask: int):
+@pytest.fixture(scope="module")
+def early(tiny_cfg, tokenizer):
+    """A verifier whose adapter drafts through its first layer only."""
+    torch.manual_seed(0)
+    return attach_drafter_adapter(load_verifier(tiny_cfg), dataclasses.replace(
+        tiny_cfg.peftbd, draft_layers=1), tokenizer.mask_token_id)
+
+
+def _arm(name: str, model, early, tiny_cfg, mask: int):
+    """(verifier, drafter) of one family (untrained drafters: they still accept some tokens)."""
     if name == "peftbd":
-        return PeftBDDrafter(model, mask, 8)
+        return model, PeftBDDrafter(model, mask, 8)
+    if name == "peftbd_2step":
+        return model, PeftBDDrafter(model, mask, 8, denoise_steps=2)
+    if name == "peftbd_early_exit":
+        return early, PeftBDDrafter(early, mask, 8)
     if name == "fastmtp":
-        return MTPDrafter(MTPHead(model), model, num_steps=3)
-    if name == "peftbd_head":  # keeps verifier features: its verify stays eager
-        return BDHeadDrafter(BDHead(model, HeadShape.of(tiny_cfg.peftbd_head, model.config, mask)), model, 8)
-    return None
+        return model, MTPDrafter(MTPHead(model), model, num_steps=3)
+    if name in ("peftbd_head", "dflash"):  # keep verifier features: a verify with features
+        head = tiny_cfg.peftbd_head if name == "peftbd_head" else tiny_cfg.dflash
+        return model, BDHeadDrafter(BDHead(model, HeadShape.of(head, model.config, mask)), model, 8)
+    return model, None
 
 
 def _rounds(results) -> list:
     return [(r.tokens, [(x.proposed, x.accepted, x.emitted) for x in r.rounds]) for r in results]
 
 
-@pytest.mark.parametrize("name", ["ar", "peftbd", "fastmtp", "peftbd_head"])
-def test_the_fast_path_decodes_the_eager_output(model, tiny_cfg, tokenizer, prompts, eos, name):
-    drafter = _drafter(name, model, tiny_cfg, tokenizer.mask_token_id)
+def _check(verifier, drafter, prompts, eos, compiled: bool) -> SpeculativeDecoder:
     rows = [ids for _, ids in prompts] + [prompts[0][1][:9]]
-    eager = SpeculativeDecoder(model, drafter, eos)
-    fast = SpeculativeDecoder(model, drafter, eos, fast_path=True)
+    eager = SpeculativeDecoder(verifier, drafter, eos)
+    fast = SpeculativeDecoder(verifier, drafter, eos, fast_path=True)
+    if not compiled:
+        fast.path._graph = _static_graph
     want = _rounds(eager.decode(p, n) for p, n in zip(rows, BUDGETS))
     assert _rounds(fast.decode(p, n) for p, n in zip(rows, BUDGETS)) == want  # batch 1
     assert _rounds(fast.decode_many(rows, 3, BUDGETS)) == want  # batch 3 -> 1, rows joining late
+    return fast
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_static_kv_forwards_decode_the_eager_output(model, early, tiny_cfg, tokenizer, prompts,
+                                                    eos, name):
+    verifier, drafter = _arm(name, model, early, tiny_cfg, tokenizer.mask_token_id)
+    _check(verifier, drafter, prompts, eos, compiled=False)
+
+
+def test_a_static_kv_catch_up_matches_the_eager_one(model, tokenizer, prompts, eos):
+    """`advance_rows` (a split drafter replica's catch-up) on the fast path: the same cache."""
+    drafter = PeftBDDrafter(model, tokenizer.mask_token_id, 8)
+    rows = [ids for _, ids in prompts[:3]]
+    out = {}
+    for compiled in (False, True):
+        dec = SpeculativeDecoder(model, drafter, eos, fast_path=compiled)
+        if compiled:
+            dec.path._graph = _static_graph
+        states = dec.start_many(rows, 12)
+        advance_rows(model, states, [[5, 6, 7], [8], [9, 10]], drafter)
+        out[compiled] = [s.cache.committed()[-1][0] for s in states]
+    for eager, fast in zip(out[False], out[True]):
+        torch.testing.assert_close(fast, eager)
+
+
+def test_forward_paths_say_every_forward_is_compiled(model, early, tiny_cfg, tokenizer, eos):
+    for name in FAMILIES:
+        verifier, drafter = _arm(name, model, early, tiny_cfg, tokenizer.mask_token_id)
+        paths = SpeculativeDecoder(verifier, drafter, eos, fast_path=True).forward_paths()
+        assert set(paths.values()) == {"compiled"}, name
+
+
+@pytest.mark.slow  # a few compiles (10-60 s each on 2 cores, less from inductor's cache)
+@pytest.mark.parametrize("name", ["ar", "peftbd", "fastmtp", "peftbd_head"])
+def test_the_compiled_fast_path_decodes_the_eager_output(model, early, tiny_cfg, tokenizer,
+                                                         prompts, eos, name):
+    verifier, drafter = _arm(name, model, early, tiny_cfg, tokenizer.mask_token_id)
+    fast = _check(verifier, drafter, prompts, eos, compiled=True)
+    assert isinstance(fast.path, FastPath) and fast.path.compiles > 0
+
+
+@pytest.mark.slow
 def test_compile_time_is_counted_apart(verifier, prompts, eos):
     fast = SpeculativeDecoder(verifier, None, eos, 6, fast_path=True)
     fast.decode(prompts[0][1])
-    assert fast.fast.compiles == 1 and fast.fast.compile_s > 0  # the AR step at batch 1
-    compile_s = fast.fast.compile_s
+    assert fast.path.compiles == 1 and fast.path.compile_s > 0  # the AR step at batch 1
+    compile_s = fast.path.compile_s
     fast.decode(prompts[1][1])  # other lengths, the same graph
-    assert (fast.fast.compiles, fast.fast.compile_s) == (1, compile_s)
+    assert (fast.path.compiles, fast.path.compile_s) == (1, compile_s)

@@ -36,7 +36,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from peftbd.decoding import (BDHeadDrafter, MTPDrafter, NoDrafter, PeftBDDrafter, SamplingParams,
                              SpeculativeDecoder, sampling)
-from peftbd.decoding.fast_path import _verify_graph
+from peftbd.decoding.fast_path import _static_graph
 from peftbd.decoding.sampling import lossless_tokens, target_probs
 from peftbd.decoding.verify import unwrap
 from peftbd.models.bd_head import BDHead, HeadShape
@@ -260,7 +260,7 @@ def test_the_fast_path_samples_as_the_eager_forward(micro):
     for name in ("ar", "fastmtp"):
         eager = SpeculativeDecoder(model, drafters[name], (), 12)
         fast = SpeculativeDecoder(model, drafters[name], (), 12, fast_path=True)
-        fast.fast._graph = _verify_graph  # the graph uncompiled: the fast branch without compiling
+        fast.path._graph = _static_graph  # the graph uncompiled: the fast branch without compiling
         want = [r.tokens for r in eager.decode_many([PROMPT] * 6, 6, 12, params)]
         assert [r.tokens for r in fast.decode_many([PROMPT] * 6, 6, 12, params)] == want, name
 
