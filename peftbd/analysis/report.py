@@ -114,9 +114,21 @@ def concurrency_section(results: Results) -> list[str]:
 
 def _paths_words(results: Results) -> str:
     """" Forward paths: every forward eager (like for like)." from the arms' `paths` ("" for
-    results written before arms recorded them)."""
+    results written before arms recorded them), and on the fast path what compiling cost and
+    whether any of it fell inside a timed pass."""
     paths = {arm_id: arm.paths for arm_id, arm in results.arms.items() if arm.paths}
-    return f" Forward paths: {path_words(paths)} (like for like)." if paths else ""
+    if not paths:
+        return ""
+    words = f" Forward paths: {path_words(paths)} (like for like)."
+    compiled = [arm for arm in results.arms.values() if "compiled" in arm.paths.values()]
+    if not compiled:
+        return words
+    timed = {arm_id: arm.timed_compiles for arm_id, arm in results.arms.items() if arm.timed_compiles}
+    where = ("none inside a timed pass" if not timed else
+             f"{sum(timed.values())} inside timed passes ("
+             + ", ".join(f"{a}: {n}" for a, n in timed.items()) + "; their tok/s include compiling)")
+    return (f"{words} Compiling took {sum(a.compile_s for a in compiled):.0f} s over the workers, "
+            f"in untimed warm-ups that run every timed pass once; {where}.")
 
 
 def _runs_words(repeats: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from peftbd.benchmarking.arms import ArmSpec
 from peftbd.benchmarking.noise import acceptance_interval, speedup_interval, throughput_interval
 from peftbd.benchmarking.replay import ReplaySums
-from peftbd.benchmarking.runner import RoundFloor, ShardResult
+from peftbd.benchmarking.runner import Compiles, RoundFloor, ShardResult
 from peftbd.benchmarking.schema import (
     ORACLE_TARGETS,
     Arm,
@@ -92,12 +92,14 @@ def category_entry(runs: Sequence[Sequence[DecodeResult]], speculative: bool) ->
 def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories: Sequence[str | None],
               mismatches: Sequence[Mismatch], replay: ReplaySums | None = None,
               ar_runs: Sequence[Sequence[DecodeResult]] | None = None,
-              floor: RoundFloor | None = None, paths: dict[str, str] | None = None) -> Arm:
+              floor: RoundFloor | None = None, paths: dict[str, str] | None = None,
+              compiles: Sequence[Compiles] = ()) -> Arm:
     """The results.json entry of one arm (its oracle is filled in by `add_oracles`); `replay`:
     its rounds replayed offline on the same prompts (None: the arm has no replay); `ar_runs`:
     AR's decodes of the same prompts, for the speedup and its interval (None: no AR arm);
     `floor`: one round's floor on the device (None: not counted); `paths`: the path of each
-    forward of its round (`SpeculativeDecoder.forward_paths`)."""
+    forward of its round (`SpeculativeDecoder.forward_paths`); `compiles`: its fast-path compiles
+    on each worker."""
     stats = _repeat_stats(runs)
     overall = summarize([res for run in runs for res in run])
     speculative = spec.method != AR
@@ -128,6 +130,8 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         floor=None if floor is None else _over_floor(floor, rnd["draft_ms"],
                                                      overall["forward"].get("verify")),
         paths=paths or {},
+        compile_s=round(sum(c.seconds for c in compiles), 1),
+        timed_compiles=sum(c.timed for c in compiles),
     )
 
 
@@ -151,7 +155,8 @@ def arm_entries(specs: Sequence[ArmSpec], shards: Sequence[ShardResult],
         s.id: arm_entry(s, merge_runs(shards, s.id), categories,
                         [m for shard in shards for m in shard.mismatches.get(s.id, [])],
                         _replay(shards, s.id), ar, shards[0].floors.get(s.id),
-                        shards[0].paths.get(s.id))
+                        shards[0].paths.get(s.id),
+                        [shard.compiles[s.id] for shard in shards if s.id in shard.compiles])
         for s in specs
     }
 

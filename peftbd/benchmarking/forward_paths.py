@@ -29,9 +29,10 @@ def check_like_for_like(paths: Paths, reference: str = "ar") -> None:
             if path != want:
                 raise MixedPaths(
                     f"decoding.fast_path: {reference}'s step runs {want} but {arm}'s {forward} "
-                    f"runs {path}, so its speedup would compare different stacks; the fast path "
-                    "compiles only the verify forward that keeps no verifier features so far: "
-                    "set decoding.fast_path=false to time every arm eager")
+                    f"runs {path}, so its speedup would compare different stacks; a drafter's "
+                    "forwards are compiled only when it runs them through state.path and sets "
+                    "draft_on_path = True (docs/adding-a-drafter.md), else set "
+                    "decoding.fast_path=false to time every arm eager")
 
 
 def path_words(paths: Paths) -> str:

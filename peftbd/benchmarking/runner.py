@@ -53,6 +53,15 @@ from peftbd.progress import Sink
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Compiles:
+    """An arm's fast-path compiles on one worker: `seconds` of compiling in all (its warm-ups'),
+    and how many graphs compiled inside its timed passes instead (0: steady state throughout)."""
+
+    seconds: float
+    timed: int
+
+
 @dataclass
 class ShardResult:
     """One worker's measurements: `results[arm][repeat][i]` decodes `prompt_ids[i]` (batch 1);
@@ -73,6 +82,8 @@ class ShardResult:
     floor: DeviceFloor | None = None
     paths: dict[str, dict[str, str]] = field(default_factory=dict)
     """{arm: the path of each forward of its round} (`SpeculativeDecoder.forward_paths`)."""
+    compiles: dict[str, Compiles] = field(default_factory=dict)
+    """{arm: its fast-path compiles} (arms on the fast path only)."""
     references: list[ReferenceCheck] = field(default_factory=list)
     """AR's outputs against independent engines' (`peftbd.benchmarking.references`)."""
     device: str = ""
@@ -92,6 +103,7 @@ class Timings:
     batch_runs: list[BatchRun]
     sampled: list[SampledPass] = field(default_factory=list)
     paths: dict[str, dict[str, str]] = field(default_factory=dict)  # forward_paths per arm
+    compiles: dict[str, Compiles] = field(default_factory=dict)  # arms on the fast path
 
 
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
@@ -100,7 +112,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
               fast_path: bool = False, sampling: SamplingPlan = SamplingPlan(),
               sweep_variants: bool = True) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one short untimed warm-up per
-    arm (a whole decode with `fast_path`, whose graphs compile per shape):
+    arm (`_warm_up`; with `fast_path`, whose graphs compile per shape, every timed pass once):
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
     time), then, in the first `sweep_repeats` repeats (default: all), per batch size > 1 in
     `batch_sizes` the arms take turns at one `decode_many` pass each (after one short untimed
@@ -108,8 +120,9 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     `swept`). Every pass is timed whole with the device-synced clock
     (`peftbd.benchmarking.concurrency`) and kept as counts only (a `BatchRun`), checked against
     AR's first batch-1 pass (AR goes first). Synthetic arms draw with `seed` against greedy AR's
-    outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: the compiled verify
-    (`peftbd.decoding.fast_path`; its compiles fall in the untimed warm-ups), refused when it
+    outputs, decoded first, untimed (`synthetic_oracle`); `fast_path`: every round forward
+    compiled (`peftbd.decoding.fast_path`; its compiles fall in the warm-ups, `compiles` counts
+    any that did not), refused when it
     would time some arm's forward on another path than AR's step (`forward_paths`). Last, the
     sampled passes of `sampling` (`peftbd.benchmarking.sampled.sample_arms`)."""
     specs = sorted(specs, key=lambda s: s.method != "ar")  # AR first: the exactness reference
@@ -122,11 +135,10 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     check_like_for_like(paths)  # before any compile or timing
     batched = [b for b in batch_sizes if b > 1]
     in_sweep = [s for s in specs if swept(s, sweep_variants)]
-    warmup = max_new_tokens if fast_path else min(WARMUP_TOKENS, max_new_tokens)  # compiles: every width
+    compiled = any(d.path.compiled for d in decoders.values())
     for s in specs:
-        decoders[s.id].decode(ids[0], warmup)
-        for b in batched if s in in_sweep else ():
-            decoders[s.id].decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
+        _warm_up(decoders[s.id], ids, batched if s in in_sweep else [], max_new_tokens, compiled)
+    warm = {arm: d.path.compiles for arm, d in decoders.items()}
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
     runs: list[BatchRun] = []
@@ -162,8 +174,27 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
         done += len(sampling.prompts)
         progress.report(done, total, arm=arm, temperature=temperature)
 
+    compiles = {arm: Compiles(round(d.path.compile_s, 2), d.path.compiles - warm[arm])
+                for arm, d in decoders.items() if d.path.compiled}
     vocab = models.verifier.config.vocab_size
-    return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass), paths)
+    return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass), paths,
+                   compiles)
+
+
+def _warm_up(decoder: SpeculativeDecoder, ids: Sequence[Sequence[int]], batch_sizes: Sequence[int],
+             max_new_tokens: int, compiled: bool) -> None:
+    """Untimed decodes before an arm's timed passes: one short decode at batch 1 and one short
+    pass at each batch size > 1; on the fast path every timed pass once, whole (greedy decodes
+    repeat their shapes, so each graph the timed passes use compiles here, not inside them)."""
+    if compiled:
+        for prompt in ids:
+            decoder.decode(prompt)
+        for b in batch_sizes:
+            decoder.decode_many(ids, b)
+        return
+    decoder.decode(ids[0], min(WARMUP_TOKENS, max_new_tokens))
+    for b in batch_sizes:
+        decoder.decode_many(ids[:b], b, min(WARMUP_TOKENS, max_new_tokens))
 
 
 def swept(spec: ArmSpec, variants: bool) -> bool:
@@ -266,7 +297,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
         replay=replay_arms(models, specs, prompts, references, cfg.decoding.max_new_tokens),
         floors=round_floors(models, specs, prompts[0].prompt_ids, cfg.decoding.max_new_tokens,
                             floor, oracle, cfg.decoding.synthetic_seed),
-        floor=floor, paths=timings.paths,
+        floor=floor, paths=timings.paths, compiles=timings.compiles,
         device=str(models.device), hardware=hardware_description(models.device),
         engine=engine_description(cfg.model.attn_implementation),
         dtype=str(next(models.verifier.parameters()).dtype).removeprefix("torch."),

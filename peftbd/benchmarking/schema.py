@@ -260,6 +260,8 @@ class Arm(Record):
     by_category: dict[str, CategoryStats]
     floor: OverFloor | None = None
     paths: dict[str, str] = {}  # each round forward's path: "compiled" | "eager" (older: {})
+    compile_s: float = 0.0  # fast path: seconds compiling its graphs, summed over the workers
+    timed_compiles: int = 0  # fast path: graphs that compiled inside a timed pass (0: none)
 
     @property
     def speculative(self) -> bool:

@@ -55,6 +55,7 @@ class BDHeadDrafter:
     name = "block-diffusion head drafter"
     reads_kv_layers: int | None = 0  # reads `state.features`, never the verifier's KV
     reads_hidden = False
+    draft_on_path = True  # its forwards run through `state.path` (compiled on the fast path)
 
     def __init__(self, head: BDHead, verifier: PreTrainedModel, block_size: int,
                  vocab_ids: torch.Tensor | None = None) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peftbd.decoding.drafter import Drafter, draft_forward
+from peftbd.decoding.drafter import Drafter, draft_forward, draft_on_path
 from peftbd.decoding.state import DecodeState
 
 Oracle = Callable[[DecodeState], Sequence[int]]
@@ -118,6 +118,7 @@ class ControlledDrafter:
         self.reads_hidden = inner.reads_hidden
         self.feature_layers = inner.feature_layers
         self.draft_forward = draft_forward(inner)
+        self.draft_on_path = draft_on_path(inner)
 
     def start(self, state: DecodeState) -> None:
         if not state.sampling.greedy:

@@ -13,7 +13,9 @@ proposed token, as argmax drafts are; `peftbd.decoding.sampling`): lossless what
 A drafter that scripts its acceptance against the verifier's greedy tokens (the controlled
 drafter) does not hold that script for sampled requests. A drafter whose `propose` runs no model
 (prompt lookup) sets `draft_forward = False`: it has no draft forward to put on a path
-(`draft_forward`, `SpeculativeDecoder.forward_paths`).
+(`draft_forward`, `SpeculativeDecoder.forward_paths`). One that runs every forward through
+`state.path.run` (`peftbd.decoding.fast_path`) sets `draft_on_path = True`: its draft is then
+compiled on the fast path, as the verify is (`draft_on_path`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,13 @@ def draft_forward(drafter: Drafter) -> bool:
     """Whether `drafter.propose` runs a model forward: its optional `draft_forward` attribute
     (True when absent; False: greedy AR, prompt lookup)."""
     return bool(getattr(drafter, "draft_forward", True))
+
+
+def draft_on_path(drafter: Drafter) -> bool:
+    """Whether `drafter.propose` runs every model forward through the rows' `state.path`
+    (`peftbd.decoding.fast_path`: compiled on the fast path): its optional `draft_on_path`
+    attribute (False when absent: its forwards run eager whatever the path)."""
+    return bool(getattr(drafter, "draft_on_path", False))
 
 
 def catch_up_layers(drafter: Drafter) -> int | None:

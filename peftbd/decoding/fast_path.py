@@ -43,7 +43,7 @@ from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_patter
 log = logging.getLogger(__name__)
 
 _ATTENTION = "peftbd_gqa_sdpa"
-_GRAPHS = 64
+_GRAPHS = 256
 T = TypeVar("T")
 
 
@@ -141,7 +141,7 @@ class FastPath:
         self.device = device
         self.compile_s = 0.0  # wall time of the calls that compiled a graph (not steady state)
         self.compiles = 0
-        # one graph per (call, batch 1 or more, width 1 or more, layers): more than dynamo's 8
+        # a graph per (call, model, batch 1 or more, width 1 or more) of every arm: dynamo allows 8
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS)
 
     def run(self, call: Call[T], config: object, kv: RaggedKV, chunk: Chunk, *args: object) -> T:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward
+from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_path
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
@@ -84,9 +84,11 @@ class SpeculativeDecoder:
 
     def forward_paths(self) -> dict[str, str]:
         """The path each model forward of a round runs on, "compiled" or "eager": the verify,
-        and the draft if the drafter runs a model (prefill, once per request, stays eager)."""
+        and the draft if the drafter runs a model (on the verify's path when it runs its forwards
+        through `state.path`, `draft_on_path`; prefill, once per request, stays eager)."""
         path = "compiled" if self.path.compiled else "eager"
-        return {"verify": path} | ({"draft": path} if draft_forward(self.drafter) else {})
+        draft = path if draft_on_path(self.drafter) else "eager"
+        return {"verify": path} | ({"draft": draft} if draft_forward(self.drafter) else {})
 
     def step(self, state: DecodeState) -> RoundMetrics:
         """One timed round: propose, verify, record."""

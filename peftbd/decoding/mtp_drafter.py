@@ -48,6 +48,7 @@ class MTPDrafter:
     reads_kv_layers: int | None = 0  # its own head cache, never the verifier's KV
     reads_hidden = True  # the verifier's final hidden states
     feature_layers: tuple[int, ...] = ()
+    draft_on_path = True  # its forwards run through `state.path` (compiled on the fast path)
 
     def __init__(self, head: MTPHead, verifier: PreTrainedModel, num_steps: int = 3) -> None:
         if num_steps < 1:

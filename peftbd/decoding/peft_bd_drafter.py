@@ -59,6 +59,7 @@ class PeftBDDrafter:
     name = "PEFT-BD drafter"
     reads_hidden = False
     feature_layers: tuple[int, ...] = ()
+    draft_on_path = True  # its forwards run through `state.path` (compiled on the fast path)
 
     def __init__(self, peft_model: PeftModel, mask_id: int, block_size: int,
                  denoise_steps: int = 1, anchored: bool = False) -> None:

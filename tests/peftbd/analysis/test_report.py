@@ -213,3 +213,19 @@ def test_the_report_summarises_a_placement_experiment_beside_the_run():
     assert lines[0].startswith("## Placement") and "colocated, split" in lines[1]
     assert "**peftbd, split:**" in lines[2]
     assert "no verdict" in placement_section({placement_stage().title: {"placements": ["colocated"]}})[2]
+
+
+def test_the_timing_line_says_each_forward_path_and_where_compiling_fell(tmp_path: Path,
+                                                                         sample_results) -> None:
+    results = sample_results
+    for arm in results.arms.values():
+        arm.paths = {"verify": "eager"}
+    text = build_report(results, {}, tmp_path / "eager").read_text()
+    assert "Forward paths: every forward eager (like for like)." in text and "Compiling" not in text
+    for arm_id, arm in results.arms.items():
+        arm.paths, arm.compile_s = {"verify": "compiled"}, 20.25
+        arm.timed_compiles = 2 if arm_id == "peftbd" else 0
+    text = build_report(results, {}, tmp_path / "fast").read_text()
+    assert ("Forward paths: every forward compiled (like for like). Compiling took 61 s over the "
+            "workers, in untimed warm-ups that run every timed pass once; 2 inside timed passes "
+            "(peftbd: 2; their tok/s include compiling).") in text

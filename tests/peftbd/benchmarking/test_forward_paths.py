@@ -42,15 +42,30 @@ def test_eager_decoders_run_every_forward_eager_and_pass(arms):
     assert path_words(paths) == "every forward eager"
 
 
-def test_the_fast_path_compiles_some_forwards_only_so_the_benchmark_refuses_it(arms):
+class EagerPlugin(PeftBDDrafter):
+    """A plugin drafter that runs its own forwards, not through `state.path`."""
+
+    draft_on_path = False
+
+
+def test_the_fast_path_compiles_every_forward_of_every_built_in_arm(arms):
     paths = _paths(arms, fast=True)
     assert paths["ar"] == paths["prompt_lookup"] == {"verify": "compiled"}
-    assert paths["peftbd"] == {"verify": "compiled", "draft": "eager"}
-    assert paths["peftbd_head"]["verify"] == "eager"  # it keeps verifier features
-    with pytest.raises(MixedPaths, match="ar's step runs compiled but peftbd's draft runs eager") as err:
+    assert paths["peftbd"] == paths["peftbd_head"] == {"verify": "compiled", "draft": "compiled"}
+    check_like_for_like(paths)
+    assert path_words(paths) == "every forward compiled"
+
+
+def test_the_benchmark_refuses_a_draft_that_would_run_eager_beside_compiled_ar(arms):
+    model, drafters = arms
+    plugin = EagerPlugin(model, drafters["peftbd"].mask_id, 8)
+    paths = _paths(arms, fast=True) | {
+        "plugin": SpeculativeDecoder(model, plugin, (), 8, fast_path=True).forward_paths()}
+    assert paths["plugin"] == {"verify": "compiled", "draft": "eager"}
+    with pytest.raises(MixedPaths, match="ar's step runs compiled but plugin's draft runs eager") as err:
         check_like_for_like(paths)
     assert isinstance(err.value, UserError) and "\n" not in str(err.value)
-    assert "decoding.fast_path=false" in str(err.value)
+    assert "draft_on_path" in str(err.value) and "decoding.fast_path=false" in str(err.value)
     check_like_for_like({a: paths[a] for a in ("ar", "prompt_lookup")})  # the same path: fine
 
 
@@ -59,4 +74,4 @@ def test_a_controlled_drafter_runs_the_forwards_of_the_drafter_it_wraps(arms):
     profile = type("P", (), {"describe": "2/round"})()
     for name in ("peftbd", "prompt_lookup"):
         controlled = ControlledDrafter(drafters[name], profile, oracle={})
-        assert controlled.draft_forward == (name == "peftbd")
+        assert controlled.draft_forward == controlled.draft_on_path == (name == "peftbd")
