@@ -230,11 +230,12 @@ class DecodingConfig:
     # method's: PEFT-BD's 2-step and anchored decoding, the head's draft vocabulary, the
     # synthetic arms); false: AR and each method's own arm only (batch 1 covers every arm).
     sweep_variants: bool
-    # Verify (the AR step and the verify over k + 1) through one torch.compile'd graph over static
-    # KV (peftbd.decoding.fast_path); tokens as eager's. Off: on the 2-core box each graph (batch
-    # 1 / B, width 1 / k + 1) compiles in 10-60 s, more than a tiny benchmark arm decodes in.
-    # The benchmark refuses it while the drafts stay eager (arms on different paths).
-    fast_path: bool
+    # Every round forward (the verify, every drafter's draft, a catch-up) as torch.compile'd
+    # graphs over static KV (peftbd.decoding.fast_path; CUDA graphs on CUDA); tokens as eager's.
+    # true, false, or auto: on for CUDA (what SGLang and vLLM run), off on CPU. The presets say
+    # what compiling costs on the 2-core box. The benchmark refuses to time a drafter whose draft
+    # would stay eager beside compiled AR (a plugin without draft_on_path).
+    fast_path: bool | Literal["auto"]
     # Controlled ("synthetic") acceptance (peftbd.decoding.controlled): each "arm=tokens" entry
     # adds arm "<arm>_synthetic", the arm's real drafts forced to `tokens` accepted tokens per
     # round on average (bonus included; geometric over its draft positions), verification real,

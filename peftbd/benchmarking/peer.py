@@ -40,6 +40,7 @@ from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding import SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.fast_path import fast_path_on
 from peftbd.methods import DraftContext
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
@@ -186,6 +187,7 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
         rows.append(row)
     pl = cfg.prompt_lookup
     return PeerTable(vllm_version=version, device="cpu", threads=1,
-                     fast_path=cfg.decoding.fast_path, vllm_eager=settings.vllm_eager,
+                     fast_path=fast_path_on(cfg.decoding.fast_path, torch.device("cpu")),
+                     vllm_eager=settings.vllm_eager,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
                                      max_ngram=pl.max_ngram), rows=rows, dflash=pair)

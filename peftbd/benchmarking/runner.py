@@ -45,6 +45,7 @@ from peftbd.benchmarking.sampled import (
 from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.fast_path import FastPathSetting
 from peftbd.decoding.controlled import Oracle, reference_oracle
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.process_setup import ready
@@ -109,7 +110,7 @@ class Timings:
 def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Prompt],
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
               sweep_repeats: int | None = None, seed: int = 0,
-              fast_path: bool = False, sampling: SamplingPlan = SamplingPlan(),
+              fast_path: FastPathSetting = False, sampling: SamplingPlan = SamplingPlan(),
               sweep_variants: bool = True) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one short untimed warm-up per
     arm (`_warm_up`; with `fast_path`, whose graphs compile per shape, every timed pass once):

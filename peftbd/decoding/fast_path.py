@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 from torch._dynamo import config as dynamo_config
@@ -174,3 +174,13 @@ class FastPath:
 
 
 ForwardPath = EagerPath | FastPath
+FastPathSetting = bool | Literal["auto"]
+"""`decoding.fast_path`: on, off, or "auto": on for CUDA (CUDA graphs, what SGLang and vLLM
+run), off elsewhere (`fast_path_on`)."""
+
+
+def fast_path_on(setting: FastPathSetting, device: torch.device) -> bool:
+    """Whether `setting` puts a decoder on `device` on the fast path ("auto": CUDA only)."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)

@@ -11,7 +11,7 @@ from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.fast_path import EAGER, FastPath, ForwardPath
+from peftbd.decoding.fast_path import EAGER, FastPath, FastPathSetting, ForwardPath, fast_path_on
 from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
 
 
@@ -26,18 +26,21 @@ class SpeculativeDecoder:
     see `peftbd.decoding.verify.advance`), or `step` / `step_many` for both. Every single-request
     method is its batched twin called with one row: batch 1 is the same code path.
     `fast_path`: run every round forward compiled (`peftbd.decoding.fast_path`: `path`, its
-    `compile_s` apart from steady state), the verify's and the drafter's alike.
+    `compile_s` apart from steady state), the verify's and the drafter's alike ("auto": on
+    CUDA only).
     `verifier_steps` counts the verifier's batched forwards (each batched prefill and each batched
     verify: the engine steps a scheduler such as vLLM's counts).
     """
 
     def __init__(self, model: torch.nn.Module, drafter: Drafter | None = None,
-                 eos_ids: Sequence[int] = (), max_new_tokens: int = 256, fast_path: bool = False) -> None:
+                 eos_ids: Sequence[int] = (), max_new_tokens: int = 256,
+                 fast_path: FastPathSetting = False) -> None:
         self.model = model
         self.drafter: Drafter = drafter or NoDrafter()
         self.eos_ids = tuple(eos_ids)
         self.max_new_tokens = max_new_tokens
-        self.path: ForwardPath = FastPath(model_device(model)) if fast_path else EAGER
+        device = model_device(model)
+        self.path: ForwardPath = FastPath(device) if fast_path_on(fast_path, device) else EAGER
         self.verifier_steps = 0
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,

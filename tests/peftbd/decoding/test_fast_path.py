@@ -20,7 +20,8 @@ from peftbd.decoding import (
     SpeculativeDecoder,
     advance_rows,
 )
-from peftbd.decoding.fast_path import FastPath, _static_graph
+from peftbd.config import load_config
+from peftbd.decoding.fast_path import EAGER, FastPath, _static_graph, fast_path_on
 from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.loading import load_verifier
 from peftbd.models.mtp_head import MTPHead
@@ -124,3 +125,18 @@ def test_compile_time_is_counted_apart(verifier, prompts, eos):
     compile_s = fast.path.compile_s
     fast.decode(prompts[1][1])  # other lengths, the same graph
     assert (fast.path.compiles, fast.path.compile_s) == (1, compile_s)
+
+
+def test_auto_puts_cuda_alone_on_the_fast_path(verifier):
+    assert fast_path_on("auto", torch.device("cuda")) and not fast_path_on("auto", torch.device("cpu"))
+    assert fast_path_on(True, torch.device("cpu")) and not fast_path_on(False, torch.device("cuda"))
+    assert SpeculativeDecoder(verifier, None, fast_path="auto").path is EAGER  # on this CPU
+
+
+def test_the_presets_default_to_auto_and_the_switch_takes_true_false_or_auto():
+    assert load_config("tiny").decoding.fast_path == "auto"
+    assert load_config("qwen3-0.6b").decoding.fast_path == "auto"
+    for value, want in (("true", True), ("false", False), ("auto", "auto")):
+        assert load_config("tiny", overrides=[f"decoding.fast_path={value}"]).decoding.fast_path == want
+    with pytest.raises(ValueError, match="decoding.fast_path"):
+        load_config("tiny", overrides=["decoding.fast_path=sometimes"])
