@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _ATTENTION = "peftbd_gqa_sdpa"
 _GRAPHS = 256
+_BUCKET = 64
 T = TypeVar("T")
 
 
@@ -63,11 +64,13 @@ AttentionInterface.register(_ATTENTION, _gqa_sdpa)
 
 class _StaticKV:
     """The graph's `KVStore` (`peftbd.decoding.cache_adapter`): write row i's chunk at its
-    `slots[i]`, return the whole buffer (the mask says which slots a query sees). `index_put_`,
-    which inductor writes in place (a `scatter_` would copy the whole buffer every layer)."""
+    `slots[i]`, return the buffer's first `extent` slots (the mask says which a query sees).
+    `index_put_`, which inductor writes in place (a `scatter_` would copy the whole buffer every
+    layer)."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slots: torch.Tensor) -> None:
-        self.keys, self.values, self.slots = keys, values, slots
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slots: torch.Tensor,
+                 extent: int) -> None:
+        self.keys, self.values, self.slots, self.slots_seen = keys, values, slots, extent
 
     def write(self, key: torch.Tensor, value: torch.Tensor,
               layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +78,8 @@ class _StaticKV:
         index = (rows.view(-1, 1, 1), heads.view(1, -1, 1), self.slots.unsqueeze(1))  # (B, H, Q)
         self.keys[layer_idx].index_put_(index, key)
         self.values[layer_idx].index_put_(index, value)
-        return self.keys[layer_idx], self.values[layer_idx]
+        return (self.keys[layer_idx][:, :, : self.slots_seen],
+                self.values[layer_idx][:, :, : self.slots_seen])
 
     def extent(self) -> tuple[int, int]:
         raise RuntimeError("the fast path passes its own mask: transformers never sizes one")
@@ -121,13 +125,23 @@ EAGER = EagerPath()
 
 
 def _static_graph(call: Call[T], lengths: torch.Tensor, real: torch.Tensor, pattern: torch.Tensor,
-                  keys: list[torch.Tensor], values: list[torch.Tensor], *args: object) -> T:
+                  extent: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                  *args: object) -> T:
     """`call` over static KV: the open chunk (the last `pattern.shape[0]` of `real`'s slots after
-    each row's `lengths`) written in place, the mask over the whole buffer."""
-    width, capacity = pattern.shape[0], keys[0].shape[2]
-    allowed = chunk_allowed(lengths, real, pattern, capacity)
+    each row's `lengths`) written in place, attention over the buffer's first `extent` (S,)
+    = 0..S-1 slots under the mask."""
+    width = pattern.shape[0]
+    allowed = chunk_allowed(lengths, real, pattern, extent)
     slots = lengths.unsqueeze(1) + (real.shape[1] - width) + torch.arange(width, device=real.device)
-    return call(additive(allowed, keys[0].dtype), CacheAdapter(_StaticKV(keys, values, slots)), *args)
+    store = _StaticKV(keys, values, slots, extent.shape[0])
+    return call(additive(allowed, keys[0].dtype), CacheAdapter(store), *args)
+
+
+def _bucket(slots: int) -> int:
+    """The slots a graph attends over: `slots` rounded up to a multiple of `_BUCKET` (its size is
+    symbolic in the graph, so a new bucket compiles nothing; the whole capacity would cost a
+    chunk's attention up to twice the slots in use)."""
+    return -(-slots // _BUCKET) * _BUCKET
 
 
 class FastPath:
@@ -141,6 +155,7 @@ class FastPath:
         self.device = device
         self.compile_s = 0.0  # wall time of the calls that compiled a graph (not steady state)
         self.compiles = 0
+        self._extents: dict[int, torch.Tensor] = {}
         # a graph per (call, model, batch 1 or more, width 1 or more) of every arm: dynamo allows 8
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS)
 
@@ -151,14 +166,15 @@ class FastPath:
         if len(kv.keys) < chunk.layers:
             return EAGER.run(call, config, kv, chunk, *args)
         kv.open_chunk(chunk.valid, chunk.width)
-        kv.reserve(max(kv.lengths) + kv.appended)
+        extent = _bucket(max(kv.lengths) + kv.appended)
+        kv.reserve(extent)
         pattern = own_pattern(chunk.pattern, chunk.width, kv.device)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
         attention = getattr(config, "_attn_implementation")
         setattr(config, "_attn_implementation", _ATTENTION)
         try:
             out = self._graph(call, kv.lengths_tensor(), kv.appended_real(), pattern,
-                              kv.keys, kv.values, *args)
+                              self._slot_ids(extent), kv.keys, kv.values, *args)
         finally:
             setattr(config, "_attn_implementation", attention)
         if counters["stats"]["unique_graphs"] != graphs:
@@ -168,6 +184,12 @@ class FastPath:
             log.info("fast path: compiled %s for batch %d, width %d, capacity %d in %.1f s",
                      call.__name__, kv.size, chunk.width, kv.keys[0].shape[2], elapsed)
         return out
+
+    def _slot_ids(self, extent: int) -> torch.Tensor:
+        """0..extent-1 on the device (kept: one per bucket)."""
+        if extent not in self._extents:
+            self._extents[extent] = torch.arange(extent, device=self.device)
+        return self._extents[extent]
 
     def __deepcopy__(self, memo: dict) -> FastPath:
         return self  # a device's graphs: shared, never copied with a state

@@ -102,7 +102,7 @@ class RaggedKV:
             return None
         allowed = chunk_allowed(self._lengths_on(self.device), self.appended_real(),
                                 own_pattern(pattern, self._chunks[-1][0], self.device),
-                                max(self.lengths) + self._offset)
+                                torch.arange(max(self.lengths) + self._offset, device=self.device))
         return additive(allowed, dtype)
 
     def appended_real(self) -> torch.Tensor:
@@ -239,8 +239,8 @@ def own_pattern(pattern: torch.Tensor | None, width: int, device: torch.device) 
 
 
 def chunk_allowed(lengths: torch.Tensor, real: torch.Tensor, pattern: torch.Tensor,
-                  slots: int) -> torch.Tensor:
-    """Bool (B, width, slots): which of the first `slots` slots each query of the open chunk
+                  slots: torch.Tensor) -> torch.Tensor:
+    """Bool (B, width, S): which of the slots `slots` (0..S-1) each query of the open chunk
     sees. Row i committed `lengths[i]` slots, then the chunks appended since fill `real`'s (B,
     offset) slots (True: a real input), the open chunk last, `pattern` (width, width) wide. A
     query sees its row's committed slots, the real slots of the earlier chunks and, in its own
@@ -248,7 +248,7 @@ def chunk_allowed(lengths: torch.Tensor, real: torch.Tensor, pattern: torch.Tens
     inside the compiled graph (`peftbd.decoding.fast_path`)."""
     offset, width = real.shape[1], pattern.shape[0]
     own_start = offset - width
-    rel = torch.arange(slots, device=real.device).unsqueeze(0) - lengths.unsqueeze(1)  # (B, slots)
+    rel = slots.unsqueeze(0) - lengths.unsqueeze(1)  # (B, S)
     appended = (rel >= 0) & (rel < offset) & real.gather(1, rel.clamp(0, offset - 1))
     seen = (rel < 0) | (appended & (rel < own_start))  # committed, or an earlier chunk's
     in_own = pattern[:, (rel - own_start).clamp(0, width - 1)].transpose(0, 1)  # (B, Q, slots)
