@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peftbd.benchmarking.cost_profile import run_profile, summary_lines
@@ -102,6 +103,9 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
                                                              for r in runs) / max(calls, 1), 3),
                     "roofline_verify_ms": roof[spec.id].roofline_verify_ms,
                     "compile_s": round(dec.path.compile_s, 1),
+                    # graphs inductor ran without CUDA graphs so far (e.g. "mutated inputs": the
+                    # KV buffers the graphs write are not static addresses); 0 on CPU
+                    "cudagraph_skips_so_far": int(counters["inductor"]["cudagraph_skips"]),
                     "paths": dec.forward_paths()}
                 ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)

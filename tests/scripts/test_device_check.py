@@ -28,6 +28,7 @@ def test_the_device_check_dry_runs_on_cpu(tiny_world, tmp_path):
     assert all(d["exact_rows"] == 4 and d["tokens_per_s"] > 0 and d["roofline_verify_ms"] > 0
                for d in decodes.values())
     assert decodes["ar eager batch 1"]["speedup_vs_ar"] == 1.0
-    assert all(d["like_for_like"] and set(d["paths"].values()) == {"eager"} for d in decodes.values())
+    assert all(d["like_for_like"] and set(d["paths"].values()) == {"eager"}
+               and d["cudagraph_skips_so_far"] == 0 for d in decodes.values())
     assert result["batched_exactness"]["exact_rows"] == result["batched_exactness"]["rows"]
     assert all(r["exact_rows"] == r["rows"] for r in result["engine_batching"].values())
