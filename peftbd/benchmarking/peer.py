@@ -24,7 +24,7 @@ Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM w
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

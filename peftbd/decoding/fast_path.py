@@ -5,9 +5,10 @@ A forward site hands the path a `call(mask, cache, *args)` (a module-level funct
 compiled graph is keyed on it), the `RaggedKV` it writes and its `Chunk` (width, valid inputs,
 attention pattern). The eager path opens the chunk and builds its mask (`RaggedKV.chunk_mask`).
 The fast path runs `torch.compile`d graphs over static KV: the graph writes each row's chunk into
-the `RaggedKV` buffers at the row's own offset and attends over the whole buffer (its capacity)
-under a mask it builds itself (`peftbd.decoding.ragged.chunk_allowed`), so its shapes (batch,
-chunk width, capacity) never change with each token. They are compiled dynamic: a graph per call
+the `RaggedKV` buffers at the row's own offset and attends over the buffer's first slots, the
+rows' slots rounded up to 64 (`_bucket`), under a mask it builds itself
+(`peftbd.decoding.ragged.chunk_allowed`), so its shapes (batch, chunk width, slots seen) do not
+change with each token. They are compiled dynamic: a graph per call
 for batch 1 and B > 1 times width 1 and wider (torch specializes sizes of 1); fixed shapes
 (`dynamic=False`) recompiled at every capacity growth and batch change (7 graphs, 165 s, for one
 AR pass at batch 1 and 16 on the 2-core box). Inductor on CPU; CUDA graphs
@@ -35,7 +36,7 @@ import torch
 from torch._dynamo import config as dynamo_config
 from torch._dynamo.utils import counters
 from torch.nn import functional as F
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface
 
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_pattern
