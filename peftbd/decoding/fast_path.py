@@ -34,6 +34,7 @@ from typing import Literal, TypeVar
 
 import torch
 from torch._dynamo import config as dynamo_config
+from torch.fx.experimental import _config as shape_config
 from torch._dynamo.utils import counters
 from torch.nn import functional as F
 from transformers import AttentionInterface
@@ -159,6 +160,9 @@ class FastPath:
         self._extents: dict[int, torch.Tensor] = {}
         # a graph per (call, model, batch 1 or more, width 1 or more) of every arm: dynamo allows 8
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS)
+        # sizes equal by chance at a compile stay distinct symbols, else they would be guarded
+        # equal and recompile when they part
+        shape_config.use_duck_shape = False
 
     def run(self, call: Call[T], config: object, kv: RaggedKV, chunk: Chunk, *args: object) -> T:
         """`call` compiled over `kv`'s rows (its buffers grown to hold the chunk first); the chunk
@@ -168,7 +172,7 @@ class FastPath:
             return EAGER.run(call, config, kv, chunk, *args)
         kv.open_chunk(chunk.valid, chunk.width)
         extent = _bucket(max(kv.lengths) + kv.appended)
-        kv.reserve(extent)
+        kv.reserve(extent + 1)  # a spare slot: a graph is compiled for slots seen < capacity
         pattern = own_pattern(chunk.pattern, chunk.width, kv.device)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
         attention = getattr(config, "_attn_implementation")
