@@ -136,9 +136,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     check_like_for_like(paths)  # before any compile or timing
     batched = [b for b in batch_sizes if b > 1]
     in_sweep = [s for s in specs if swept(s, sweep_variants)]
-    compiled = any(d.path.compiled for d in decoders.values())
     for s in specs:
-        _warm_up(decoders[s.id], ids, batched if s in in_sweep else [], max_new_tokens, compiled)
+        _warm_up(decoders[s.id], ids, batched if s in in_sweep else [], max_new_tokens)
     warm = {arm: d.path.compiles for arm, d in decoders.items()}
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
@@ -183,11 +182,11 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
 
 
 def _warm_up(decoder: SpeculativeDecoder, ids: Sequence[Sequence[int]], batch_sizes: Sequence[int],
-             max_new_tokens: int, compiled: bool) -> None:
+             max_new_tokens: int) -> None:
     """Untimed decodes before an arm's timed passes: one short decode at batch 1 and one short
     pass at each batch size > 1; on the fast path every timed pass once, whole (greedy decodes
     repeat their shapes, so each graph the timed passes use compiles here, not inside them)."""
-    if compiled:
+    if decoder.path.compiled:
         for prompt in ids:
             decoder.decode(prompt)
         for b in batch_sizes:

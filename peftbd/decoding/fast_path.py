@@ -107,6 +107,12 @@ Call = Callable[..., T]
 causal one) and its cache (a `CacheAdapter`)."""
 
 
+def backbone_masks(mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+    """A `Call`'s mask as a transformers backbone's `attention_mask`: per layer type (so it
+    builds none of its own, which a compiled graph over static KV needs), None as is."""
+    return None if mask is None else {"full_attention": mask}
+
+
 class EagerPath:
     """Every forward eager: the chunk opened in the `RaggedKV`, its mask from `chunk_mask`."""
 

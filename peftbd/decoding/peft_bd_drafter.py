@@ -26,7 +26,7 @@ from peft import PeftModel
 from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
-from peftbd.decoding.fast_path import Chunk
+from peftbd.decoding.fast_path import Chunk, backbone_masks
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.ragged import pack
 from peftbd.decoding.state import DecodeState, timed
@@ -48,7 +48,7 @@ def _draft_call(mask: torch.Tensor | None, cache: CacheAdapter, base: PreTrained
     """One adapter-on denoising forward over `chunk` (B, D + 1) = [b, block] (a
     `peftbd.decoding.fast_path.Call`): the logits (B, D, V) of the block's positions."""
     out = base.model(inputs_embeds=draft_embeddings(base, chunk), cache=cache,
-                     position_ids=positions, attention_mask={"full_attention": mask}, use_cache=True)
+                     position_ids=positions, attention_mask=backbone_masks(mask), use_cache=True)
     return draft_logits(base, out.last_hidden_state[:, 1:])
 
 

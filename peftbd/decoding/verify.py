@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.drafter import Drafter, catch_up_layers
-from peftbd.decoding.fast_path import EAGER, Chunk, ForwardPath
+from peftbd.decoding.fast_path import EAGER, Chunk, ForwardPath, backbone_masks
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
 from peftbd.decoding.state import DecodeState, timed
@@ -62,7 +62,7 @@ def _verifier_call(mask: torch.Tensor | None, cache: CacheAdapter, base: PreTrai
     """One verifier forward (a `peftbd.decoding.fast_path.Call`): the final hidden states
     (B, Q, d), the `layers` features (or None) and, `argmax`, the greedy token of every slot."""
     out = base.model(input_ids=ids, cache=cache, position_ids=positions,
-                     attention_mask=None if mask is None else {"full_attention": mask},
+                     attention_mask=backbone_masks(mask),
                      use_cache=True, output_hidden_states=bool(layers))
     hidden = out.last_hidden_state
     features = torch.cat([out.hidden_states[k] for k in layers], -1) if layers else None
