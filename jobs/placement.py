@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from jobs.local_cluster import NodeError, local_cluster
-from jobs.placement_options import FORWARD_SYNC, placement_options, replica_counts, skip_reason
+from jobs.placement_options import (
+    CONFIG_CHANGES,
+    placement_levels,
+    placement_options,
+    replica_counts,
+    skip_reason,
+)
 from jobs.ray_env import DASHBOARD_ENV, shutdown
 from peftbd.analysis.placement import (
     Devices,
@@ -219,12 +225,13 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
             log.info("placement %s: skipped (%s)", name, reason)
         else:
             runnable.append((name, app, options))
-    levels = {c: level_prompts(len(prompts), cfg, c) for c in cfg.serving.client_concurrency}
-    tally = Tally(len(runnable) * len(placement_methods(cfg.serving))
-                  * sum(map(len, levels.values())))
+    levels = {name: {c: level_prompts(len(prompts), cfg, c) for c in placement_levels(name, cfg)}
+              for name, _, _ in runnable}
+    tally = Tally(len(placement_methods(cfg.serving))
+                  * sum(len(jobs) for by in levels.values() for jobs in by.values()))
     for name, app, options in runnable:
         log.info("placement %s: deploying the %s app", name, app)
-        app_args = args.model_copy(update={"overrides": args.overrides + FORWARD_SYNC.get(name, [])})
+        app_args = args.model_copy(update={"overrides": args.overrides + CONFIG_CHANGES.get(name, [])})
         serve.run(builders[app](app_args, options), name="placement", route_prefix="/placement")
         roles = replica_counts(app, options, cfg)
         replicas = {role.value: (serve.get_deployment_handle(role.deployment, "placement"), n)
@@ -232,7 +239,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         devices[name] = Devices(total=sum(roles.values()),
                                 verifiers=sum(n for role, n in roles.items() if role in VERIFIER_ROLES))
         measured, loads = _measure(f"http://127.0.0.1:{port}/placement/v1", name, prompts, cfg,
-                                   cfg.serving.model_name, replicas, tally, levels)
+                                   cfg.serving.model_name, replicas, tally, levels[name])
         records, windows = records + measured, windows + loads
         serve.delete("placement")
     serve.shutdown()
@@ -243,7 +250,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, client concurrency "
         f"{list(cfg.serving.client_concurrency)} (the first table: the lowest), requests per "
-        "level " + ", ".join(f"{c}: {len(jobs)}" for c, jobs in levels.items())
+        "level " + ", ".join(f"{c}: {len(jobs)}" for c, jobs in
+                             {c: j for by in levels.values() for c, j in by.items()}.items())
         + f" (serving.level_requests {cfg.serving.level_requests}); serving.max_batch "
         f"{cfg.serving.max_batch}, batch_wait_ms {cfg.serving.batch_wait_ms}; preset {cfg.preset}",
         "; ".join(f"{m.what}: {dirs.get(m.serving, 'untrained')}" for m in methods()),

@@ -20,6 +20,8 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     split-fractional-gpu: cross-node with two replicas of each at half a GPU.
     split-forward: split whose Drafter catches up with its own verifier forward
     (`serving.drafter_sync: forward`) instead of the state the Verifier ships.
+    split-ahead: split whose Drafter drafts the next round during each verify
+    (`serving.draft_ahead`), at `serving.ahead_levels` only (`placement_levels`).
     """
     s = cfg.serving
 
@@ -34,7 +36,8 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     table: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
         "colocated": ("colocated", {Role.ENGINE: engines}),
         "split": ("split", {}),
-        "split-forward": ("split", {}),  # with FORWARD_SYNC
+        "split-forward": ("split", {}),  # with CONFIG_CHANGES
+        "split-ahead": ("split", {}),  # ditto
         "split-cross-node": ("split", {drafter: role("drafter", 1, s.drafter_num_gpus),
                                        verifier: role("verifier", 1, s.verifier_num_gpus)}),
         "split-same-node": ("split", {drafter: role("verifier", 0.5, s.drafter_num_gpus / 2),
@@ -48,9 +51,16 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
     return table[name]
 
 
-FORWARD_SYNC = {"split-forward": ["serving.drafter_sync=forward"]}
+CONFIG_CHANGES = {"split-forward": ["serving.drafter_sync=forward"],
+                  "split-ahead": ["serving.draft_ahead=true"]}
 """Placements that change the app's config: split with the Drafter's own catch-up forward
-instead of the Verifier's shipped state (bytes against ms)."""
+instead of the Verifier's shipped state (bytes against ms); split drafting ahead."""
+
+
+def placement_levels(name: str, cfg: Config) -> tuple[int, ...]:
+    """The client levels a placement runs: `serving.ahead_levels` for split-ahead (drafting
+    ahead uses a Drafter's idle time, which low levels have), else `serving.client_concurrency`."""
+    return cfg.serving.ahead_levels if name == "split-ahead" else cfg.serving.client_concurrency
 
 
 def skip_reason(options: dict[str, dict[str, Any]], available: dict[str, float]) -> str | None:

@@ -38,7 +38,7 @@ BlockOffsets = Literal["random", "aligned"]  # peftbd.training.block_diffusion.b
 Method = str  # a method id of peftbd.methods: peftbd.serving.validation.check_serving_config
 DrafterSync = Literal["ship", "forward"]  # peftbd.methods.Method.ships
 Placement = Literal[  # jobs.placement_options.placement_options
-    "colocated", "split", "split-forward", "split-cross-node", "split-same-node",
+    "colocated", "split", "split-forward", "split-ahead", "split-cross-node", "split-same-node",
     "split-fractional-gpu",
 ]
 
@@ -295,6 +295,11 @@ class ServingConfig:
     # oracle: the replica's own greedy AR output of the prompt); labelled synthetic in usage and
     # metrics. Empty: every method's own acceptance.
     synthetic: tuple[MethodTokens, ...]
+    # split: while a round verifies, the idle Drafter drafts the next one for its likeliest
+    # outcome (peftbd.decoding.ahead); the placement "split-ahead" runs it at `ahead_levels`
+    draft_ahead: bool
+    ahead_levels: tuple[PositiveInt, ...]
+    ahead_bonus_hit: Fraction  # synthetic drafting ahead: how often the guessed bonus is right
 
 
 RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS

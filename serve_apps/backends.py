@@ -154,7 +154,7 @@ class _SplitCalls:
     async def send(self, kind: CallKind, items: Sequence[Item]) -> list[Answer]:
         """One call per shard, concurrently; a shard whose replica kept dying fails only its
         own items."""
-        target = self.shards[Role.DRAFTER if kind == "propose" else Role.VERIFIER]
+        target = self.shards[Role.DRAFTER if kind in ("propose", "ahead") else Role.VERIFIER]
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault(target.key(item.session_id), []).append(i)

@@ -28,6 +28,8 @@ from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.methods import AR, methods, serving_names
 from peftbd.serving.combine import Combiner
 from peftbd.serving.messages import (
+    AheadItem,
+    AheadReply,
     PrefillItem,
     PrefillReply,
     ProposeItem,
@@ -114,6 +116,11 @@ class Drafter(_ModelReplica):
         forward; `serving.drafter_sync`) and draft its next block: one batched draft per method
         (with the other calls waiting here)."""
         return await self.combiner.call("propose", self.decoder.propose_batch, items)
+
+    async def ahead_batch(self, items: list[AheadItem]) -> list[AheadReply]:
+        """Draft each request's next round for a guessed outcome of the round now verifying
+        (`serving.draft_ahead`; no guess where its method cannot draft ahead)."""
+        return await self.combiner.call("ahead", self.decoder.ahead_batch, items)
 
 
 @serve.deployment(name=Role.VERIFIER.deployment, max_ongoing_requests=MAX_ONGOING,

@@ -8,6 +8,11 @@ the verifier will reject. Verification stays real, so the output is greedy AR's 
 audit checks it) and the accepted length is the profile's. vLLM calls the equivalent mode
 "synthetic acceptance"; everything measured with it is labelled synthetic.
 
+Drafting ahead (`propose_ahead`, `peftbd.decoding.ahead`) is scripted the same way: the inner
+drafter's pre-draft forward is real, its guessed bonus is the verifier's token with probability
+`bonus_hit` (a synthetic rate, labelled as such), and the pre-draft accepts as the round it
+stands for would have.
+
 A request's draws depend only on the seed, its prompt and how many tokens it has generated, so a
 request accepts the same way at any batch size and in any batch company.
 """
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from peftbd.decoding.ahead import PreDraft
 from peftbd.decoding.drafter import Drafter, draft_forward, draft_on_path
 from peftbd.decoding.state import DecodeState
 
@@ -92,12 +98,13 @@ class AcceptanceProfile:
         return accepted
 
 
-def request_rng(seed: int, state: DecodeState) -> random.Random:
+def request_rng(seed: int, state: DecodeState, ahead: int = 0, salt: bytes = b"") -> random.Random:
     """The draws of one round of one request: a function of the seed, the prompt and how many
-    tokens it has generated, nothing else."""
-    key = hashlib.blake2b(digest_size=8)
+    tokens it has generated (`ahead` more for a round drafted ahead: the same draws as when that
+    round comes), nothing else; `salt` keys another kind of draw."""
+    key = hashlib.blake2b(digest_size=8, salt=salt)
     key.update(seed.to_bytes(8, "little", signed=True))
-    key.update(len(state.new_tokens).to_bytes(8, "little"))
+    key.update((len(state.new_tokens) + ahead).to_bytes(8, "little"))
     key.update(array("q", state.tokens[: state.prompt_len]).tobytes())
     return random.Random(int.from_bytes(key.digest(), "little"))
 
@@ -111,8 +118,9 @@ class ControlledDrafter:
     """`inner` drafts (its forwards are real), `profile` decides how much of it matches."""
 
     def __init__(self, inner: Drafter, profile: AcceptanceProfile, oracle: Oracle,
-                 seed: int = 0) -> None:
+                 seed: int = 0, bonus_hit: float = 0.0) -> None:
         self.inner, self.profile, self.oracle, self.seed = inner, profile, oracle, seed
+        self.bonus_hit = bonus_hit  # drafting ahead: how often its guessed bonus is right
         self.name = f"{inner.name} [synthetic: {profile.describe}]"
         self.reads_kv_layers = inner.reads_kv_layers
         self.reads_hidden = inner.reads_hidden
@@ -130,14 +138,35 @@ class ControlledDrafter:
 
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
         drafts = self.inner.propose(states, max_tokens)
-        return [self._controlled(s, d) for s, d in zip(states, drafts)]
+        return [self._scripted(d, self.oracle(s), request_rng(self.seed, s))
+                for s, d in zip(states, drafts)]
 
-    def _controlled(self, state: DecodeState, draft: torch.Tensor) -> torch.Tensor:
+    def propose_ahead(self, states: Sequence[DecodeState], drafts: Sequence[Sequence[int]],
+                      accepted: Sequence[int], max_tokens: Sequence[int]) -> list[PreDraft]:
+        """The inner drafter's pre-drafts (`peftbd.decoding.ahead`: its forwards are real),
+        scripted: the guessed bonus is the verifier's token with probability `bonus_hit`, and the
+        pre-draft accepts as the profile draws for that round (the draws it gets unless ahead)."""
+        pre = self.inner.propose_ahead(states, drafts, accepted, max_tokens)  # type: ignore[attr-defined]
+        return [self._scripted_ahead(s, p) for s, p in zip(states, pre)]
+
+    def _scripted_ahead(self, state: DecodeState, pre: PreDraft) -> PreDraft:
+        greedy, k = self.oracle(state), pre.accepted
+        if k >= len(greedy):  # the output ends inside the guessed tokens: no next round
+            return pre
+        right = request_rng(self.seed, state, salt=b"bonus").random() < self.bonus_hit
+        bonus = greedy[k] if right else rejected(greedy[k])
+        return PreDraft(k, bonus, self._scripted(pre.draft, greedy[k + 1:],
+                                                 request_rng(self.seed, state, ahead=k + 1)))
+
+    def _scripted(self, draft: torch.Tensor, continuation: Sequence[int],
+                  rng: random.Random) -> torch.Tensor:
+        """`draft` matching the verifier's greedy `continuation` for as many leading positions as
+        the profile draws from `rng`, then rejected."""
         k = draft.shape[-1]
         if k == 0:
             return draft
-        greedy = list(self.oracle(state)[:k])
-        accepted = min(self.profile.draw(k, request_rng(self.seed, state)), len(greedy))
+        greedy = list(continuation[:k])
+        accepted = min(self.profile.draw(k, rng), len(greedy))
         tokens = draft.reshape(-1).tolist()
         tokens[:accepted] = greedy[:accepted]
         if accepted < len(greedy):

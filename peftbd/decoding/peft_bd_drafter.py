@@ -25,6 +25,7 @@ import torch
 from peft import PeftModel
 from transformers import PreTrainedModel
 
+from peftbd.decoding.ahead import PreDraft, peft_bd_ahead
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.fast_path import Chunk, backbone_masks
 from peftbd.decoding.drafter import no_draft
@@ -117,3 +118,9 @@ class PeftBDDrafter:
         for row, i in enumerate(live):
             drafts[i] = block[row : row + 1, : max_tokens[i]]
         return drafts
+
+    def propose_ahead(self, states: Sequence[DecodeState], drafts: Sequence[Sequence[int]],
+                      accepted: Sequence[int], max_tokens: Sequence[int]) -> list[PreDraft]:
+        """Round r+1 drafted while round r verifies, for the outcome "`accepted[i]` tokens of
+        `drafts[i]`, then a bonus it guesses" (`peftbd.decoding.ahead.peft_bd_ahead`)."""
+        return peft_bd_ahead(self, states, drafts, accepted, max_tokens)

@@ -109,3 +109,19 @@ Shipped = FeatureBlock | KVBlock | None
 def feature_bytes(block: Shipped) -> int:
     """Bytes of verifier state a reply carried (0 for none)."""
     return 0 if block is None else block.nbytes
+
+
+def joined(earlier: Shipped, later: Shipped) -> Shipped:
+    """One block of two replies' blocks for a drafter that took neither yet (a round drafted
+    ahead skipped its propose): `later` extended back over `earlier`'s positions when both are
+    of one kind and contiguous, else `later`."""
+    if earlier is None or later is None or earlier.end != later.start:
+        return later
+    if isinstance(earlier, KVBlock) and isinstance(later, KVBlock):
+        return KVBlock.encode([(torch.cat([ka, kb], 2), torch.cat([va, vb], 2)) for (ka, va), (kb, vb)
+                               in zip(earlier.decode(), later.decode())], earlier.start)
+    if isinstance(earlier, FeatureBlock) and isinstance(later, FeatureBlock) \
+            and earlier.layers == later.layers:
+        return FeatureBlock.encode(torch.cat([earlier.decode(), later.decode()], 1), earlier.layers,
+                                   earlier.start)
+    return later

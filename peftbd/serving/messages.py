@@ -55,6 +55,20 @@ class VerifyItem:
 
 
 @dataclass(frozen=True)
+class AheadItem:
+    """Draft the round after the one verifying `draft` (after `committed`) for the outcome
+    "`accepted` of its tokens, then a bonus the drafter guesses" (`peftbd.decoding.ahead`);
+    `shipped`: what the verifier shipped since the drafter's last call (it catches up first)."""
+
+    session_id: str
+    committed: list[int]
+    method: str
+    draft: list[int]
+    accepted: int
+    shipped: Shipped = None
+
+
+@dataclass(frozen=True)
 class PrefillReply:
     """A started request: the token(s) its prefill committed; `shipped`: the prompt positions'
     state its drafter reads when it can start from it (the head's features), else None."""
@@ -82,6 +96,20 @@ class ProposeReply:
 
 
 @dataclass(frozen=True)
+class AheadReply:
+    """A pre-draft: `draft` continues `committed` + `guessed` (the accepted tokens and the
+    bonus guessed); no guess (both empty) when the drafter's state cannot reach `committed`
+    without a forward, or `drafts_ahead` is False: the method's drafter cannot draft ahead."""
+
+    guessed: list[int]
+    draft: list[int]
+    draft_ms: float
+    drafts_ahead: bool = True
+    handler_ms: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
 class VerifyReply:
     """A verify: what it committed (`tokens`: the accepted prefix plus the bonus), how much of
     the draft it accepted; `shipped`: the state of the positions it cached that the request's
@@ -100,7 +128,7 @@ class VerifyReply:
     batch_size: int = 1
 
 
-Reply = TypeVar("Reply", PrefillReply, ProposeReply, VerifyReply)
+Reply = TypeVar("Reply", PrefillReply, ProposeReply, AheadReply, VerifyReply)
 """Any one of the split calls' replies (each carries `handler_ms` and `batch_size`)."""
 
 

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
+from peftbd.decoding.ahead import drafts_ahead
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.decoding.state import present
 from peftbd.methods import by_serving
@@ -35,6 +36,8 @@ from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock, Shipped
 from peftbd.serving.messages import (
+    AheadItem,
+    AheadReply,
     PrefillItem,
     PrefillReply,
     ProposeItem,
@@ -143,6 +146,51 @@ class ReplicaDecoder:
                                               (draft_start - sync_start) * 1e3, r)
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, len(items), (clock.now() - start) * 1e3)
+
+    def ahead_batch(self, items: Sequence[AheadItem]) -> list[AheadReply]:
+        """Draft each request's next round ahead, while its current round verifies elsewhere
+        (`peftbd.decoding.ahead`: one batched pre-draft per method), from its session caught up
+        with `committed` by what the verifier shipped; the guessed tokens never enter it. An
+        item whose session cannot get there without a forward gets no guess: never a forward
+        or a rebuild for a guess."""
+        clock = self.models.clock
+        start = clock.now()
+        replies: dict[int, AheadReply] = {i: AheadReply([], [], 0.0) for i in range(len(items))}
+        with self.lock:
+            for method, idx in _by([it.method for it in items]).items():
+                dec = self.models.decoder(method)
+                if not drafts_ahead(dec.drafter):
+                    replies.update({i: AheadReply([], [], 0.0, drafts_ahead=False) for i in idx})
+                    continue
+                ready = [(i, s) for i in idx if (s := self._caught_up(dec, items[i])) is not None]
+                if not ready:
+                    continue
+                states = [s.state for _, s in ready]
+                draft_start = clock.now()
+                pre = dec.drafter.propose_ahead(  # type: ignore[attr-defined]
+                    states, [items[i].draft for i, _ in ready], [items[i].accepted for i, _ in ready],
+                    [s.remaining - items[i].accepted - 2 for (i, _), s in zip(ready, states)])
+                draft_ms = (clock.now() - draft_start) * 1e3
+                for (i, _), p in zip(ready, pre):
+                    replies[i] = AheadReply(p.guessed(items[i].draft), p.draft[0].tolist(), draft_ms)
+            self.batch_sizes[len(items)] += 1
+        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
+
+    def _caught_up(self, dec: SpeculativeDecoder, item: AheadItem) -> Session | None:
+        """`item`'s session at its `committed`, taking what the verifier shipped (no forward),
+        or None when it cannot get there so."""
+        sess = self.sessions.get(item.session_id)
+        if sess is None or sess.cache_behind:
+            return None
+        state, n, block = sess.state, len(sess.state.tokens), item.shipped
+        if n > len(item.committed) or list(item.committed[:n]) != state.tokens:
+            return None
+        if n < len(item.committed):
+            if not isinstance(block, KVBlock) or not block.covers(n - 1, len(item.committed) - 1):
+                return None
+            advance_shipped(state, item.committed[n:],
+                            **taken(block, state.device, dec.drafter.reads_kv_layers))
+        return sess
 
     def _catch_up(self, dec: SpeculativeDecoder,
                   items: Sequence[ProposeItem]) -> tuple[list[Session], list[bool]]:

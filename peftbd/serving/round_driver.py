@@ -20,6 +20,7 @@ lost replica) are the caller's `send`; `release` forgets a finished request's se
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import itertools
@@ -27,8 +28,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 from peftbd.config import ServingConfig
+from peftbd.decoding.ahead import likeliest
+from peftbd.serving.features import Shipped, joined
 from peftbd.serving.gather import Gather
 from peftbd.serving.messages import (
+    AheadItem,
+    AheadReply,
     PrefillItem,
     PrefillReply,
     ProposeItem,
@@ -40,14 +45,14 @@ from peftbd.serving.roles import Role
 from peftbd.serving.rounds import RoundEvent, prefill_event, split_round
 from peftbd.serving.validation import GenerationSpec
 
-CallKind = Literal["prefill", "propose", "verify"]
-Item = PrefillItem | ProposeItem | VerifyItem
-Answer = tuple[PrefillReply | ProposeReply | VerifyReply, float] | BaseException
+CallKind = Literal["prefill", "propose", "ahead", "verify"]
+Item = PrefillItem | ProposeItem | AheadItem | VerifyItem
+Answer = tuple[PrefillReply | ProposeReply | AheadReply | VerifyReply, float] | BaseException
 """A batched call's answer for one item: (its reply, its share of the call's transport ms), or
 the error of the call that carried it."""
 Send = Callable[[CallKind, Sequence[Item]], Awaitable[Sequence[Answer]]]
-"""One batched call of a kind (prefill / verify: the Verifier; propose: the Drafter): the
-answers in item order."""
+"""One batched call of a kind (prefill / verify: the Verifier; propose / ahead: the Drafter):
+the answers in item order."""
 Release = Callable[[Role, str], None]
 """Forget a request's session (by its id) on a role's replica; fire and forget."""
 
@@ -82,7 +87,9 @@ class RoundDriver:
         self._where: collections.Counter = collections.Counter()
         self._dealt = itertools.count()
         count = self._where.__getitem__
-        kinds: tuple[CallKind, ...] = ("prefill", "propose", "verify")
+        self.draft_ahead = serving.draft_ahead
+        self._no_ahead: set[str] = set()
+        kinds: tuple[CallKind, ...] = ("prefill", "propose", "ahead", "verify")
         self._gathers = {
             (kind, g): Gather(functools.partial(send, kind), serving.max_batch,
                               serving.batch_wait_ms, functools.partial(count, ("to", kind, g)),
@@ -109,6 +116,31 @@ class RoundDriver:
                             f"{expected.__name__}")
         return reply, share
 
+    def _ahead(self, spec: GenerationSpec, committed: list[int], draft: list[int],
+               history: list[int], course: Course, shipped: Shipped) -> tuple[asyncio.Task, int] | None:
+        """With `serving.draft_ahead`, the Drafter drafting the next round for the likeliest
+        outcome of the round now verifying (`peftbd.decoding.ahead.likeliest`), only while no
+        request waits to propose (drafting ahead uses the Drafter's idle time only); else None."""
+        proposing = sum(n for (where, kind, _), n in self._where.items() if kind == "propose")
+        if not self.draft_ahead or not draft or proposing or spec.method in self._no_ahead:
+            return None
+        guess = likeliest(history, len(draft))
+        item = AheadItem(spec.request_id, committed, spec.method, draft, guess, shipped)
+        task = asyncio.get_running_loop().create_task(self._gathers["ahead", course.group].call(item))
+        task.add_done_callback(functools.partial(self._answered, spec.method))
+        return task, guess
+
+    def _answered(self, method: str, task: asyncio.Task) -> None:
+        """Note a method whose Drafter cannot draft ahead (it answered no guess) so its
+        requests stop asking; also retrieves a failed call's error (a missed guess's call
+        nobody awaits)."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        result = task.result()
+        if not isinstance(result, BaseException) and isinstance(result[0], AheadReply) \
+                and not result[0].drafts_ahead:
+            self._no_ahead.add(method)
+
     async def rounds(self, spec: GenerationSpec, committed: Sequence[int] = ()
                      ) -> AsyncGenerator[RoundEvent, None]:
         """The request's steps: its prefill (unless `committed` already extends the prompt: a
@@ -131,22 +163,34 @@ class RoundDriver:
                 yield event
                 if event.done:
                     return
+            history: list[int] = []  # the request's accepted lengths, round by round
+            pre: ProposeReply | None = None  # this round's draft, drafted ahead
             while True:
                 proposal: ProposeReply | None = None
-                draft_share = 0.0
+                draft_share, ahead = 0.0, None
                 if spec.method != "ar":
-                    proposal, draft_share = await self._call("propose", ProposeItem(
-                        sid, tokens, len(prompt), budget, spec.method, shipped, spec.sampling),
-                        course, ProposeReply)
+                    if pre is None:
+                        proposal, draft_share = await self._call("propose", ProposeItem(
+                            sid, tokens, len(prompt), budget, spec.method, shipped, spec.sampling),
+                            course, ProposeReply)
+                        shipped = None  # delivered
                     course.move(("to", "verify"))
-                draft = proposal.draft if proposal else []
+                draft = (proposal or pre or ProposeReply([], 0.0, 0.0, False)).draft
+                if spec.method != "ar":
+                    ahead = self._ahead(spec, tokens, draft, history, course, shipped)
+                    shipped = None if ahead else shipped
                 reply, verify_share = await self._call("verify", VerifyItem(
                     sid, tokens, len(prompt), budget, draft, spec.method, spec.sampling), course,
                     VerifyReply)
-                shipped = reply.shipped
-                event = split_round(proposal, draft_share, reply, verify_share, reply.batch_size)
-                tokens = tokens + event.tokens
-                course.move(None if event.done else ("to", first))
+                # what the Drafter has not taken yet (a round drafted ahead took nothing)
+                shipped = joined(shipped, reply.shipped)
+                event = split_round(proposal or pre, draft_share, reply, verify_share,
+                                    reply.batch_size, pre_drafted=pre is not None)
+                tokens, pre = tokens + event.tokens, None
+                history.append(reply.accepted)
+                if ahead is not None and not event.done:
+                    pre = await _pre_draft(ahead, reply.accepted, event.tokens)
+                course.move(None if event.done else ("to", "verify" if pre else first))
                 yield event
                 if event.done:
                     return
@@ -155,3 +199,23 @@ class RoundDriver:
             if spec.method != "ar":
                 self.release(Role.DRAFTER, sid)
             self.release(Role.VERIFIER, sid)
+
+
+async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int, committed: list[int]
+                     ) -> ProposeReply | None:
+    """The next round's draft from a pre-draft call (its task, its guessed accepted length)
+    whose guess the verify just confirmed (it committed `committed`, `accepted` of the draft),
+    else None; a call whose guessed length already missed is not waited for."""
+    task, guessed = ahead
+    if accepted != guessed:
+        return None
+    try:
+        result = await task
+    except Exception:  # a lost pre-draft costs the ordinary propose, nothing else
+        return None
+    if isinstance(result, BaseException):
+        return None
+    got = result[0]
+    if not isinstance(got, AheadReply) or not got.draft or got.guessed != committed:
+        return None
+    return ProposeReply(got.draft, got.draft_ms, 0.0, False, got.handler_ms, got.batch_size)

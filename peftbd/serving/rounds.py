@@ -41,6 +41,7 @@ to the Ingress as this object, pickled by Ray).
     batch_size: int = 1
     done: bool = False
     prefill: bool = False
+    pre_drafted: bool = False  # its draft was drafted ahead, during the previous round's verify
     finish_reason: FinishReason | None = None
 
     @property
@@ -78,6 +79,7 @@ class RequestStats:
     synthetic: float | None = None  # the controlled acceptance (tokens/round) it was served at
     temperature: float = 0.0  # its sampling temperature (0: greedy)
     rounds: int = 0
+    pre_drafted: int = 0
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -105,6 +107,7 @@ class RequestStats:
         self.times_ms["sync"] += event.sync_ms
         self.times_ms["other"] += event.other_ms
         self.rounds += 1
+        self.pre_drafted += event.pre_drafted
         self.batch_size_sum += event.batch_size
         self.proposed += event.proposed
         self.accepted += event.accepted
@@ -115,7 +118,7 @@ class RequestStats:
         t = self.times_ms
         return SpecStats(
             method=self.method, synthetic=self.synthetic, temperature=self.temperature,
-            rounds=self.rounds, proposed_tokens=self.proposed,
+            rounds=self.rounds, pre_drafted_rounds=self.pre_drafted, proposed_tokens=self.proposed,
             accepted_tokens=self.accepted,
             tokens_per_round=round(self.emitted / self.rounds, 4) if self.rounds else 0.0,
             acceptance_rate=round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
@@ -139,10 +142,12 @@ def prefill_event(reply: PrefillReply, transport_ms: float, batch_size: int = 1)
 
 
 def split_round(draft: ProposeReply | None, draft_transport_ms: float, verify: VerifyReply,
-                verify_transport_ms: float, batch_size: int = 1) -> RoundEvent:
-    """One split round from the drafter's `propose_batch` reply (None for greedy AR) and the
-    verifier's `verify_batch` reply, with the request's share of each call's transport (the
-    call's ingress-side wall time minus its handler time, over the items it carried)."""
+                verify_transport_ms: float, batch_size: int = 1, pre_drafted: bool = False
+                ) -> RoundEvent:
+    """One split round from the drafter's `propose_batch` reply (None for greedy AR; with
+    `pre_drafted`, its draft drafted ahead) and the verifier's `verify_batch` reply, with the
+    request's share of each call's transport (the call's ingress-side wall time minus its
+    handler time, over the items it carried)."""
     d = draft or ProposeReply([], 0.0, 0.0, False)
     handler_ms = d.handler_ms + verify.handler_ms
     compute_ms = d.draft_ms + d.sync_ms + verify.verify_ms + verify.sync_ms
@@ -153,5 +158,5 @@ def split_round(draft: ProposeReply | None, draft_transport_ms: float, verify: V
         transport_ms=draft_transport_ms + verify_transport_ms,
         resumes=int(d.resumed) + int(verify.resumed), done=verify.done,
         finish_reason=verify.finish_reason, feature_bytes=feature_bytes(verify.shipped),
-        batch_size=batch_size,
+        batch_size=batch_size, pre_drafted=pre_drafted,
     )

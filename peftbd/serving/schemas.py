@@ -135,6 +135,7 @@ class SpecStats(BaseModel):
     `mean_batch_size` = requests per batched step (colocated) or verify call (split) over its
     rounds, `prefill_batch_size` the requests its prefill call carried; `transport_ms` of a
     batched call is this request's share (the call's / its items).
+    `pre_drafted_rounds`: rounds whose draft was drafted ahead (`serving.draft_ahead`).
     `synthetic`: set when the method runs under controlled acceptance (`serving.synthetic`): the
     tokens per round its drafts were forced to (its acceptance is chosen, not measured; the
     output is still the verifier's greedy output). `temperature`: the request's sampling
@@ -145,6 +146,7 @@ class SpecStats(BaseModel):
     synthetic: float | None = None
     temperature: float = 0.0
     rounds: int = 0
+    pre_drafted_rounds: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     tokens_per_round: float = 0.0

@@ -1,0 +1,125 @@
+"""Drafting ahead (SSD / Saguaro, PEARL): while the verifier checks round r, the drafter drafts
+round r+1 for a guessed outcome of round r, and round r+1 uses that pre-draft when the guess holds.
+
+A guess is `accepted` leading draft tokens then a `bonus` (the verifier's token after them). The
+caller picks `accepted` (`likeliest`: the request's most frequent outcome so far); the drafter
+guesses the bonus and drafts after it, without the verifier's state of the guessed positions (it
+arrives only with round r's verify). A drafter that can do that in about one draft forward
+implements `propose_ahead` (`drafts_ahead`):
+
+- PEFT-BD (`peft_bd_ahead`): one adapter-on forward over `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the
+  last committed token and the guessed accepted tokens inside the chunk (adapter-on KV in place
+  of the verifier's: stale, so the pre-draft may accept less; it is verified like any draft); the
+  first mask guesses the bonus, never the draft token the outcome rejected, the rest draft D - 1
+  tokens after it.
+- Controlled acceptance (`peftbd.decoding.controlled`) wraps it: real forwards, a scripted guess.
+
+Drafters that read the verifier's hidden states or features of the guessed positions (FastMTP,
+the heads) would need a catch-up forward of about one verify first, so a pre-draft would finish
+no sooner than the ordinary draft after the verify: they do not draft ahead. Exactness never
+depends on the guess: a pre-draft is verified like any draft.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from peftbd.decoding.drafter import Drafter
+from peftbd.decoding.fast_path import Chunk
+from peftbd.decoding.ragged import pack
+from peftbd.decoding.state import DecodeState, timed
+from peftbd.decoding.verify import unwrap
+from peftbd.models.early_exit import first_layers
+from peftbd.models.lean_lora import lean_lora
+from peftbd.models.peft_bd import adapter_on, draft_visibility
+
+if TYPE_CHECKING:
+    from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
+
+
+@dataclass(frozen=True)
+class PreDraft:
+    """A drafter's round r+1 for the outcome "`accepted` draft tokens of round r, then `bonus`":
+    `draft` (1, k) continues the committed tokens + those + `bonus`."""
+
+    accepted: int
+    bonus: int
+    draft: torch.Tensor
+
+    def guessed(self, draft: Sequence[int]) -> list[int]:
+        """The tokens round r commits if the guess holds (`draft`: round r's draft)."""
+        return [*draft[: self.accepted], self.bonus]
+
+
+def drafts_ahead(drafter: Drafter) -> bool:
+    """Whether `drafter` can draft a round ahead: it has `propose_ahead(states, drafts,
+    accepted, max_tokens) -> list[PreDraft]` (and so does the drafter it wraps, if any)."""
+    inner = getattr(drafter, "inner", None)
+    return callable(getattr(drafter, "propose_ahead", None)) and (inner is None or drafts_ahead(inner))
+
+
+def likeliest(history: Sequence[int], proposed: int) -> int:
+    """The guessed accepted length of a round proposing `proposed` tokens: the most frequent
+    accepted length among the request's rounds so far (`history`; ties: the shorter; none yet:
+    0), at most `proposed`."""
+    if not history:
+        return 0
+    counts = collections.Counter(min(a, proposed) for a in history)
+    return max(sorted(counts), key=counts.__getitem__)
+
+
+def ahead_pattern(clean: int, block_size: int, anchored: bool, device: torch.device) -> torch.Tensor:
+    """Bool (clean + block_size, same): who attends whom in a pre-draft chunk of `clean` known
+    tokens (the last one is the anchor, PEFT-BD's `b`) then `block_size` masks: the known tokens
+    causally, the anchor and masks as a draft does (`draft_visibility`), seeing every known one."""
+    width = clean + block_size
+    pattern = torch.zeros(width, width, dtype=torch.bool, device=device)
+    pattern[: clean - 1, : clean - 1] = torch.ones(clean - 1, clean - 1, dtype=torch.bool,
+                                                   device=device).tril()
+    pattern[clean - 1 :] = draft_visibility(clean - 1, block_size, anchored, device)
+    return pattern
+
+
+@torch.inference_mode()
+def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
+                  drafts: Sequence[Sequence[int]], accepted: Sequence[int],
+                  max_tokens: Sequence[int]) -> list[PreDraft]:
+    """PEFT-BD's pre-drafts (module doc): per state, the bonus after `accepted[i]` tokens of
+    `drafts[i]` and up to min(D - 1, max_tokens[i]) tokens after it; one adapter-on forward per
+    distinct accepted length. Each state's cache is left as it was."""
+    from peftbd.decoding.peft_bd_drafter import _draft_call
+
+    base, d = unwrap(drafter.model), drafter.block_size
+    out: dict[int, PreDraft] = {}
+    by_k: dict[int, list[int]] = {}
+    for i, k in enumerate(accepted):
+        by_k.setdefault(k, []).append(i)
+    with adapter_on(drafter.model), lean_lora(drafter.model), first_layers(base.config, drafter.depth):
+        for k, idx in by_k.items():
+            rows = [states[i] for i in idx]
+            device, clean = rows[0].device, k + 1
+            kv = pack([s.cache for s in rows])
+            chunk = torch.full((len(rows), clean + d), drafter.mask_id, dtype=torch.long, device=device)
+            for r, i in enumerate(idx):
+                chunk[r, :clean] = torch.tensor([states[i].tokens[-1], *drafts[i][:k]], device=device)
+            positions = torch.stack([torch.arange(n, n + clean + d, device=device) for n in kv.lengths])
+            spec = Chunk(clean + d, base.config.num_hidden_layers, base.dtype,
+                         pattern=ahead_pattern(clean, d, drafter.anchored, device))
+            with timed(rows, "ahead"):
+                logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
+                                          positions)[:, k:].float()
+            kv.drop()
+            logits[..., drafter.mask_id] = -math.inf
+            for r, i in enumerate(idx):
+                if k < len(drafts[i]):  # the outcome rejected d_{k+1}: the bonus is another token
+                    logits[r, 0, drafts[i][k]] = -math.inf
+            tokens = logits.argmax(-1)
+            for r, i in enumerate(idx):
+                out[i] = PreDraft(k, int(tokens[r, 0]), tokens[r : r + 1, 1 : 1 + max(max_tokens[i], 0)])
+    return [out[i] for i in range(len(states))]
