@@ -58,6 +58,7 @@ from peftbd.analysis.placement import (
     outputs_identical,
     summarize,
 )
+from peftbd.analysis.placement_ahead import ahead_markdown, ahead_sentence, ahead_verdicts
 from peftbd.analysis.placement_verdict import (
     REPORT_FILE,
     PlacementReport,
@@ -246,6 +247,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     summary = summarize(one_at_a_time(records))
     by_concurrency = concurrency_summary(records, windows, devices)
     found = verdicts(summary, by_concurrency, devices, cfg.serving.capacity_fraction)
+    ahead = ahead_verdicts(by_concurrency)
     notes = [
         f"{len(prompts)} prompts x {cfg.decoding.repeats} repeats per method, max_tokens "
         f"{cfg.decoding.max_new_tokens}, client concurrency "
@@ -261,17 +263,22 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
           f"{cfg.serving.replica_num_cpus}, decoding.torch_threads {cfg.decoding.torch_threads}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
+    if "split-ahead" in devices:
+        notes.append(f"split-ahead: split drafting ahead at {list(cfg.serving.ahead_levels)} "
+                     f"client(s); a synthetic method's guessed bonus is right at the assumed "
+                     f"serving.ahead_bonus_hit {cfg.serving.ahead_bonus_hit}")
     report = PlacementReport(summary=summary, concurrency=by_concurrency, skipped=skipped,
                              notes=notes, devices=devices, verdicts=found,
-                             outputs_identical=outputs_identical(records), requests=records)
+                             outputs_identical=outputs_identical(records), requests=records,
+                             ahead=ahead)
     report.write(tmp)
     (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency)
-                                      + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction))
-                                      + "\n")
+                                      + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction)
+                                                  + ahead_markdown(ahead)) + "\n")
     return PlacementSections(  # the main report summarises these
         counts={"prompts": len(prompts), "requests": len(records)}, placements=list(devices),
         skipped=skipped, outputs_identical=report.outputs_identical,
-        verdicts=[sentence(v) for v in found]).to_sections()
+        verdicts=[sentence(v) for v in found] + [ahead_sentence(v) for v in ahead]).to_sections()
 
 
 def greedy_references(cfg: Config, prompts: list[list[int]]) -> dict[tuple[int, ...], list[int]]:

@@ -145,6 +145,8 @@ class LoadRow:
     # the prefill calls' time per generated token (each call once: a request's over its call's
     # requests)
     prefill_ms_per_token: float | None = None
+    rounds_per_request: float | None = None
+    pre_drafted: float | None = None  # the share of rounds whose draft was drafted ahead
 
 
 def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Window] = (),
@@ -186,6 +188,8 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
             tokens_per_round=_div(tokens - len(group), rounds),  # the prefill token is no round's
             prefill_ms_per_token=_div(sum(r.spec.prefill_ms / max(r.spec.prefill_batch_size, 1)
                                           for r in group), tokens),
+            rounds_per_request=_div(rounds, len(group)),
+            pre_drafted=_div(sum(r.spec.pre_drafted_rounds for r in group), rounds),
         ))
     base: dict[tuple[str, str], float | None] = {}  # (placement, method): its lowest's tok/s
     for row in rows:  # sorted: the lowest concurrency of each (placement, method) comes first
@@ -228,7 +232,7 @@ CONCURRENCY_COLUMNS = [
     ("p95 ms", "p95_ms"), ("transport ms/token", "transport_ms_per_token"),
     ("mean batch", "mean_batch"), ("draft ms/round", "draft_ms_per_round"),
     ("verify ms/round", "verify_ms_per_round"), ("tok/s per device", "tokens_per_s_per_device"),
-    ("tok/s per client", "client_tokens_per_s"),
+    ("tok/s per client", "client_tokens_per_s"), ("pre-drafted", "pre_drafted"),
 ]
 
 
@@ -262,7 +266,8 @@ def markdown(summary: dict[str, dict[str, PlacementRun]], skipped: dict[str, str
                   "(split) of a round; draft / verify ms/round = a round's batched draft / verify "
                   "call at this level (t_d, t_v at the batch sizes run); x vs lowest = tokens/s over the lowest concurrency's; "
                   "tok/s per device = tokens/s over the placement's devices (replicas); tok/s "
-                  "per client = mean over requests of tokens / latency; replica busy = the mean "
+                  "per client = mean over requests of tokens / latency; pre-drafted = the share of "
+                  "rounds whose draft was drafted ahead (split-ahead); replica busy = the mean "
                   "share of the run's wall time each role's replicas held their model lock."]
     if skipped:
         lines += ["", "Skipped placements:"] + [f"- {k}: {v}" for k, v in skipped.items()]

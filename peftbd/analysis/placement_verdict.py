@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, RequestRecord, busy_words
+from peftbd.analysis.placement_ahead import AHEAD, AheadVerdict
 from peftbd.analysis.placement_ledger import Ledger, ledger, ledger_words, level_bound, losses
 from peftbd.analysis.tables import fmt, markdown_table
 
@@ -86,8 +87,8 @@ def verdicts(summary: dict[str, dict[str, PlacementRun]], rows: Sequence[LoadRow
     """A verdict per drafting method for every split placement measured beside colocated."""
     out = []
     for placement in summary:
-        if placement == "colocated" or "colocated" not in summary:
-            continue
+        if placement in ("colocated", AHEAD) or "colocated" not in summary:
+            continue  # split-ahead has its own verdict, against split (`placement_ahead`)
         for method in summary[placement]:
             if method == "ar" or method not in summary["colocated"]:
                 continue
@@ -317,8 +318,8 @@ REPORT_FILE = "placement.json"
 class PlacementReport(BaseModel):
     """placement.json: per placement and method one request at a time (`summary`), per client
     concurrency (`concurrency`), the placements skipped and why, notes, each placement's
-    devices, the verdicts, whether every placement and method gave the same text, and every
-    measured request."""
+    devices, the verdicts, whether every placement and method gave the same text, every
+    measured request, and drafting ahead's verdicts."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -330,6 +331,7 @@ class PlacementReport(BaseModel):
     verdicts: list[Verdict]
     outputs_identical: bool
     requests: list[RequestRecord]
+    ahead: list[AheadVerdict] = []  # split drafting ahead against split (`placement_ahead`)
 
     def to_json(self) -> str:
         """The file's text (`json.dumps(..., indent=2)` of the plain data, as it always was)."""

@@ -1,0 +1,101 @@
+"""Drafting ahead's verdict (no Ray): the split app drafting ahead (placement "split-ahead",
+`serving.draft_ahead`) against plain split, per method, at every client level both ran: how many
+rounds used a pre-draft, the p50 latency it saved, and the saving the same run predicts (the
+pre-drafted rounds of a request x split's draft call per round, which a used pre-draft hides
+behind the verify). Colocated has nothing to compare: one device runs both roles in turn, so a
+pre-draft could only add its forward to the round."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from peftbd.analysis.placement import LoadRow
+from peftbd.analysis.tables import markdown_table
+
+AHEAD = "split-ahead"
+"""The placement that drafts ahead; the verdicts of `placement_verdict` leave it out."""
+
+GOAL_AHEAD_CLIENTS = 1
+"""Issue 49's goal: drafting ahead lowers split's p50 latency at this many clients."""
+
+
+@dataclass(frozen=True)
+class AheadVerdict:
+    """One method at one client level: split (index 0) against split drafting ahead (1)."""
+
+    method: str
+    clients: int
+    requests: tuple[int, int]
+    p50_ms: tuple[float, float]
+    pre_drafted: float | None  # the share of split-ahead's rounds that used a pre-draft
+    rounds_per_request: float | None  # split-ahead's
+    tokens_per_round: tuple[float | None, float | None]
+    draft_ms_per_round: float | None  # split's draft call at this level (what a hit hides)
+
+    @property
+    def saved_ms(self) -> float:
+        """Split's p50 latency minus split-ahead's (> 0: drafting ahead saved time)."""
+        return self.p50_ms[0] - self.p50_ms[1]
+
+    @property
+    def predicted_saved_ms(self) -> float | None:
+        """Pre-drafted rounds per request x split's draft ms per round."""
+        if None in (self.pre_drafted, self.rounds_per_request, self.draft_ms_per_round):
+            return None
+        return self.pre_drafted * self.rounds_per_request * self.draft_ms_per_round  # type: ignore[operator]
+
+
+def _n(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def ahead_verdicts(rows: Sequence[LoadRow]) -> list[AheadVerdict]:
+    """A verdict per (method, clients) that both split and split-ahead ran."""
+    at = {(r.placement, r.method, r.concurrency): r for r in rows}
+    out = []
+    for (placement, method, clients), ahead in sorted(at.items()):
+        split = at.get(("split", method, clients))
+        if placement != AHEAD or split is None:
+            continue
+        out.append(AheadVerdict(
+            method=method, clients=clients, requests=(split.requests, ahead.requests),
+            p50_ms=(split.p50_ms, ahead.p50_ms), pre_drafted=ahead.pre_drafted,
+            rounds_per_request=ahead.rounds_per_request,
+            tokens_per_round=(split.tokens_per_round, ahead.tokens_per_round),
+            draft_ms_per_round=split.draft_ms_per_round))
+    return out
+
+
+def ahead_sentence(v: AheadVerdict) -> str:
+    """One verdict in words, the issue's goal included where it applies."""
+    share = "-" if v.pre_drafted is None else f"{v.pre_drafted:.0%}"
+    words = (f"{v.method} at {v.clients} client{'s' * (v.clients > 1)}: drafting ahead used a "
+             f"pre-draft in {share} of its rounds and moved split's p50 latency from "
+             f"{v.p50_ms[0]:.0f} to {v.p50_ms[1]:.0f} ms ({v.saved_ms:+.0f} ms saved; "
+             f"predicted {_n(v.predicted_saved_ms, 0)} ms from its pre-drafted rounds x split's "
+             f"{_n(v.draft_ms_per_round, 0)} ms draft; {v.requests[1]} requests each).")
+    if v.clients == GOAL_AHEAD_CLIENTS:
+        words += f" Goal (lower p50 at {GOAL_AHEAD_CLIENTS} client): " + (
+            "met." if v.saved_ms > 0 else "missed.")
+    return words
+
+
+def ahead_markdown(found: Sequence[AheadVerdict]) -> list[str]:
+    """placement.md's drafting-ahead section (nothing when split-ahead did not run)."""
+    if not found:
+        return []
+    rows = [[v.method, v.clients, f"{v.p50_ms[0]:.0f}", f"{v.p50_ms[1]:.0f}", f"{v.saved_ms:+.0f}",
+             _n(v.predicted_saved_ms, 0), _n(v.pre_drafted, 2), _n(v.tokens_per_round[0], 2),
+             _n(v.tokens_per_round[1], 2)] for v in found]
+    header = ["method", "clients", "p50 ms split", "p50 ms split-ahead", "ms saved",
+              "ms saved predicted", "rounds pre-drafted", "tokens/round split",
+              "tokens/round split-ahead"]
+    return ["", "## Drafting ahead", "", markdown_table(header, rows), "",
+            "split-ahead: while a round verifies, the idle Drafter drafts the next round for the "
+            "request's likeliest outcome (its most frequent accepted length, the bonus guessed); "
+            "a round whose guess held skips its propose call. Predicted saving = pre-drafted "
+            "rounds per request x split's draft ms per round. Under controlled acceptance the "
+            "guessed bonus is right at the assumed `serving.ahead_bonus_hit` rate (synthetic). "
+            "Colocated cannot draft ahead: its one device runs both roles in turn.", "",
+            *[f"- {ahead_sentence(v)}" for v in found]]
