@@ -118,9 +118,19 @@ def test_a_level_sends_every_prompt_or_at_least_one_request_per_client():
     every = load_config("tiny", overrides=["decoding.repeats=2"])
     assert level_prompts(3, every, 16) == [0, 1, 2, 0, 1, 2]
     fewer = load_config("placement-0.6b")
-    assert fewer.serving.level_requests == 8
-    assert [len(level_prompts(8, fewer, c)) for c in (1, 8, 32)] == [8, 8, 32]
-    assert level_prompts(3, fewer, 4) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert fewer.serving.level_requests == 6
+    assert [len(level_prompts(8, fewer, c)) for c in (1, 8, 32)] == [6, 8, 32]
+    assert level_prompts(3, fewer, 4) == [0, 1, 2, 0, 1, 2]
+
+
+def test_split_ahead_runs_only_its_levels():
+    from jobs.placement_options import CONFIG_CHANGES, placement_levels, placement_options
+
+    cfg = load_config("placement-0.6b")
+    assert placement_levels("split-ahead", cfg) == (1,)
+    assert placement_levels("split", cfg) == cfg.serving.client_concurrency
+    assert placement_options("split-ahead", cfg)[0] == "split"
+    assert load_config("placement-0.6b", overrides=CONFIG_CHANGES["split-ahead"]).serving.draft_ahead
 
 
 def test_overrides_rebuild_the_config_from_its_preset():
