@@ -332,3 +332,65 @@ def test_split_groups_overlap_drafting_with_verifying_and_stay_exact(tiny_cfg, s
     else:
         assert overlap > 0.2 * busy
         assert max(verifier.replica.batch_sizes) <= 4 + 1  # a group: half the requests
+
+
+@pytest.fixture(scope="module")
+def ahead_apps(tiny_cfg):
+    """A split app's two processes' worth of models drafting ahead, PEFT-BD at controlled
+    acceptance whose guessed bonus is always right (the accepted length guessed is still the
+    request's likeliest, so some guesses miss)."""
+    from peftbd.serving.models import load_serving_models
+
+    serving = dataclasses.replace(tiny_cfg.serving, synthetic=("peftbd=2.881",), draft_ahead=True,
+                                  ahead_bonus_hit=1.0, split_groups=1)
+    cfg = dataclasses.replace(tiny_cfg, serving=serving)
+    return cfg, load_serving_models(cfg), load_serving_models(cfg)
+
+
+class CountingHandle(ThreadedHandle):
+    """A `ThreadedHandle` that also records the methods called, in order."""
+
+    def __init__(self, replica: ReplicaDecoder) -> None:
+        super().__init__(replica)
+        self.methods: list[str] = []
+
+    def timed(self, method: str, *args: Any) -> Any:
+        self.methods.append(method)
+        return super().timed(method, *args)
+
+
+def test_a_confirmed_guess_skips_the_propose_and_the_output_stays_exact(setup, ahead_apps):
+    """One client: the idle Drafter drafts each next round during the verify (the calls
+    overlap); a round whose guess held runs without a propose, its Drafter catches up from the
+    shipped KV of both rounds (no forward, no rebuild), and the output is AR's."""
+    _, prompt, expected = setup
+    cfg, drafter_models, verifier_models = ahead_apps
+    drafter = CountingHandle(ReplicaDecoder(drafter_models, 16))
+    verifier = ThreadedHandle(ReplicaDecoder(verifier_models, 16))
+    [events] = _concurrent(split_driver(drafter, verifier, cfg.serving), [_spec(prompt, "peftbd")])
+    assert [t for e in events for t in e.tokens] == expected
+    rounds, used = events[1:], [e for e in events if e.pre_drafted]
+    assert used and len(used) < len(rounds)
+    assert drafter.methods.count("propose_batch") == len(rounds) - len(used)
+    assert drafter.methods.count("ahead_batch") >= len(used)
+    assert drafter.replica.counters["resumes"] == 0 and sum(e.sync_ms for e in used) == 0.0
+    assert _overlap_s(drafter.spans, verifier.spans) > 0
+    assert len(drafter.replica.sessions) == len(verifier.replica.sessions) == 0
+
+
+@pytest.mark.parametrize("method", ["peftbd", "fastmtp"])
+def test_concurrent_requests_drafting_ahead_stay_exact(tiny_cfg, setup, method):
+    """Eight requests with drafting ahead on (real acceptance): exact outputs; a method whose
+    drafter cannot draft ahead (FastMTP) is asked once, then never again."""
+    _, prompt, expected = setup
+    from peftbd.serving.models import load_serving_models
+
+    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True)
+    drafter = CountingHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
+    verifier = ThreadedHandle(ReplicaDecoder(setup[0], 16))
+    driver = split_driver(drafter, verifier, serving)
+    results = _concurrent(driver, [_spec(prompt, method, f"r{i}") for i in range(8)])
+    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    if method == "fastmtp":
+        assert drafter.methods.count("ahead_batch") <= 2 and not any(
+            e.pre_drafted for r in results for e in r)
