@@ -141,6 +141,7 @@ class LoadRow:
     draft_ms_per_round: float | None = None
     verify_ms_per_round: float | None = None
     sync_ms_per_round: float | None = None
+    other_ms_per_round: float | None = None
     tokens_per_round: float | None = None
     # the prefill calls' time per generated token (each call once: a request's over its call's
     # requests)
@@ -185,6 +186,7 @@ def concurrency_summary(records: Sequence[RequestRecord], windows: Sequence[Wind
             draft_ms_per_round=_div(sum(r.spec.draft_ms for r in group), rounds),
             verify_ms_per_round=_div(sum(r.spec.verify_ms for r in group), rounds),
             sync_ms_per_round=_div(sum(r.spec.sync_ms for r in group), rounds),
+            other_ms_per_round=_div(sum(r.spec.other_ms for r in group), rounds),
             tokens_per_round=_div(tokens - len(group), rounds),  # the prefill token is no round's
             prefill_ms_per_token=_div(sum(r.spec.prefill_ms / max(r.spec.prefill_batch_size, 1)
                                           for r in group), tokens),

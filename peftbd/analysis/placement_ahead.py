@@ -8,7 +8,7 @@ pre-draft could only add its forward to the round."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peftbd.analysis.placement import LoadRow
 from peftbd.analysis.tables import markdown_table
@@ -32,6 +32,10 @@ class AheadVerdict:
     rounds_per_request: float | None  # split-ahead's
     tokens_per_round: tuple[float | None, float | None]
     draft_ms_per_round: float | None  # split's draft call at this level (what a hit hides)
+    # what drafting ahead cost a request, ms (split-ahead's rounds x its per-round excess over
+    # split): its verify calls ran slower beside the pre-draft forward, other replica-side time
+    # (a propose waiting behind a pre-draft still running), transport
+    costs_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def saved_ms(self) -> float:
@@ -63,7 +67,22 @@ def ahead_verdicts(rows: Sequence[LoadRow]) -> list[AheadVerdict]:
             p50_ms=(split.p50_ms, ahead.p50_ms), pre_drafted=ahead.pre_drafted,
             rounds_per_request=ahead.rounds_per_request,
             tokens_per_round=(split.tokens_per_round, ahead.tokens_per_round),
-            draft_ms_per_round=split.draft_ms_per_round))
+            draft_ms_per_round=split.draft_ms_per_round, costs_ms=_costs(split, ahead)))
+    return out
+
+
+def _costs(split: LoadRow, ahead: LoadRow) -> dict[str, float]:
+    """Per request, split-ahead's excess over split in each term both measured (module doc)."""
+    rounds = ahead.rounds_per_request or 0.0
+    out = {}
+    for term, key in (("verify", "verify_ms_per_round"), ("other", "other_ms_per_round")):
+        mine, theirs = getattr(ahead, key), getattr(split, key)
+        if mine is not None and theirs is not None:
+            out[term] = round((mine - theirs) * rounds, 1)
+    if ahead.transport_ms_per_token is not None and split.transport_ms_per_token is not None:
+        tokens = (ahead.tokens_per_round or 0.0) * rounds + 1  # the prefill's token too
+        out["transport"] = round((ahead.transport_ms_per_token - split.transport_ms_per_token)
+                                 * tokens, 1)
     return out
 
 
@@ -75,6 +94,11 @@ def ahead_sentence(v: AheadVerdict) -> str:
              f"{v.p50_ms[0]:.0f} to {v.p50_ms[1]:.0f} ms ({v.saved_ms:+.0f} ms saved; "
              f"predicted {_n(v.predicted_saved_ms, 0)} ms from its pre-drafted rounds x split's "
              f"{_n(v.draft_ms_per_round, 0)} ms draft; {v.requests[1]} requests each).")
+    if v.costs_ms:
+        worst = max(v.costs_ms, key=v.costs_ms.__getitem__)
+        words += (" Against split, per request: " + ", ".join(
+            f"{term} {ms:+.0f} ms" for term, ms in v.costs_ms.items())
+            + (f"; it lost most to {worst}." if v.costs_ms[worst] > 0 else "."))
     if v.clients == GOAL_AHEAD_CLIENTS:
         words += f" Goal (lower p50 at {GOAL_AHEAD_CLIENTS} client): " + (
             "met." if v.saved_ms > 0 else "missed.")
@@ -95,7 +119,10 @@ def ahead_markdown(found: Sequence[AheadVerdict]) -> list[str]:
             "split-ahead: while a round verifies, the idle Drafter drafts the next round for the "
             "request's likeliest outcome (its most frequent accepted length, the bonus guessed); "
             "a round whose guess held skips its propose call. Predicted saving = pre-drafted "
-            "rounds per request x split's draft ms per round. Under controlled acceptance the "
+            "rounds per request x split's draft ms per round; against it, per request, what "
+            "split-ahead's rounds spent beyond split's in verify (slower beside a pre-draft "
+            "forward: two forwards share this machine's cores and memory), other replica time "
+            "(a propose waiting behind a pre-draft) and transport. Under controlled acceptance the "
             "guessed bonus is right at the assumed `serving.ahead_bonus_hit` rate (synthetic). "
             "Colocated cannot draft ahead: its one device runs both roles in turn.", "",
             *[f"- {ahead_sentence(v)}" for v in found]]

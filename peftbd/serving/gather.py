@@ -50,7 +50,13 @@ class Gather(Generic[T, R]):
         self._pending: list[tuple[T, asyncio.Future]] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._sending = False
         self.last_call_s = 0.0  # how long the last `send` took
+
+    @property
+    def idle(self) -> bool:
+        """No item is waiting here or in a `send` now."""
+        return not self._pending and not self._sending
 
     def poke(self) -> None:
         """Re-check `expected` / `behind` now (a caller's course changed)."""
@@ -90,7 +96,7 @@ class Gather(Generic[T, R]):
             live = [(item, f) for item, f in batch if not f.done()]  # a cancelled caller left
             if not live:
                 continue
-            sent = loop.time()
+            sent, self._sending = loop.time(), True
             try:
                 results = await self.send([item for item, _ in live])
                 self.last_call_s = loop.time() - sent
@@ -99,6 +105,8 @@ class Gather(Generic[T, R]):
                     if not f.done():
                         f.set_exception(exc)
                 continue
+            finally:
+                self._sending = False
             for (_, f), result in zip(live, results, strict=True):
                 if not f.done():
                     f.set_result(result)

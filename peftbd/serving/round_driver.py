@@ -12,8 +12,10 @@ driver holds every request of the app (whichever Ingress took it), each role see
 stream per group, not one per Ingress and group.
 
 Each item carries the committed tokens, and each propose what the last prefill / verify reply
-shipped for the request's drafter. `rounds(spec, committed)` resumes a request from tokens
-already sent (a lost driver's requests, restarted by the ingress): no prefill, the replicas
+shipped for the request's drafter. `serving.draft_ahead`: while a group verifies and the Drafter
+would idle, it drafts each request's next round for a guessed outcome (`peftbd.decoding.ahead`);
+a round whose guess the verify confirmed skips its propose. `rounds(spec, committed)` resumes a
+request from tokens already sent (a lost driver's requests, restarted by the ingress): no prefill, the replicas
 rebuild what they lack from the committed tokens. The calls themselves (routing, retries after a
 lost replica) are the caller's `send`; `release` forgets a finished request's sessions.
 """
@@ -119,10 +121,13 @@ class RoundDriver:
     def _ahead(self, spec: GenerationSpec, committed: list[int], draft: list[int],
                history: list[int], course: Course, shipped: Shipped) -> tuple[asyncio.Task, int] | None:
         """With `serving.draft_ahead`, the Drafter drafting the next round for the likeliest
-        outcome of the round now verifying (`peftbd.decoding.ahead.likeliest`), only while no
-        request waits to propose (drafting ahead uses the Drafter's idle time only); else None."""
-        proposing = sum(n for (where, kind, _), n in self._where.items() if kind == "propose")
-        if not self.draft_ahead or not draft or proposing or spec.method in self._no_ahead:
+        outcome of the round now verifying (`peftbd.decoding.ahead.likeliest`), only while it
+        would idle: no other group has requests (their proposes would wait behind it) and no
+        propose of this group is waiting or running; else None."""
+        if not self.draft_ahead or not draft or spec.method in self._no_ahead:
+            return None
+        elsewhere = sum(n for (_, _, g), n in self._where.items() if g != course.group)
+        if elsewhere or not self._gathers["propose", course.group].idle:
             return None
         guess = likeliest(history, len(draft))
         item = AheadItem(spec.request_id, committed, spec.method, draft, guess, shipped)

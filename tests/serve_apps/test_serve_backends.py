@@ -385,12 +385,43 @@ def test_concurrent_requests_drafting_ahead_stay_exact(tiny_cfg, setup, method):
     _, prompt, expected = setup
     from peftbd.serving.models import load_serving_models
 
-    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True)
+    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True, split_groups=1)
     drafter = CountingHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
     verifier = ThreadedHandle(ReplicaDecoder(setup[0], 16))
     driver = split_driver(drafter, verifier, serving)
     results = _concurrent(driver, [_spec(prompt, method, f"r{i}") for i in range(8)])
     assert all([t for e in r for t in e.tokens] == expected for r in results)
+    asked = drafter.methods.count("ahead_batch")
     if method == "fastmtp":
-        assert drafter.methods.count("ahead_batch") <= 2 and not any(
-            e.pre_drafted for r in results for e in r)
+        assert driver._no_ahead == {"fastmtp"} and asked <= 2
+        assert not any(e.pre_drafted for r in results for e in r)
+    else:
+        assert not driver._no_ahead and asked > 2
+
+
+def test_drafting_ahead_only_takes_a_drafter_that_would_idle(tiny_cfg, setup):
+    """No pre-draft while another group has requests (its propose would wait behind it) or this
+    group's propose is under way; one when the Drafter would idle."""
+    from peftbd.serving.messages import AheadReply
+    from peftbd.serving.round_driver import Course, RoundDriver
+
+    async def send(kind: str, items: list) -> list:
+        return [(AheadReply([1], [2], 0.0), 0.0) for _ in items]
+
+    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True, split_groups=2)
+    spec = _spec(setup[1], "peftbd")
+
+    async def run() -> list:
+        driver = RoundDriver(send, lambda role, sid: None, serving)
+        mine, other = (Course(driver._where, driver._changed, g) for g in (0, 1))
+        mine.move(("to", "verify"))
+        other.move(("in", "verify"))
+        busy = driver._ahead(spec, [5, 6], [7, 8], [], mine, None)
+        other.move(None)
+        free = driver._ahead(spec, [5, 6], [7, 8], [], mine, None)
+        off = RoundDriver(send, lambda role, sid: None,
+                          dataclasses.replace(serving, draft_ahead=False))
+        return [busy, free and await free[0], off._ahead(spec, [5, 6], [7, 8], [], mine, None)]
+
+    busy, free, off = asyncio.run(run())
+    assert busy is None and off is None and free[0].guessed == [1]

@@ -12,12 +12,14 @@ from peftbd.analysis.placement_verdict import verdicts
 from peftbd.serving.schemas import SpecStats
 
 
-def _row(placement: str, clients: int, p50: float, pre: float | None = None) -> LoadRow:
+def _row(placement: str, clients: int, p50: float, pre: float | None = None,
+         verify: float = 400.0) -> LoadRow:
     return LoadRow(placement=placement, method="peftbd", concurrency=clients, requests=6,
                    requests_per_s=None, tokens_per_s=10.0, tokens_per_s_per_device=5.0,
                    client_tokens_per_s=10.0, p50_ms=p50, p95_ms=p50, transport_ms_per_token=1.0,
-                   mean_batch=1.0, busy={}, draft_ms_per_round=500.0, tokens_per_round=2.9,
-                   rounds_per_request=6.0, pre_drafted=pre)
+                   mean_batch=1.0, busy={}, draft_ms_per_round=500.0, tokens_per_round=2.5,
+                   rounds_per_request=6.0, pre_drafted=pre, verify_ms_per_round=verify,
+                   other_ms_per_round=10.0)
 
 
 def test_the_verdict_reads_the_saving_against_split_at_the_levels_both_ran():
@@ -29,8 +31,12 @@ def test_the_verdict_reads_the_saving_against_split_at_the_levels_both_ran():
     words = ahead_sentence(v)
     assert "25% of its rounds" in words and "+800 ms saved" in words and "predicted 750 ms" in words
     assert words.endswith("Goal (lower p50 at 1 client): met.")
-    slower = ahead_verdicts([_row("split", 1, 6000.0), _row("split-ahead", 1, 6100.0, pre=0.0)])
-    assert ahead_sentence(slower[0]).endswith("missed.")
+    assert v.costs_ms == {"verify": 0.0, "other": 0.0, "transport": 0.0}
+    slower = ahead_verdicts([_row("split", 1, 6000.0),
+                             _row("split-ahead", 1, 6400.0, pre=0.1, verify=460.0)])
+    assert slower[0].costs_ms["verify"] == pytest.approx(60 * 6)
+    assert "verify +360 ms" in ahead_sentence(slower[0])
+    assert "it lost most to verify. Goal (lower p50 at 1 client): missed." in ahead_sentence(slower[0])
     table = "\n".join(ahead_markdown([v]))
     assert "## Drafting ahead" in table and "| peftbd | 1 | 6000 | 5200 | +800 | 750 | 0.25 |" in table
     assert ahead_markdown([]) == [] and ahead_verdicts(rows[:3]) == []
