@@ -1,0 +1,76 @@
+"""How well the drafters that can draft ahead guess the next round, on real acceptance: for
+each, the share of rounds whose likeliest accepted length was right, whose whole guess was (the
+round would use its pre-draft), the guessed bonus's hit rate given the length (what
+`serving.ahead_bonus_hit` assumes for a synthetic method), and what confirmed pre-drafts accepted
+against the ordinary drafts of the same rounds (`peftbd.benchmarking.ahead_study`).
+
+    python -m jobs.ahead_study                                  # <out_dir>/tiny/peftbd if trained
+    python -m jobs.ahead_study --peftbd-dir outputs/tiny/peftbd --prompts 16
+
+Writes ahead_study.json to --out (default <paths.out_dir>/<preset>/ahead_study) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from peftbd.benchmarking.ahead_study import guess_study
+from peftbd.cli import add_config_args, config_from_args, output_root
+from peftbd.data.sources import first_prompts, resolve_source
+from peftbd.decoding.ahead import drafts_ahead
+from peftbd.methods import methods
+from peftbd.models.loading import load_tokenizer
+from peftbd.serving.models import load_serving_models
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.ahead_study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(parser)
+    for m in methods():
+        if m.trains:
+            parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
+                                help=f"a trained {m.what} (default: <out_dir>/<preset>/{m.id} "
+                                     "when it holds one, else untrained)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="prompts to decode (default: decoding.num_prompts)")
+    parser.add_argument("--out", type=Path, default=None, help="where ahead_study.json goes")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    root = output_root(cfg)
+    dirs = {m.serving: getattr(args, m.dir_arg, None)
+            or (str(root / m.id) if (root / m.id / "manifest.json").is_file() else None)
+            for m in methods() if m.trains}
+    models = load_serving_models(cfg, [m.serving for m in methods()], dirs)
+    prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg),
+                            args.prompts or cfg.decoding.num_prompts, cfg.serving.max_prompt_tokens)
+    found = {}
+    for name, decoder in models.decoders.items():
+        if not drafts_ahead(decoder.drafter):
+            continue
+        study = guess_study(decoder, prompts, cfg.decoding.max_new_tokens)
+        found[name] = {"drafter": dirs.get(name) or "untrained", **asdict(study),
+                       **{k: None if v is None else round(v, 3) for k, v in (
+                           ("length_rate", study.length_rate), ("hit_rate", study.hit_rate),
+                           ("bonus_given_length", study.bonus_given_length))}}
+        print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; guessed length right "
+              f"{_pct(study.length_rate)}, whole guess right {_pct(study.hit_rate)} (the bonus given "
+              f"the length {_pct(study.bonus_given_length)}); the hits' pre-drafts accepted "
+              f"{study.accepted_pre} tokens against the ordinary drafts' {study.accepted_ordinary}")
+    out = args.out or root / "ahead_study"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ahead_study.json").write_text(json.dumps(
+        {"preset": cfg.preset, "prompts": len(prompts), "max_new_tokens": cfg.decoding.max_new_tokens,
+         "methods": found}, indent=2))
+    print(f"[ahead_study] wrote {out / 'ahead_study.json'}")
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"
+
+
+if __name__ == "__main__":
+    main()
