@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; guessed length right "
               f"{_pct(study.length_rate)}, whole guess right {_pct(study.hit_rate)} (the bonus given "
               f"the length {_pct(study.bonus_given_length)}); the hits' pre-drafts accepted "
-              f"{study.accepted_pre} tokens against the ordinary drafts' {study.accepted_ordinary}")
+              f"{study.accepted_pre} tokens against the ordinary drafts' {study.accepted_ordinary}; "
+              f"with the length right but not the bonus, {study.accepted_pre_length_only} against "
+              f"{study.accepted_ordinary_length_only}")
     out = args.out or root / "ahead_study"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ahead_study.json").write_text(json.dumps(

@@ -30,6 +30,11 @@ class GuessStudy:
     hits: int  # ... and the guessed bonus the verifier's: the pre-draft would be used
     accepted_pre: int  # over the hits: draft tokens the pre-draft had accepted
     accepted_ordinary: int  # over the hits: draft tokens the ordinary draft accepted
+    # over the rounds whose length was right but not the bonus: PEFT-BD's pre-draft never saw
+    # its guessed bonus (a mask in its chunk), so it still continues the committed tokens; what
+    # it would have accepted there, against the ordinary draft
+    accepted_pre_length_only: int = 0
+    accepted_ordinary_length_only: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -51,25 +56,29 @@ def guess_study(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]],
     round driver does (module doc); the outputs are the decoder's own."""
     if not drafts_ahead(decoder.drafter):
         raise ValueError(f"{decoder.drafter.name} cannot draft ahead (it has no propose_ahead)")
-    rounds = length_right = hits = accepted_pre = accepted_ordinary = 0
+    counts = dict.fromkeys(("rounds", "length_right", "hits", "accepted_pre", "accepted_ordinary",
+                            "accepted_pre_length_only", "accepted_ordinary_length_only"), 0)
     for prompt in prompts:
         state, history = decoder.start(prompt, max_new_tokens), list[int]()
-        used: PreDraft | None = None
+        used: tuple[PreDraft, str] | None = None  # last round's pre-draft, which counts it fits
         while not state.done:
             draft = decoder.propose(state)[0].tolist()
-            mine = None if used is None else decoder.verify(copy.deepcopy(state), used.draft).accepted
+            mine = None if used is None else decoder.verify(copy.deepcopy(state), used[0].draft).accepted
             guess = likeliest(history, len(draft))
             pre = decoder.drafter.propose_ahead(  # type: ignore[attr-defined]
                 [state], [draft], [guess], [state.remaining - guess - 2])[0]
             result = decoder.verify(state, draft)
-            if mine is not None:  # the round before guessed this one right
-                accepted_pre, accepted_ordinary = accepted_pre + mine, accepted_ordinary + result.accepted
+            if used is not None and mine is not None:  # the round before guessed this one
+                counts["accepted_pre" + used[1]] += mine
+                counts["accepted_ordinary" + used[1]] += result.accepted
             history.append(result.accepted)
             used = None
             if state.done or not draft:
                 continue
-            rounds += 1
-            length_right += result.accepted == guess
-            if pre.guessed(draft) == result.tokens:
-                hits, used = hits + 1, pre
-    return GuessStudy(rounds, length_right, hits, accepted_pre, accepted_ordinary)
+            counts["rounds"] += 1
+            if result.accepted == guess:
+                counts["length_right"] += 1
+                hit = pre.guessed(draft) == result.tokens
+                counts["hits"] += hit
+                used = (pre, "" if hit else "_length_only")
+    return GuessStudy(**counts)
