@@ -1,8 +1,7 @@
-"""How well the drafters that can draft ahead guess the next round, on real acceptance: for
-each, the share of rounds whose likeliest accepted length was right, whose whole guess was (the
-round would use its pre-draft), the guessed bonus's hit rate given the length (what
-`serving.ahead_bonus_hit` assumes for a synthetic method), and what confirmed pre-drafts accepted
-against the ordinary drafts of the same rounds (`peftbd.benchmarking.ahead_study`).
+"""How well the drafters that can draft ahead do it, on real acceptance: for each, the share of
+rounds whose likeliest accepted length was right (the next round would use its pre-draft), and
+what those pre-drafts accepted against the ordinary drafts of the same rounds, which controlled
+acceptance assumes equal (`peftbd.benchmarking.ahead_study`).
 
     python -m jobs.ahead_study                                  # <out_dir>/tiny/peftbd if trained
     python -m jobs.ahead_study --peftbd-dir outputs/tiny/peftbd --prompts 16
@@ -53,15 +52,11 @@ def main(argv: list[str] | None = None) -> None:
             continue
         study = guess_study(decoder, prompts, cfg.decoding.max_new_tokens)
         found[name] = {"drafter": dirs.get(name) or "untrained", **asdict(study),
-                       **{k: None if v is None else round(v, 3) for k, v in (
-                           ("length_rate", study.length_rate), ("hit_rate", study.hit_rate),
-                           ("bonus_given_length", study.bonus_given_length))}}
-        print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; guessed length right "
-              f"{_pct(study.length_rate)}, whole guess right {_pct(study.hit_rate)} (the bonus given "
-              f"the length {_pct(study.bonus_given_length)}); the hits' pre-drafts accepted "
-              f"{study.accepted_pre} tokens against the ordinary drafts' {study.accepted_ordinary}; "
-              f"with the length right but not the bonus, {study.accepted_pre_length_only} against "
-              f"{study.accepted_ordinary_length_only}")
+                       "hit_rate": None if study.hit_rate is None else round(study.hit_rate, 3)}
+        print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; the guessed accepted "
+              f"length was right in {_pct(study.hit_rate)} (a pre-draft used); those pre-drafts "
+              f"accepted {study.accepted_pre} tokens in their rounds against the ordinary drafts' "
+              f"{study.accepted_ordinary}")
     out = args.out or root / "ahead_study"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ahead_study.json").write_text(json.dumps(

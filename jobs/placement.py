@@ -265,8 +265,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     ]
     if "split-ahead" in devices:
         notes.append(f"split-ahead: split drafting ahead at {list(cfg.serving.ahead_levels)} "
-                     f"client(s); a synthetic method's guessed bonus is right at the assumed "
-                     f"serving.ahead_bonus_hit {cfg.serving.ahead_bonus_hit}")
+                     "client(s)")
     report = PlacementReport(summary=summary, concurrency=by_concurrency, skipped=skipped,
                              notes=notes, devices=devices, verdicts=found,
                              outputs_identical=outputs_identical(records), requests=records,

@@ -299,7 +299,6 @@ class ServingConfig:
     # outcome (peftbd.decoding.ahead); the placement "split-ahead" runs it at `ahead_levels`
     draft_ahead: bool
     ahead_levels: tuple[PositiveInt, ...]
-    ahead_bonus_hit: Fraction  # synthetic drafting ahead: how often the guessed bonus is right
 
 
 RooflineGPU = Literal["H200", "H100"]  # peftbd.benchmarking.roofline.GPUS

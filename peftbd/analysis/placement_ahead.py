@@ -117,12 +117,13 @@ def ahead_markdown(found: Sequence[AheadVerdict]) -> list[str]:
               "tokens/round split-ahead"]
     return ["", "## Drafting ahead", "", markdown_table(header, rows), "",
             "split-ahead: while a round verifies, the idle Drafter drafts the next round for the "
-            "request's likeliest outcome (its most frequent accepted length, the bonus guessed); "
-            "a round whose guess held skips its propose call. Predicted saving = pre-drafted "
+            "request's likeliest accepted length (its most frequent so far); a round whose verify "
+            "accepted exactly that many skips its propose call. Predicted saving = pre-drafted "
             "rounds per request x split's draft ms per round; against it, per request, what "
             "split-ahead's rounds spent beyond split's in verify (slower beside a pre-draft "
             "forward: two forwards share this machine's cores and memory), other replica time "
-            "(a propose waiting behind a pre-draft) and transport. Under controlled acceptance the "
-            "guessed bonus is right at the assumed `serving.ahead_bonus_hit` rate (synthetic). "
-            "Colocated cannot draft ahead: its one device runs both roles in turn.", "",
+            "(a propose waiting behind a pre-draft) and transport. Under controlled acceptance a "
+            "pre-draft accepts what its round draws anyway (`python -m jobs.ahead_study` measures "
+            "that on real acceptance). Colocated cannot draft ahead: its one device runs both "
+            "roles in turn.", "",
             *[f"- {ahead_sentence(v)}" for v in found]]

@@ -1,18 +1,18 @@
 """Drafting ahead (SSD / Saguaro, PEARL): while the verifier checks round r, the drafter drafts
 round r+1 for a guessed outcome of round r, and round r+1 uses that pre-draft when the guess holds.
 
-A guess is `accepted` leading draft tokens then a `bonus` (the verifier's token after them). The
-caller picks `accepted` (`likeliest`: the request's most frequent outcome so far); the drafter
-guesses the bonus and drafts after it, without the verifier's state of the guessed positions (it
-arrives only with round r's verify). A drafter that can do that in about one draft forward
-implements `propose_ahead` (`drafts_ahead`):
+The guess is how many leading draft tokens round r accepts (`likeliest`: the request's most
+frequent accepted length so far). The drafter drafts after them without the verifier's state of
+those tokens (it arrives only with round r's verify) and without the bonus (the verifier's token
+after them, unknown until then): a drafter that can do that in about one draft forward
+implements `propose_ahead` (`drafts_ahead`), and its pre-draft continues whatever bonus the
+verifier picks, so it is used whenever the verify accepts exactly the guessed length.
 
 - PEFT-BD (`peft_bd_ahead`): one adapter-on forward over `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the
   last committed token and the guessed accepted tokens inside the chunk (adapter-on KV in place
-  of the verifier's: stale, so the pre-draft may accept less; it is verified like any draft); the
-  first mask guesses the bonus, never the draft token the outcome rejected, the rest draft D - 1
-  tokens after it.
-- Controlled acceptance (`peftbd.decoding.controlled`) wraps it: real forwards, a scripted guess.
+  of the verifier's), a mask where the bonus goes; the masks after it are the D - 1 token
+  pre-draft, predicted in parallel as a block draft's later positions always are.
+- Controlled acceptance (`peftbd.decoding.controlled`) wraps it: real forwards, scripted tokens.
 
 Drafters that read the verifier's hidden states or features of the guessed positions (FastMTP,
 the heads) would need a catch-up forward of about one verify first, so a pre-draft would finish
@@ -45,16 +45,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PreDraft:
-    """A drafter's round r+1 for the outcome "`accepted` draft tokens of round r, then `bonus`":
-    `draft` (1, k) continues the committed tokens + those + `bonus`."""
+    """A drafter's round r+1 for the outcome "`accepted` draft tokens of round r": `draft`
+    (1, k) continues the committed tokens + those + the bonus, whichever it is."""
 
     accepted: int
-    bonus: int
     draft: torch.Tensor
-
-    def guessed(self, draft: Sequence[int]) -> list[int]:
-        """The tokens round r commits if the guess holds (`draft`: round r's draft)."""
-        return [*draft[: self.accepted], self.bonus]
 
 
 def drafts_ahead(drafter: Drafter) -> bool:
@@ -90,9 +85,9 @@ def ahead_pattern(clean: int, block_size: int, anchored: bool, device: torch.dev
 def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
                   drafts: Sequence[Sequence[int]], accepted: Sequence[int],
                   max_tokens: Sequence[int]) -> list[PreDraft]:
-    """PEFT-BD's pre-drafts (module doc): per state, the bonus after `accepted[i]` tokens of
-    `drafts[i]` and up to min(D - 1, max_tokens[i]) tokens after it; one adapter-on forward per
-    distinct accepted length. Each state's cache is left as it was."""
+    """PEFT-BD's pre-drafts (module doc): per state, up to min(D - 1, max_tokens[i]) tokens
+    after `accepted[i]` tokens of `drafts[i]` and the bonus; one adapter-on forward per distinct
+    accepted length. Each state's cache is left as it was."""
     from peftbd.decoding.peft_bd_drafter import _draft_call
 
     base, d = unwrap(drafter.model), drafter.block_size
@@ -113,13 +108,10 @@ def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
                          pattern=ahead_pattern(clean, d, drafter.anchored, device))
             with timed(rows, "ahead"):
                 logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
-                                          positions)[:, k:].float()
+                                          positions)[:, k:].float()  # the masks' logits
             kv.drop()
             logits[..., drafter.mask_id] = -math.inf
+            tokens = logits[:, 1:].argmax(-1)  # after the bonus's mask
             for r, i in enumerate(idx):
-                if k < len(drafts[i]):  # the outcome rejected d_{k+1}: the bonus is another token
-                    logits[r, 0, drafts[i][k]] = -math.inf
-            tokens = logits.argmax(-1)
-            for r, i in enumerate(idx):
-                out[i] = PreDraft(k, int(tokens[r, 0]), tokens[r : r + 1, 1 : 1 + max(max_tokens[i], 0)])
+                out[i] = PreDraft(k, tokens[r : r + 1, : max(max_tokens[i], 0)])
     return [out[i] for i in range(len(states))]

@@ -122,5 +122,5 @@ class PeftBDDrafter:
     def propose_ahead(self, states: Sequence[DecodeState], drafts: Sequence[Sequence[int]],
                       accepted: Sequence[int], max_tokens: Sequence[int]) -> list[PreDraft]:
         """Round r+1 drafted while round r verifies, for the outcome "`accepted[i]` tokens of
-        `drafts[i]`, then a bonus it guesses" (`peftbd.decoding.ahead.peft_bd_ahead`)."""
+        `drafts[i]`, then the bonus" (`peftbd.decoding.ahead.peft_bd_ahead`)."""
         return peft_bd_ahead(self, states, drafts, accepted, max_tokens)

@@ -57,8 +57,8 @@ class VerifyItem:
 @dataclass(frozen=True)
 class AheadItem:
     """Draft the round after the one verifying `draft` (after `committed`) for the outcome
-    "`accepted` of its tokens, then a bonus the drafter guesses" (`peftbd.decoding.ahead`);
-    `shipped`: what the verifier shipped since the drafter's last call (it catches up first)."""
+    "`accepted` of its tokens, then the bonus" (`peftbd.decoding.ahead`); `shipped`: what the
+    verifier shipped since the drafter's last call (it catches up first)."""
 
     session_id: str
     committed: list[int]
@@ -97,11 +97,10 @@ class ProposeReply:
 
 @dataclass(frozen=True)
 class AheadReply:
-    """A pre-draft: `draft` continues `committed` + `guessed` (the accepted tokens and the
-    bonus guessed); no guess (both empty) when the drafter's state cannot reach `committed`
-    without a forward, or `drafts_ahead` is False: the method's drafter cannot draft ahead."""
+    """A pre-draft: `draft` continues `committed` + the guessed accepted tokens + the bonus,
+    whichever it is; empty when the drafter's state cannot reach `committed` without a forward,
+    or `drafts_ahead` is False: the method's drafter cannot draft ahead."""
 
-    guessed: list[int]
     draft: list[int]
     draft_ms: float
     drafts_ahead: bool = True

@@ -129,8 +129,7 @@ def load_serving_models(
     for name in names:
         drafter = built[name][1] if name in built else None
         if drafter is not None and name in profiles:
-            drafter = ControlledDrafter(drafter, profiles[name], oracle, cfg.decoding.synthetic_seed,
-                                        cfg.serving.ahead_bonus_hit)
+            drafter = ControlledDrafter(drafter, profiles[name], oracle, cfg.decoding.synthetic_seed)
         decoders[name] = SpeculativeDecoder(model, drafter, eos, budget)
     taps = {m.serving: SpeculativeDecoder(model, FeatureTap(_read_features(m, ctx, built, dirs)),
                                           eos, budget)

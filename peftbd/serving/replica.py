@@ -149,18 +149,18 @@ class ReplicaDecoder:
 
     def ahead_batch(self, items: Sequence[AheadItem]) -> list[AheadReply]:
         """Draft each request's next round ahead, while its current round verifies elsewhere
-        (`peftbd.decoding.ahead`: one batched pre-draft per method), from its session caught up
+        (`peftbd.decoding.ahead`: a batched pre-draft per method), from its session caught up
         with `committed` by what the verifier shipped; the guessed tokens never enter it. An
         item whose session cannot get there without a forward gets no guess: never a forward
         or a rebuild for a guess."""
         clock = self.models.clock
         start = clock.now()
-        replies: dict[int, AheadReply] = {i: AheadReply([], [], 0.0) for i in range(len(items))}
+        replies: dict[int, AheadReply] = {i: AheadReply([], 0.0) for i in range(len(items))}
         with self.lock:
             for method, idx in _by([it.method for it in items]).items():
                 dec = self.models.decoder(method)
                 if not drafts_ahead(dec.drafter):
-                    replies.update({i: AheadReply([], [], 0.0, drafts_ahead=False) for i in idx})
+                    replies.update({i: AheadReply([], 0.0, drafts_ahead=False) for i in idx})
                     continue
                 ready = [(i, s) for i in idx if (s := self._caught_up(dec, items[i])) is not None]
                 if not ready:
@@ -172,7 +172,7 @@ class ReplicaDecoder:
                     [s.remaining - items[i].accepted - 2 for (i, _), s in zip(ready, states)])
                 draft_ms = (clock.now() - draft_start) * 1e3
                 for (i, _), p in zip(ready, pre):
-                    replies[i] = AheadReply(p.guessed(items[i].draft), p.draft[0].tolist(), draft_ms)
+                    replies[i] = AheadReply(p.draft[0].tolist(), draft_ms)
             self.batch_sizes[len(items)] += 1
         return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 

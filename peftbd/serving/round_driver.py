@@ -13,8 +13,8 @@ stream per group, not one per Ingress and group.
 
 Each item carries the committed tokens, and each propose what the last prefill / verify reply
 shipped for the request's drafter. `serving.draft_ahead`: while a group verifies and the Drafter
-would idle, it drafts each request's next round for a guessed outcome (`peftbd.decoding.ahead`);
-a round whose guess the verify confirmed skips its propose. `rounds(spec, committed)` resumes a
+would idle, it drafts each request's next round for its likeliest accepted length
+(`peftbd.decoding.ahead`); a round whose verify accepted exactly that many skips its propose. `rounds(spec, committed)` resumes a
 request from tokens already sent (a lost driver's requests, restarted by the ingress): no prefill, the replicas
 rebuild what they lack from the committed tokens. The calls themselves (routing, retries after a
 lost replica) are the caller's `send`; `release` forgets a finished request's sessions.
@@ -194,7 +194,7 @@ class RoundDriver:
                 tokens, pre = tokens + event.tokens, None
                 history.append(reply.accepted)
                 if ahead is not None and not event.done:
-                    pre = await _pre_draft(ahead, reply.accepted, event.tokens)
+                    pre = await _pre_draft(ahead, reply.accepted)
                 course.move(None if event.done else ("to", "verify" if pre else first))
                 yield event
                 if event.done:
@@ -206,11 +206,10 @@ class RoundDriver:
             self.release(Role.VERIFIER, sid)
 
 
-async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int, committed: list[int]
-                     ) -> ProposeReply | None:
-    """The next round's draft from a pre-draft call (its task, its guessed accepted length)
-    whose guess the verify just confirmed (it committed `committed`, `accepted` of the draft),
-    else None; a call whose guessed length already missed is not waited for."""
+async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int) -> ProposeReply | None:
+    """The next round's draft from a pre-draft call (its task, its guessed accepted length) when
+    the verify accepted exactly that many tokens (the pre-draft continues any bonus), else None
+    without waiting for the call."""
     task, guessed = ahead
     if accepted != guessed:
         return None
@@ -218,9 +217,8 @@ async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int, committed: 
         result = await task
     except Exception:  # a lost pre-draft costs the ordinary propose, nothing else
         return None
-    if isinstance(result, BaseException):
+    if isinstance(result, BaseException) or not isinstance(result[0], AheadReply) \
+            or not result[0].draft:
         return None
     got = result[0]
-    if not isinstance(got, AheadReply) or not got.draft or got.guessed != committed:
-        return None
     return ProposeReply(got.draft, got.draft_ms, 0.0, False, got.handler_ms, got.batch_size)

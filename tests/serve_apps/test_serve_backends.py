@@ -337,12 +337,11 @@ def test_split_groups_overlap_drafting_with_verifying_and_stay_exact(tiny_cfg, s
 @pytest.fixture(scope="module")
 def ahead_apps(tiny_cfg):
     """A split app's two processes' worth of models drafting ahead, PEFT-BD at controlled
-    acceptance whose guessed bonus is always right (the accepted length guessed is still the
-    request's likeliest, so some guesses miss)."""
+    acceptance (its accepted lengths vary, so some guesses miss)."""
     from peftbd.serving.models import load_serving_models
 
     serving = dataclasses.replace(tiny_cfg.serving, synthetic=("peftbd=2.881",), draft_ahead=True,
-                                  ahead_bonus_hit=1.0, split_groups=1)
+                                  split_groups=1)
     cfg = dataclasses.replace(tiny_cfg, serving=serving)
     return cfg, load_serving_models(cfg), load_serving_models(cfg)
 
@@ -411,7 +410,7 @@ def test_drafting_ahead_only_takes_a_drafter_that_would_idle(tiny_cfg, setup):
     from peftbd.serving.round_driver import Course, RoundDriver
 
     async def send(kind: str, items: list) -> list:
-        return [(AheadReply([1], [2], 0.0), 0.0) for _ in items]
+        return [(AheadReply([2], 0.0), 0.0) for _ in items]
 
     serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True, split_groups=2)
     spec = _spec(setup[1], "peftbd")
@@ -429,4 +428,4 @@ def test_drafting_ahead_only_takes_a_drafter_that_would_idle(tiny_cfg, setup):
         return [busy, free and await free[0], off._ahead(spec, [5, 6], [7, 8], [], mine, None)]
 
     busy, free, off = asyncio.run(run())
-    assert busy is None and off is None and free[0].guessed == [1]
+    assert busy is None and off is None and free[0].draft == [2]
