@@ -15,14 +15,37 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from peftbd.benchmarking.ahead_study import guess_study
-from peftbd.cli import add_config_args, config_from_args, output_root
+from peftbd.cli import add_config_args, config_from_args, exit_on_user_error, output_root
+from peftbd.config import Config
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding.ahead import drafts_ahead
 from peftbd.methods import methods
 from peftbd.models.loading import load_tokenizer
 from peftbd.serving.models import load_serving_models
+
+
+def run_study(cfg: Config, dirs: dict[str, str | None], n_prompts: int) -> dict[str, Any]:
+    """Every method that drafts ahead, over the first `n_prompts` prompts (`dirs`: {serving name:
+    its trained dir, None: untrained}); the study's JSON, and a line per method printed."""
+    models = load_serving_models(cfg, [m.serving for m in methods()], dirs)
+    prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), n_prompts,
+                            cfg.serving.max_prompt_tokens)
+    found = {}
+    for name, decoder in models.decoders.items():
+        if not drafts_ahead(decoder.drafter):
+            continue
+        study = guess_study(decoder, prompts, cfg.decoding.max_new_tokens)
+        found[name] = {"drafter": dirs.get(name) or "untrained", **asdict(study),
+                       "hit_rate": None if study.hit_rate is None else round(study.hit_rate, 3)}
+        print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; the guessed accepted "
+              f"length was right in {_pct(study.hit_rate)} (a pre-draft used); those pre-drafts "
+              f"accepted {study.accepted_pre} tokens in their rounds against the ordinary drafts' "
+              f"{study.accepted_ordinary}")
+    return {"preset": cfg.preset, "prompts": len(prompts),
+            "max_new_tokens": cfg.decoding.max_new_tokens, "methods": found}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,25 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     dirs = {m.serving: getattr(args, m.dir_arg, None)
             or (str(root / m.id) if (root / m.id / "manifest.json").is_file() else None)
             for m in methods() if m.trains}
-    models = load_serving_models(cfg, [m.serving for m in methods()], dirs)
-    prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg),
-                            args.prompts or cfg.decoding.num_prompts, cfg.serving.max_prompt_tokens)
-    found = {}
-    for name, decoder in models.decoders.items():
-        if not drafts_ahead(decoder.drafter):
-            continue
-        study = guess_study(decoder, prompts, cfg.decoding.max_new_tokens)
-        found[name] = {"drafter": dirs.get(name) or "untrained", **asdict(study),
-                       "hit_rate": None if study.hit_rate is None else round(study.hit_rate, 3)}
-        print(f"{name} ({found[name]['drafter']}): {study.rounds} rounds; the guessed accepted "
-              f"length was right in {_pct(study.hit_rate)} (a pre-draft used); those pre-drafts "
-              f"accepted {study.accepted_pre} tokens in their rounds against the ordinary drafts' "
-              f"{study.accepted_ordinary}")
+    try:
+        result = run_study(cfg, dirs, args.prompts or cfg.decoding.num_prompts)
+    except Exception as exc:
+        exit_on_user_error(exc)  # one line `error: ...` for what the user can fix
+        raise
     out = args.out or root / "ahead_study"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ahead_study.json").write_text(json.dumps(
-        {"preset": cfg.preset, "prompts": len(prompts), "max_new_tokens": cfg.decoding.max_new_tokens,
-         "methods": found}, indent=2))
+    (out / "ahead_study.json").write_text(json.dumps(result, indent=2))
     print(f"[ahead_study] wrote {out / 'ahead_study.json'}")
 
 

@@ -105,6 +105,7 @@ def placement_stage() -> StageSpec:
         inputs=tuple(m.stages[0] for m in entries() if m.stages),  # each method's main stage
         code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
               "peftbd.analysis.placement", "peftbd.analysis.placement_verdict",
+              "peftbd.analysis.placement_ahead",
               "peftbd.analysis.placement_ledger",
               "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",

@@ -8,7 +8,7 @@ after them, unknown until then): a drafter that can do that in about one draft f
 implements `propose_ahead` (`drafts_ahead`), and its pre-draft continues whatever bonus the
 verifier picks, so it is used whenever the verify accepts exactly the guessed length.
 
-- PEFT-BD (`peft_bd_ahead`): one adapter-on forward over `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the
+- PEFT-BD (`peftbd.decoding.peft_bd_drafter.peft_bd_ahead`): one adapter-on forward over `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the
   last committed token and the guessed accepted tokens inside the chunk (adapter-on KV in place
   of the verifier's), a mask where the bonus goes; the masks after it are the D - 1 token
   pre-draft, predicted in parallel as a block draft's later positions always are.
@@ -23,24 +23,13 @@ depends on the guess: a pre-draft is verified like any draft.
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from peftbd.decoding.drafter import Drafter
-from peftbd.decoding.fast_path import Chunk
-from peftbd.decoding.ragged import pack
-from peftbd.decoding.state import DecodeState, timed
-from peftbd.decoding.verify import unwrap
-from peftbd.models.early_exit import first_layers
-from peftbd.models.lean_lora import lean_lora
-from peftbd.models.peft_bd import adapter_on, draft_visibility
-
-if TYPE_CHECKING:
-    from peftbd.decoding.peft_bd_drafter import PeftBDDrafter
+from peftbd.models.peft_bd import draft_visibility
 
 
 @dataclass(frozen=True)
@@ -79,39 +68,3 @@ def ahead_pattern(clean: int, block_size: int, anchored: bool, device: torch.dev
                                                    device=device).tril()
     pattern[clean - 1 :] = draft_visibility(clean - 1, block_size, anchored, device)
     return pattern
-
-
-@torch.inference_mode()
-def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
-                  drafts: Sequence[Sequence[int]], accepted: Sequence[int],
-                  max_tokens: Sequence[int]) -> list[PreDraft]:
-    """PEFT-BD's pre-drafts (module doc): per state, up to min(D - 1, max_tokens[i]) tokens
-    after `accepted[i]` tokens of `drafts[i]` and the bonus; one adapter-on forward per distinct
-    accepted length. Each state's cache is left as it was."""
-    from peftbd.decoding.peft_bd_drafter import _draft_call
-
-    base, d = unwrap(drafter.model), drafter.block_size
-    out: dict[int, PreDraft] = {}
-    by_k: dict[int, list[int]] = {}
-    for i, k in enumerate(accepted):
-        by_k.setdefault(k, []).append(i)
-    with adapter_on(drafter.model), lean_lora(drafter.model), first_layers(base.config, drafter.depth):
-        for k, idx in by_k.items():
-            rows = [states[i] for i in idx]
-            device, clean = rows[0].device, k + 1
-            kv = pack([s.cache for s in rows])
-            chunk = torch.full((len(rows), clean + d), drafter.mask_id, dtype=torch.long, device=device)
-            for r, i in enumerate(idx):
-                chunk[r, :clean] = torch.tensor([states[i].tokens[-1], *drafts[i][:k]], device=device)
-            positions = torch.stack([torch.arange(n, n + clean + d, device=device) for n in kv.lengths])
-            spec = Chunk(clean + d, base.config.num_hidden_layers, base.dtype,
-                         pattern=ahead_pattern(clean, d, drafter.anchored, device))
-            with timed(rows, "ahead"):
-                logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
-                                          positions)[:, k:].float()  # the masks' logits
-            kv.drop()
-            logits[..., drafter.mask_id] = -math.inf
-            tokens = logits[:, 1:].argmax(-1)  # after the bonus's mask
-            for r, i in enumerate(idx):
-                out[i] = PreDraft(k, tokens[r : r + 1, : max(max_tokens[i], 0)])
-    return [out[i] for i in range(len(states))]

@@ -3,7 +3,8 @@
 The chunk layout, positions and attention pattern are `peftbd.models.peft_bd`'s (shared with
 training). A batch of requests drafts in one forward per denoising step, the rows' verifier
 caches packed (`peftbd.decoding.ragged`); the draft's KV is dropped after every forward. An early-exit
-adapter (`peftbd.models.early_exit`) drafts through its first k layers only.
+adapter (`peftbd.models.early_exit`) drafts through its first k layers only. `propose_ahead`
+drafts the next round while this one verifies (`peftbd.decoding.ahead`).
 
 Unmasking rule for `denoise_steps = S > 1` (MaskGIT-style, linear schedule): after step s the
 ceil(D * s / S) most confident positions are fixed (confidence = the max softmax probability,
@@ -25,7 +26,7 @@ import torch
 from peft import PeftModel
 from transformers import PreTrainedModel
 
-from peftbd.decoding.ahead import PreDraft, peft_bd_ahead
+from peftbd.decoding.ahead import PreDraft, ahead_pattern
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.fast_path import Chunk, backbone_masks
 from peftbd.decoding.drafter import no_draft
@@ -122,5 +123,39 @@ class PeftBDDrafter:
     def propose_ahead(self, states: Sequence[DecodeState], drafts: Sequence[Sequence[int]],
                       accepted: Sequence[int], max_tokens: Sequence[int]) -> list[PreDraft]:
         """Round r+1 drafted while round r verifies, for the outcome "`accepted[i]` tokens of
-        `drafts[i]`, then the bonus" (`peftbd.decoding.ahead.peft_bd_ahead`)."""
+        `drafts[i]`, then the bonus" (`peft_bd_ahead`)."""
         return peft_bd_ahead(self, states, drafts, accepted, max_tokens)
+
+
+@torch.inference_mode()
+def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
+                  drafts: Sequence[Sequence[int]], accepted: Sequence[int],
+                  max_tokens: Sequence[int]) -> list[PreDraft]:
+    """PEFT-BD's pre-drafts (`peftbd.decoding.ahead`): per state, up to min(D - 1, max_tokens[i]) tokens
+    after `accepted[i]` tokens of `drafts[i]` and the bonus; one adapter-on forward per distinct
+    accepted length. Each state's cache is left as it was."""
+    base, d = unwrap(drafter.model), drafter.block_size
+    out: dict[int, PreDraft] = {}
+    by_k: dict[int, list[int]] = {}
+    for i, k in enumerate(accepted):
+        by_k.setdefault(k, []).append(i)
+    with adapter_on(drafter.model), lean_lora(drafter.model), first_layers(base.config, drafter.depth):
+        for k, idx in by_k.items():
+            rows = [states[i] for i in idx]
+            device, clean = rows[0].device, k + 1
+            kv = pack([s.cache for s in rows])
+            chunk = torch.full((len(rows), clean + d), drafter.mask_id, dtype=torch.long, device=device)
+            for r, i in enumerate(idx):
+                chunk[r, :clean] = torch.tensor([states[i].tokens[-1], *drafts[i][:k]], device=device)
+            positions = torch.stack([torch.arange(n, n + clean + d, device=device) for n in kv.lengths])
+            spec = Chunk(clean + d, base.config.num_hidden_layers, base.dtype,
+                         pattern=ahead_pattern(clean, d, drafter.anchored, device))
+            with timed(rows, "ahead"):
+                logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
+                                          positions)[:, k:].float()  # the masks' logits
+            kv.drop()
+            logits[..., drafter.mask_id] = -math.inf
+            tokens = logits[:, 1:].argmax(-1)  # after the bonus's mask
+            for r, i in enumerate(idx):
+                out[i] = PreDraft(k, tokens[r : r + 1, : max(max_tokens[i], 0)])
+    return [out[i] for i in range(len(states))]

@@ -55,6 +55,8 @@ COMMANDS: dict[str, Runner] = {
     "jobs.generate_bench": ("jobs.generate_bench", "run_bench", _main,
                             lambda tmp: ["--out", str(tmp / "out")]),
     "jobs.peer": ("jobs.peer", "peer_call", _main, _out),
+    "jobs.ahead_study": ("jobs.ahead_study", "run_study", _main,
+                         lambda tmp: ["--out", str(tmp / "out")]),
     "peftbd.benchmarking.engine_speed": ("peftbd.benchmarking.engine_speed", "speed_call",
                                          _main, _out),
     "peftbd.analysis.readme_table": ("peftbd.analysis.readme_table", "update_readme", _main,
