@@ -151,8 +151,8 @@ class ReplicaDecoder:
         """Draft each request's next round ahead, while its current round verifies elsewhere
         (`peftbd.decoding.ahead`: a batched pre-draft per method), from its session caught up
         with `committed` by what the verifier shipped; the guessed tokens never enter it. An
-        item whose session cannot get there without a forward gets no guess: never a forward
-        or a rebuild for a guess."""
+        item whose session cannot get there without a forward gets no pre-draft: never a
+        forward or a rebuild for a guess."""
         clock = self.models.clock
         start = clock.now()
         replies: dict[int, AheadReply] = {i: AheadReply([], 0.0) for i in range(len(items))}

@@ -14,9 +14,10 @@ stream per group, not one per Ingress and group.
 Each item carries the committed tokens, and each propose what the last prefill / verify reply
 shipped for the request's drafter. `serving.draft_ahead`: while a group verifies and the Drafter
 would idle, it drafts each request's next round for its likeliest accepted length
-(`peftbd.decoding.ahead`); a round whose verify accepted exactly that many skips its propose. `rounds(spec, committed)` resumes a
-request from tokens already sent (a lost driver's requests, restarted by the ingress): no prefill, the replicas
-rebuild what they lack from the committed tokens. The calls themselves (routing, retries after a
+(`peftbd.decoding.ahead`); a round whose verify accepted exactly that many skips its propose.
+`rounds(spec, committed)` resumes a request from tokens already sent (a lost driver's requests,
+restarted by the ingress): no prefill, the replicas rebuild what they lack from the committed
+tokens. The calls themselves (routing, retries after a
 lost replica) are the caller's `send`; `release` forgets a finished request's sessions.
 """
 
@@ -121,9 +122,10 @@ class RoundDriver:
     def _ahead(self, spec: GenerationSpec, committed: list[int], draft: list[int],
                history: list[int], course: Course, shipped: Shipped) -> tuple[asyncio.Task, int] | None:
         """With `serving.draft_ahead`, the Drafter drafting the next round for the likeliest
-        outcome of the round now verifying (`peftbd.decoding.ahead.likeliest`), only while it
-        would idle: no other group has requests (their proposes would wait behind it) and no
-        propose of this group is waiting or running; else None."""
+        accepted length of the round now verifying (`peftbd.decoding.ahead.likeliest`): the
+        call's task and that length; only while the Drafter would idle (no other group has
+        requests, whose proposes would wait behind it, and no propose of this group is waiting
+        or running), else None."""
         if not self.draft_ahead or not draft or spec.method in self._no_ahead:
             return None
         elsewhere = sum(n for (_, _, g), n in self._where.items() if g != course.group)
@@ -136,9 +138,8 @@ class RoundDriver:
         return task, guess
 
     def _answered(self, method: str, task: asyncio.Task) -> None:
-        """Note a method whose Drafter cannot draft ahead (it answered no guess) so its
-        requests stop asking; also retrieves a failed call's error (a missed guess's call
-        nobody awaits)."""
+        """Note a method whose Drafter answered that it cannot draft ahead, so its requests stop
+        asking; also retrieves a failed call's error (a missed guess's call nobody awaits)."""
         if task.cancelled() or task.exception() is not None:
             return
         result = task.result()
