@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, RequestRecord, busy_words
 from peftbd.analysis.placement_ahead import AHEAD, AheadVerdict
 from peftbd.analysis.placement_ledger import Ledger, ledger, ledger_words, level_bound, losses
-from peftbd.analysis.tables import fmt, markdown_table
+from peftbd.analysis.tables import fmt_or_dash, markdown_table
 
 GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
 """Issue 35's goals at GOAL_CLIENTS clients: both split replicas busy >= GOAL_BUSY; split tok/s
@@ -189,10 +189,6 @@ def _ratio(pair: tuple[float | None, float | None]) -> float | None:
     return b / a if a and b is not None else None
 
 
-def _f(value: float | None, digits: int = 2) -> str:
-    return fmt(value, digits) or "-"
-
-
 def capacity_gain(v: Verdict) -> tuple[float | None, str]:
     """Split's capacity per verifier device over colocated's, and what it is: "" (measured),
     ">=" / "<=" (a bound: one side passed every level measured), or "unknown" (both did)."""
@@ -242,21 +238,21 @@ def sentence(v: Verdict) -> str:
         + _bounded_goal(capacity_gain(v), GOAL_CAPACITY),
     ]
     return (
-        f"**{v.method}, {v.placement}:** drafting costs {_f(v.draft_ms_per_token[1], 2)} ms per "
-        f"generated token split against {_f(v.draft_ms_per_token[0], 2)} colocated "
-        f"({_f(change, 2)}x, one request at a time). At {v.clients} clients split serves "
-        f"{_f(_ratio(v.per_device), 2)}x colocated's tok/s per device ("
-        f"{_f(v.overlap_bound, 2)}x if every replica of both were always busy at one request's "
+        f"**{v.method}, {v.placement}:** drafting costs {fmt_or_dash(v.draft_ms_per_token[1], 2)} ms per "
+        f"generated token split against {fmt_or_dash(v.draft_ms_per_token[0], 2)} colocated "
+        f"({fmt_or_dash(change, 2)}x, one request at a time). At {v.clients} clients split serves "
+        f"{fmt_or_dash(_ratio(v.per_device), 2)}x colocated's tok/s per device ("
+        f"{fmt_or_dash(v.overlap_bound, 2)}x if every replica of both were always busy at one request's "
         "round times"
         + (f", {v.level_bound:.2f}x at those this level ran" if v.level_bound is not None else "")
         + "); the largest split-only "
         f"cost is {decider[0]} at {decider[1]:.2f} ms per token (all: "
         + ", ".join(f"{k} {ms:.2f}" for k, ms in v.terms_ms_per_token.items())
-        + f"); mean batch {_f(v.batch[1], 1)} split vs {_f(v.batch[0], 1)} colocated. Capacity "
+        + f"); mean batch {fmt_or_dash(v.batch[1], 1)} split vs {fmt_or_dash(v.batch[0], 1)} colocated. Capacity "
         f"per verifier device, split over colocated: {_gain_words(capacity_gain(v))} (clients "
         f"{_cap_words(v.capacity[1])} split vs {_cap_words(v.capacity[0])} colocated; each client "
         f"kept >= {_floor_words(v.capacity[1])} vs {_floor_words(v.capacity[0])} tok/s), against "
-        f"the (1 + t_d / t_v) prediction of {_f(v.predicted_capacity, 2)}x. "
+        f"the (1 + t_d / t_v) prediction of {fmt_or_dash(v.predicted_capacity, 2)}x. "
         + _ledger_sentence(v) + "Goals: " + "; ".join(goals) + "."
     )
 
@@ -293,10 +289,10 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
     """The verdict section of placement.md (nothing when no split ran beside colocated)."""
     if not found:
         return []
-    rows = [[v.method, v.placement, _f(v.draft_ms_per_token[0], 2), _f(v.draft_ms_per_token[1], 2),
-             _f(_ratio(v.per_device), 2), _f(v.overlap_bound, 2), _cap_words(v.capacity[0]),
+    rows = [[v.method, v.placement, fmt_or_dash(v.draft_ms_per_token[0], 2), fmt_or_dash(v.draft_ms_per_token[1], 2),
+             fmt_or_dash(_ratio(v.per_device), 2), fmt_or_dash(v.overlap_bound, 2), _cap_words(v.capacity[0]),
              _cap_words(v.capacity[1]), _gain_words(capacity_gain(v)),
-             _f(v.predicted_capacity, 2)] for v in found]
+             fmt_or_dash(v.predicted_capacity, 2)] for v in found]
     header = ["method", "placement", "draft ms/token colocated", "draft ms/token split",
               "split/colocated tok/s per device", "the same, every replica always busy",
               "capacity colocated", "capacity split",

@@ -41,6 +41,11 @@ def fmt(value: float | None, digits: int = 2) -> str | None:
     return None if value is None else f"{value:.{digits}f}"
 
 
+def fmt_or_dash(value: float | None, digits: int = 2) -> str:
+    """`fmt`, with "-" for None (a number a sentence or a cell did not get)."""
+    return fmt(value, digits) or "-"
+
+
 def fmt_stat(s: Stat | None, digits: int = 2, *, repeats: int) -> str | None:
     """`mean ± std` of a Stat over `repeats` runs; the mean alone for a single run or a std that
     rounds to 0 at `digits` (a "± 0.0" would be false precision)."""
