@@ -180,16 +180,10 @@ class ReplicaDecoder:
         """`item`'s session at its `committed`, taking what the verifier shipped (no forward),
         or None when it cannot get there so."""
         sess = self.sessions.get(item.session_id)
-        if sess is None or sess.cache_behind:
+        if sess is None or sess.cache_behind or not _prefix(sess, item.committed):
             return None
-        state, n, block = sess.state, len(sess.state.tokens), item.shipped
-        if n > len(item.committed) or list(item.committed[:n]) != state.tokens:
+        if len(sess.state.tokens) < len(item.committed) and not _took_shipped(dec, sess, item):
             return None
-        if n < len(item.committed):
-            if not isinstance(block, KVBlock) or not block.covers(n - 1, len(item.committed) - 1):
-                return None
-            advance_shipped(state, item.committed[n:],
-                            **taken(block, state.device, dec.drafter.reads_kv_layers))
         return sess
 
     def _catch_up(self, dec: SpeculativeDecoder,
@@ -207,14 +201,9 @@ class ReplicaDecoder:
                 rebuild.append(i)
                 continue
             sessions[i] = sess
-            state, new = sess.state, it.committed[len(sess.state.tokens):]
-            block = it.shipped
-            if not new:
+            if len(sess.state.tokens) == len(it.committed) or _took_shipped(dec, sess, it):
                 continue
-            if block is not None and block.covers(len(state.tokens) - 1, len(it.committed) - 1):
-                advance_shipped(state, new, **taken(block, state.device, dec.drafter.reads_kv_layers))
-                sess.cache_behind |= not isinstance(block, KVBlock)
-            elif sess.cache_behind:
+            if sess.cache_behind:
                 rebuild.append(i)
             else:
                 behind.append(i)
@@ -379,10 +368,26 @@ def _by(keys: Sequence[Any]) -> dict[Any, list[int]]:
     return groups
 
 
+def _prefix(sess: Session, committed: Sequence[int]) -> bool:
+    """The session's tokens are a prefix of `committed`."""
+    n = len(sess.state.tokens)
+    return n <= len(committed) and list(committed[:n]) == sess.state.tokens
+
+
 def _extends(sess: Session, committed: Sequence[int]) -> bool:
     """The session's tokens are a prefix of `committed` and it has not drafted from exactly
     `committed` yet (the MTP drafter consumes each verify's hidden states once)."""
     n = len(sess.state.tokens)
-    if n > len(committed) or list(committed[:n]) != sess.state.tokens:
+    return _prefix(sess, committed) and (n < len(committed) or sess.proposed_at != n)
+
+
+def _took_shipped(dec: SpeculativeDecoder, sess: Session, item: ProposeItem | AheadItem) -> bool:
+    """Whether `sess` (a prefix of `item.committed`) caught up with what the verifier shipped,
+    which holds exactly the positions it lacks (no forward); else it is left as it was."""
+    state, block = sess.state, item.shipped
+    if block is None or not block.covers(len(state.tokens) - 1, len(item.committed) - 1):
         return False
-    return n < len(committed) or sess.proposed_at != n
+    advance_shipped(state, item.committed[len(state.tokens):],
+                    **taken(block, state.device, dec.drafter.reads_kv_layers))
+    sess.cache_behind |= not isinstance(block, KVBlock)
+    return True
