@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from peftbd.benchmarking.ahead_study import guess_study
-from peftbd.cli import add_config_args, config_from_args, exit_on_user_error, output_root
+from peftbd.cli import (
+    add_config_args,
+    add_drafter_dir_args,
+    config_from_args,
+    exit_on_user_error,
+    output_root,
+)
 from peftbd.config import Config
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding.ahead import drafts_ahead
@@ -52,11 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.ahead_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
-    for m in methods():
-        if m.trains:
-            parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
-                                help=f"a trained {m.what} (default: <out_dir>/<preset>/{m.id} "
-                                     "when it holds one, else untrained)")
+    add_drafter_dir_args(parser, "<out_dir>/<preset>/{id} when it holds one, else untrained")
     parser.add_argument("--prompts", type=int, default=None,
                         help="prompts to decode (default: decoding.num_prompts)")
     parser.add_argument("--out", type=Path, default=None, help="where ahead_study.json goes")

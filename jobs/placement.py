@@ -58,7 +58,7 @@ from peftbd.analysis.placement import (
     outputs_identical,
     summarize,
 )
-from peftbd.analysis.placement_ahead import ahead_markdown, ahead_sentence, ahead_verdicts
+from peftbd.analysis.placement_ahead import AHEAD, ahead_markdown, ahead_sentence, ahead_verdicts
 from peftbd.analysis.placement_verdict import (
     REPORT_FILE,
     PlacementReport,
@@ -67,7 +67,14 @@ from peftbd.analysis.placement_verdict import (
     verdict_markdown,
     verdicts,
 )
-from peftbd.cli import add_config_args, add_stage_args, config_from_args, run_stage_job, stage_out
+from peftbd.cli import (
+    add_config_args,
+    add_drafter_dir_args,
+    add_stage_args,
+    config_from_args,
+    run_stage_job,
+    stage_out,
+)
 from peftbd.config import Config, load_config
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import placement_stage
@@ -263,7 +270,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
           f"{cfg.serving.replica_num_cpus}, decoding.torch_threads {cfg.decoding.torch_threads}",
         "timings on a shared machine are noisy; compare placements within one run",
     ]
-    if "split-ahead" in devices:
+    if AHEAD in devices:
         notes.append(f"split-ahead: split drafting ahead at {list(cfg.serving.ahead_levels)} "
                      "client(s)")
     report = PlacementReport(summary=summary, concurrency=by_concurrency, skipped=skipped,
@@ -321,12 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     placement = placement_stage()
     add_stage_args(parser, placement)
-    for m in methods():
-        if m.stage is None:
-            continue
-        parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
-                            help=f"a trained {m.what}: the output dir of {m.stage.name} "
-                                 f"(serves {m.serving}; default: untrained)")
+    add_drafter_dir_args(parser, "untrained")
     parser.add_argument("--drafter-dir", action="append", default=[], metavar="METHOD=DIR",
                         help="any trained method's output dir, e.g. a methods.plugins method's "
                              "(repeatable)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from peftbd.analysis.placement_ahead import AHEAD
 from peftbd.config import Config
 from peftbd.serving.roles import MODEL_ROLES, Role
 from serve_apps.args import actor_options
@@ -52,7 +53,7 @@ def placement_options(name: str, cfg: Config) -> tuple[str, dict[str, dict[str, 
 
 
 CONFIG_CHANGES = {"split-forward": ["serving.drafter_sync=forward"],
-                  "split-ahead": ["serving.draft_ahead=true"]}
+                  AHEAD: ["serving.draft_ahead=true"]}
 """Placements that change the app's config: split with the Drafter's own catch-up forward
 instead of the Verifier's shipped state (bytes against ms); split drafting ahead."""
 
@@ -60,7 +61,7 @@ instead of the Verifier's shipped state (bytes against ms); split drafting ahead
 def placement_levels(name: str, cfg: Config) -> tuple[int, ...]:
     """The client levels a placement runs: `serving.ahead_levels` for split-ahead (drafting
     ahead uses a Drafter's idle time, which low levels have), else `serving.client_concurrency`."""
-    return cfg.serving.ahead_levels if name == "split-ahead" else cfg.serving.client_concurrency
+    return cfg.serving.ahead_levels if name == AHEAD else cfg.serving.client_concurrency
 
 
 def skip_reason(options: dict[str, dict[str, Any]], available: dict[str, float]) -> str | None:

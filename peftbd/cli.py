@@ -12,6 +12,7 @@ from peftbd.config import Config, load_config, preset_names
 from peftbd.console import Console
 from peftbd.errors import UserError, error_line, one_line, user_error
 from peftbd.manifest import is_complete
+from peftbd.methods import methods
 from peftbd.output_lock import check_writable
 from peftbd.process_setup import ready
 from peftbd.stage import Decision, StageCall, StageSpec
@@ -53,6 +54,16 @@ def config_from_args(args: argparse.Namespace, ready_process: bool = True) -> Co
 
 LOGS = "logs"
 """Per-stage log files go to `<output root>/logs/<stage>.log`."""
+
+
+def add_drafter_dir_args(parser: argparse.ArgumentParser, default: str) -> None:
+    """A `--<id>-dir` flag per registered method that trains (`Method.dir_arg`, dest too): its
+    training stage's output dir; `default` says what an absent flag means ({id}: the method's)."""
+    for m in methods():
+        if m.stage is not None:
+            parser.add_argument(f"--{m.dir_arg.replace('_', '-')}", dest=m.dir_arg, default=None,
+                                help=f"a trained {m.what}: the output dir of {m.stage.name} "
+                                     f"(serves {m.serving}; default: {default.format(id=m.id)})")
 
 
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:

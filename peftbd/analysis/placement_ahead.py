@@ -88,8 +88,9 @@ def ahead_sentence(v: AheadVerdict) -> str:
     words = (f"{v.method} at {v.clients} client{'s' * (v.clients > 1)}: drafting ahead used a "
              f"pre-draft in {share} of its rounds and moved split's p50 latency from "
              f"{v.p50_ms[0]:.0f} to {v.p50_ms[1]:.0f} ms ({v.saved_ms:+.0f} ms saved; "
-             f"predicted {fmt_or_dash(v.predicted_saved_ms, 0)} ms from its pre-drafted rounds x split's "
-             f"{fmt_or_dash(v.draft_ms_per_round, 0)} ms draft; {v.requests[1]} requests each).")
+             f"predicted {fmt_or_dash(v.predicted_saved_ms, 0)} ms from its pre-drafted rounds "
+             f"x split's {fmt_or_dash(v.draft_ms_per_round, 0)} ms draft; {v.requests[1]} "
+             "requests each).")
     if v.costs_ms:
         worst = max(v.costs_ms, key=v.costs_ms.__getitem__)
         words += (" Against split, per request: " + ", ".join(
@@ -106,8 +107,8 @@ def ahead_markdown(found: Sequence[AheadVerdict]) -> list[str]:
     if not found:
         return []
     rows = [[v.method, v.clients, f"{v.p50_ms[0]:.0f}", f"{v.p50_ms[1]:.0f}", f"{v.saved_ms:+.0f}",
-             fmt_or_dash(v.predicted_saved_ms, 0), fmt_or_dash(v.pre_drafted, 2), fmt_or_dash(v.tokens_per_round[0], 2),
-             fmt_or_dash(v.tokens_per_round[1], 2)] for v in found]
+             fmt_or_dash(v.predicted_saved_ms, 0), fmt_or_dash(v.pre_drafted),
+             fmt_or_dash(v.tokens_per_round[0]), fmt_or_dash(v.tokens_per_round[1])] for v in found]
     header = ["method", "clients", "p50 ms split", "p50 ms split-ahead", "ms saved",
               "ms saved predicted", "rounds pre-drafted", "tokens/round split",
               "tokens/round split-ahead"]
