@@ -59,7 +59,7 @@ the answers in item order."""
 Release = Callable[[Role, str], None]
 """Forget a request's session (by its id) on a role's replica; fire and forget."""
 
-_R = TypeVar("_R", PrefillReply, ProposeReply, VerifyReply)
+_R = TypeVar("_R", PrefillReply, ProposeReply, AheadReply, VerifyReply)
 
 
 class Course:
@@ -108,9 +108,15 @@ class RoundDriver:
 
     async def _call(self, kind: CallKind, item: Item, course: Course,
                     expected: type[_R]) -> tuple[_R, float]:
-        """(the `expected` reply to `item`, its share of the call's transport ms)."""
+        """(the `expected` reply to `item`, its share of the call's transport ms), the request's
+        course in the call meanwhile."""
         course.move(("in", kind))
-        result = await self._gathers[kind, course.group].call(item)
+        return await self._answer(kind, item, course.group, expected)
+
+    async def _answer(self, kind: CallKind, item: Item, group: int,
+                      expected: type[_R]) -> tuple[_R, float]:
+        """`_call` without a course (a pre-draft's call runs beside the request's verify)."""
+        result = await self._gathers[kind, group].call(item)
         if isinstance(result, BaseException):
             raise result
         reply, share = result
@@ -120,7 +126,8 @@ class RoundDriver:
         return reply, share
 
     def _ahead(self, spec: GenerationSpec, committed: list[int], draft: list[int],
-               history: list[int], course: Course, shipped: Shipped) -> tuple[asyncio.Task, int] | None:
+               history: list[int], course: Course, shipped: Shipped
+               ) -> tuple[asyncio.Task[tuple[AheadReply, float]], int] | None:
         """With `serving.draft_ahead`, the Drafter drafting the next round for the likeliest
         accepted length of the round now verifying (`peftbd.decoding.ahead.likeliest`): the
         call's task and that length; only while the Drafter would idle (no other group has
@@ -133,18 +140,15 @@ class RoundDriver:
             return None
         guess = likeliest(history, len(draft))
         item = AheadItem(spec.request_id, committed, spec.method, draft, guess, shipped)
-        task = asyncio.get_running_loop().create_task(self._gathers["ahead", course.group].call(item))
+        task = asyncio.get_running_loop().create_task(
+            self._answer("ahead", item, course.group, AheadReply))
         task.add_done_callback(functools.partial(self._answered, spec.method))
         return task, guess
 
-    def _answered(self, method: str, task: asyncio.Task) -> None:
+    def _answered(self, method: str, task: asyncio.Task[tuple[AheadReply, float]]) -> None:
         """Note a method whose Drafter answered that it cannot draft ahead, so its requests stop
         asking; also retrieves a failed call's error (a missed guess's call nobody awaits)."""
-        if task.cancelled() or task.exception() is not None:
-            return
-        result = task.result()
-        if not isinstance(result, BaseException) and isinstance(result[0], AheadReply) \
-                and not result[0].drafts_ahead:
+        if not task.cancelled() and task.exception() is None and not task.result()[0].drafts_ahead:
             self._no_ahead.add(method)
 
     async def rounds(self, spec: GenerationSpec, committed: Sequence[int] = ()
@@ -207,7 +211,8 @@ class RoundDriver:
             self.release(Role.VERIFIER, sid)
 
 
-async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int) -> ProposeReply | None:
+async def _pre_draft(ahead: tuple[asyncio.Task[tuple[AheadReply, float]], int],
+                     accepted: int) -> ProposeReply | None:
     """The next round's draft from a pre-draft call (its task, its guessed accepted length) when
     the verify accepted exactly that many tokens (the pre-draft continues any bonus), else None
     without waiting for the call."""
@@ -215,11 +220,9 @@ async def _pre_draft(ahead: tuple[asyncio.Task, int], accepted: int) -> ProposeR
     if accepted != guessed:
         return None
     try:
-        result = await task
+        got, _ = await task
     except Exception:  # a lost pre-draft costs the ordinary propose, nothing else
         return None
-    if isinstance(result, BaseException) or not isinstance(result[0], AheadReply) \
-            or not result[0].draft:
+    if not got.draft:
         return None
-    got = result[0]
     return ProposeReply(got.draft, got.draft_ms, 0.0, False, got.handler_ms, got.batch_size)
