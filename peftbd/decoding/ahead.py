@@ -8,10 +8,11 @@ after them, unknown until then): a drafter that can do that in about one draft f
 implements `propose_ahead` (`drafts_ahead`), and its pre-draft continues whatever bonus the
 verifier picks, so it is used whenever the verify accepts exactly the guessed length.
 
-- PEFT-BD (`peftbd.decoding.peft_bd_drafter.peft_bd_ahead`): one adapter-on forward over `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the
-  last committed token and the guessed accepted tokens inside the chunk (adapter-on KV in place
-  of the verifier's), a mask where the bonus goes; the masks after it are the D - 1 token
-  pre-draft, predicted in parallel as a block draft's later positions always are.
+- PEFT-BD (`PeftBDDrafter.propose_ahead`): one adapter-on forward over
+  `[t, d_1..d_k, m_0, m_1..m_{D-1}]`, the last committed token and the guessed accepted tokens
+  inside the chunk (adapter-on KV in place of the verifier's), a mask where the bonus goes; the
+  masks after it are the D - 1 token pre-draft, predicted in parallel as a block draft's later
+  positions always are.
 - Controlled acceptance (`peftbd.decoding.controlled`) wraps it: real forwards, scripted tokens.
 
 Drafters that read the verifier's hidden states or features of the guessed positions (FastMTP,

@@ -120,42 +120,38 @@ class PeftBDDrafter:
             drafts[i] = block[row : row + 1, : max_tokens[i]]
         return drafts
 
+    @torch.inference_mode()
     def propose_ahead(self, states: Sequence[DecodeState], drafts: Sequence[Sequence[int]],
                       accepted: Sequence[int], max_tokens: Sequence[int]) -> list[PreDraft]:
-        """Round r+1 drafted while round r verifies, for the outcome "`accepted[i]` tokens of
-        `drafts[i]`, then the bonus" (`peft_bd_ahead`)."""
-        return peft_bd_ahead(self, states, drafts, accepted, max_tokens)
-
-
-@torch.inference_mode()
-def peft_bd_ahead(drafter: PeftBDDrafter, states: Sequence[DecodeState],
-                  drafts: Sequence[Sequence[int]], accepted: Sequence[int],
-                  max_tokens: Sequence[int]) -> list[PreDraft]:
-    """PEFT-BD's pre-drafts (`peftbd.decoding.ahead`): per state, up to min(D - 1, max_tokens[i]) tokens
-    after `accepted[i]` tokens of `drafts[i]` and the bonus; one adapter-on forward per distinct
-    accepted length. Each state's cache is left as it was."""
-    base, d = unwrap(drafter.model), drafter.block_size
-    out: dict[int, PreDraft] = {}
-    by_k: dict[int, list[int]] = {}
-    for i, k in enumerate(accepted):
-        by_k.setdefault(k, []).append(i)
-    with adapter_on(drafter.model), lean_lora(drafter.model), first_layers(base.config, drafter.depth):
-        for k, idx in by_k.items():
-            rows = [states[i] for i in idx]
-            device, clean = rows[0].device, k + 1
-            kv = pack([s.cache for s in rows])
-            chunk = torch.full((len(rows), clean + d), drafter.mask_id, dtype=torch.long, device=device)
-            for r, i in enumerate(idx):
-                chunk[r, :clean] = torch.tensor([states[i].tokens[-1], *drafts[i][:k]], device=device)
-            positions = torch.stack([torch.arange(n, n + clean + d, device=device) for n in kv.lengths])
-            spec = Chunk(clean + d, base.config.num_hidden_layers, base.dtype,
-                         pattern=ahead_pattern(clean, d, drafter.anchored, device))
-            with timed(rows, "ahead"):
-                logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
-                                          positions)[:, k:].float()  # the masks' logits
-            kv.drop()
-            logits[..., drafter.mask_id] = -math.inf
-            tokens = logits[:, 1:].argmax(-1)  # after the bonus's mask
-            for r, i in enumerate(idx):
-                out[i] = PreDraft(k, tokens[r : r + 1, : max(max_tokens[i], 0)])
-    return [out[i] for i in range(len(states))]
+        """Round r+1 drafted while round r verifies (`peftbd.decoding.ahead`): per state, up to
+        min(D - 1, max_tokens[i]) tokens after `accepted[i]` tokens of `drafts[i]` and the
+        bonus; one adapter-on forward per distinct accepted length. Each state's cache is left
+        as it was."""
+        base, d = unwrap(self.model), self.block_size
+        out: dict[int, PreDraft] = {}
+        by_k: dict[int, list[int]] = {}
+        for i, k in enumerate(accepted):
+            by_k.setdefault(k, []).append(i)
+        with adapter_on(self.model), lean_lora(self.model), first_layers(base.config, self.depth):
+            for k, idx in by_k.items():
+                rows = [states[i] for i in idx]
+                device, clean = rows[0].device, k + 1
+                kv = pack([s.cache for s in rows])
+                chunk = torch.full((len(rows), clean + d), self.mask_id, dtype=torch.long,
+                                   device=device)
+                for r, i in enumerate(idx):
+                    chunk[r, :clean] = torch.tensor([states[i].tokens[-1], *drafts[i][:k]],
+                                                    device=device)
+                positions = torch.stack([torch.arange(n, n + clean + d, device=device)
+                                         for n in kv.lengths])
+                spec = Chunk(clean + d, base.config.num_hidden_layers, base.dtype,
+                             pattern=ahead_pattern(clean, d, self.anchored, device))
+                with timed(rows, "ahead"):
+                    logits = rows[0].path.run(_draft_call, base.config, kv, spec, base, chunk,
+                                              positions)[:, k:].float()  # the masks' logits
+                kv.drop()
+                logits[..., self.mask_id] = -math.inf
+                tokens = logits[:, 1:].argmax(-1)  # after the bonus's mask
+                for r, i in enumerate(idx):
+                    out[i] = PreDraft(k, tokens[r : r + 1, : max(max_tokens[i], 0)])
+        return [out[i] for i in range(len(states))]
