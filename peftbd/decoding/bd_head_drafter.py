@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.fast_path import Chunk
-from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
+from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, present, timed
 from peftbd.models.bd_head import BDHead, DraftVocabulary
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
@@ -63,6 +63,7 @@ class BDHeadDrafter:
             raise ValueError(f"block_size={block_size}; peftbd.block_size must be >= 1 (paper: 16)")
         head.bind(verifier)  # share this verifier's embeddings and LM head
         self.head = head.eval()
+        self.pool = RaggedKV([], next(head.parameters()).device)  # the head's KV: a row per request
         self.vocab = None if vocab_ids is None else head.draft_vocabulary(vocab_ids)
         self.block_size = head.shape.drafted(block_size)
         self.feature_layers = tuple(head.shape.feature_layers)
@@ -74,7 +75,7 @@ class BDHeadDrafter:
                 f"{self.feature_layers}: prefill with feature_layers=drafter.feature_layers "
                 "(SpeculativeDecoder.start does)"
             )
-        state.drafter_state = RowCache.empty(state.device)
+        state.drafter_state = RowCache.empty(self.pool)
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:

@@ -80,8 +80,9 @@ class _StaticKV:
         index = (rows.view(-1, 1, 1), heads.view(1, -1, 1), self.slots.unsqueeze(1))  # (B, H, Q)
         self.keys[layer_idx].index_put_(index, key)
         self.values[layer_idx].index_put_(index, value)
-        return (self.keys[layer_idx][:, :, : self.slots_seen],
-                self.values[layer_idx][:, :, : self.slots_seen])
+        batch = key.shape[0]  # the pool's first rows
+        return (self.keys[layer_idx][:batch, :, : self.slots_seen],
+                self.values[layer_idx][:batch, :, : self.slots_seen])
 
     def extent(self) -> tuple[int, int]:
         raise RuntimeError("the fast path passes its own mask: transformers never sizes one")

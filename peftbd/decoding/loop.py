@@ -9,6 +9,7 @@ import torch
 
 from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_path
 from peftbd.decoding.metrics import DecodeResult
+from peftbd.decoding.ragged import RaggedKV
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import EAGER, FastPath, FastPathSetting, ForwardPath, fast_path_on
@@ -28,6 +29,8 @@ class SpeculativeDecoder:
     `fast_path`: run every round forward compiled (`peftbd.decoding.fast_path`: `path`, its
     `compile_s` apart from steady state), the verify's and the drafter's alike ("auto": on
     CUDA only).
+    `pool`: the verifier's KV of every request it runs (`peftbd.decoding.ragged`: a static slot
+    pool, a row per request, batches condensed in place).
     `verifier_steps` counts the verifier's batched forwards (each batched prefill and each batched
     verify: the engine steps a scheduler such as vLLM's counts).
     """
@@ -41,6 +44,7 @@ class SpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         device = model_device(model)
         self.path: ForwardPath = FastPath(device) if fast_path_on(fast_path, device) else EAGER
+        self.pool = RaggedKV([], device)  # the verifier's static KV slot pool: a row per request
         self.verifier_steps = 0
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -58,7 +62,7 @@ class SpeculativeDecoder:
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
                               self.eos_ids, self.drafter.feature_layers,
                               per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"),
-                              self.path)
+                              self.path, self.pool)
         self.verifier_steps += 1
         for state in states:
             self.drafter.start(state)

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.fast_path import Chunk
-from peftbd.decoding.ragged import RowCache, left_aligned, pack, padded_ids
+from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
 from peftbd.decoding.state import DecodeState, present, timed
 from peftbd.models.mtp_head import MTPHead
 
@@ -55,10 +55,11 @@ class MTPDrafter:
             raise ValueError(f"num_steps={num_steps}; fastmtp.num_steps must be >= 1 (paper: 3)")
         head.bind(verifier)  # share this verifier's embeddings, final norm and LM head
         self.head = head.eval()
+        self.pool = RaggedKV([], next(head.parameters()).device)  # the head's KV: a row per request
         self.num_steps = num_steps
 
     def start(self, state: DecodeState) -> None:
-        state.drafter_state = RowCache.empty(state.device)
+        state.drafter_state = RowCache.empty(self.pool)
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:

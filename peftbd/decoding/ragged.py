@@ -1,56 +1,109 @@
-"""The KV cache of a batch of requests of different lengths, and how batched forwards use it.
+"""The KV cache of a batch of requests of different lengths: a static slot pool per decoder.
 
-`RaggedKV` holds B rows in one buffer per layer (B, heads, capacity, head_dim), left-aligned:
-row i's committed positions fill slots [0, n_i). A forward runs one chunk of Q inputs per row,
-each row's q_i real inputs first (padding after), written at slots [n_i, n_i + Q) after the
-chunks appended since the last commit: every row at its own offset, so rows that accepted
-different numbers of tokens need no realignment. A chunk is opened (`open_chunk`) before the
-forward that writes it: the forward's writes (`write`, through a
-`peftbd.decoding.cache_adapter.CacheAdapter`) go to the open chunk, and `chunk_mask` is its mask
-(a query sees its row's committed slots and, inside the chunks appended since, their pattern,
-causal or the draft pattern, over real slots). `commit` then keeps the first m_i slots of what
-the chunks appended (the accepted tokens) by moving n_i: no copy. `drop` forgets the last chunk
-(a draft's) and moves nothing. Positions are explicit per row.
+`RaggedKV` is a pool: per layer one buffer (rows, heads, capacity, head_dim), allocated in
+place and marked static for the compiler (`torch._dynamo.mark_static_address`, as gpt-fast's
+static cache and transformers' `StaticCache` do), so a compiled graph that writes it mutates no
+input but static ones and CUDA-graph trees replay it. A request takes a row when admitted
+(`RowCache.empty`) and gives it back when its `RowCache` is dropped (or `release`d); the buffers
+grow (doubling rows or capacity, a new static address) only when the pool is full, which the
+warm-up of a run meets before any timed step (`allocations` counts them).
 
-A request's `DecodeState` holds `RowCache`s: (a `RaggedKV`, its row). A batched call `pack`s
-its states' row caches: when they already are the rows 0..B-1 of one `RaggedKV` (a batch that
-keeps running) that buffer is used as is; otherwise (rows joined or left, or a server batching
-whichever requests arrived) their rows are copied into a new one, which they then point to.
-One request alone is the batch-1 engine: its own one-row buffer, never copied.
+A batched forward steps the pool's first `size` rows: `pack` makes the requests of a step rows
+0..B-1 of their pool, in order, swapping rows in place when the batch changed (vLLM's persistent
+batch, condensed), so a batch that keeps running moves nothing. Rows are left-aligned: row i's
+committed positions fill slots [0, n_i). A forward runs one chunk of Q inputs per row, each
+row's q_i real inputs first (padding after), written at slots [n_i, n_i + Q) after the chunks
+appended since the last commit: every row at its own offset, so rows that accepted different
+numbers of tokens need no realignment. A chunk is opened (`open_chunk`) before the forward that
+writes it: the forward's writes (`write`, through a `peftbd.decoding.cache_adapter.CacheAdapter`)
+go to the open chunk, and `chunk_mask` is its mask (a query sees its row's committed slots and,
+inside the chunks appended since, their pattern, causal or the draft pattern, over real slots).
+`commit` then keeps the first m_i slots of what the chunks appended (the accepted tokens) by
+moving n_i: no copy. `drop` forgets the last chunk (a draft's) and moves nothing. Positions are
+explicit per row.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch._dynamo import mark_static_address
 
 _MIN_CAPACITY = 64
 
 
 class RaggedKV:
-    """Rows of per-layer keys and values (see module doc); layers are created on first write.
+    """A static KV slot pool and the batch of its first `size` rows (see module doc); layers are
+    created on first write. `RaggedKV(lengths, device)`: a pool whose batch is len(lengths) rows
+    of those committed lengths (no request owns them); `RaggedKV([], device)`: an empty pool.
     A `peftbd.decoding.cache_adapter.KVStore`: forwards take `CacheAdapter(kv)` as their cache."""
 
     def __init__(self, lengths: Sequence[int], device: torch.device) -> None:
-        self.lengths = list(lengths)
         self.device = device
-        self.keys: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor] = []  # per layer (rows, heads, capacity, head_dim), static
         self.values: list[torch.Tensor] = []
+        self._length = list(lengths)  # committed slots per pool row
+        self._owners: list[weakref.ref[RowCache] | None] = [None] * len(self._length)
+        self.size = len(self._length)  # the batch: rows 0..size-1
+        self.allocations = 0  # times the buffers were allocated or grown (a new static address)
         self._offset = 0  # slots appended after each row's committed ones, the open chunk's included
         self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
         self._lengths_t: torch.Tensor | None = None
         self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # (start, *shape), index
 
     @property
-    def size(self) -> int:
-        return len(self.lengths)
+    def lengths(self) -> list[int]:
+        """The batch rows' committed lengths."""
+        return self._length[: self.size]
+
+    @property
+    def rows(self) -> int:
+        """Rows in the pool (the batch's and every other request's)."""
+        return len(self._length)
+
+    @property
+    def capacity(self) -> int:
+        """Slots per row (0 before the first write)."""
+        return self.keys[0].shape[2] if self.keys else 0
 
     @property
     def appended(self) -> int:
         """Slots per row appended since the last commit (the open chunk's included)."""
         return self._offset
+
+    def take(self, cache: RowCache) -> int:
+        """A free row for `cache` (empty): a finished request's, the batch's first (so the next
+        step's batch moves nothing), never one of a batch in mid-round; the pool doubles its
+        rows when none is free."""
+        first = self.size if self._chunks else 0
+        free = [r for r in range(first, self.rows) if self._owner(r) is None]
+        if not free:
+            free = [self.rows]
+            self._reallocate(max(1, 2 * self.rows), self.capacity)
+        row = free[0]
+        self._length[row] = 0
+        self._owners[row] = weakref.ref(cache)
+        return row
+
+    def release(self, row: int) -> None:
+        """Give row `row` back to the pool (its request finished)."""
+        self._owners[row] = None
+        self._length[row] = 0
+
+    def batch(self, caches: Sequence[RowCache]) -> None:
+        """Make `caches` (rows of this pool) the batch: cache i at row i, rows swapped in place."""
+        if self.size == len(caches) and all(c.row == i for i, c in enumerate(caches)):
+            return
+        if self._chunks:
+            raise RuntimeError("a pool's batch changed with a chunk open: commit or drop it first")
+        for i, cache in enumerate(caches):
+            if cache.row != i:
+                self._swap(i, cache.row)
+        self.size = len(caches)
+        self._lengths_t = self._index = None
 
     def open_chunk(self, valid: torch.Tensor | None, width: int) -> None:
         """Open the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
@@ -68,21 +121,16 @@ class RaggedKV:
                                f"{self._chunks[-1][0] if self._chunks else 'none'}: open_chunk first")
         start = self._offset - width
         end = max(self.lengths) + self._offset
-        if layer_idx == len(self.keys):
-            shape = (self.size, key.shape[1], max(_MIN_CAPACITY, 2 * end), key.shape[3])
-            self.keys.append(key.new_zeros(shape))
-            self.values.append(value.new_zeros(shape))
-        if end > self.keys[layer_idx].shape[2]:
-            self._grow(layer_idx, 2 * end)
+        self._ensure(layer_idx, key, end)
         if self.size == 1:  # one row: its chunk is one slice
             at = self.lengths[0] + start
-            self.keys[layer_idx][:, :, at : at + width] = key
-            self.values[layer_idx][:, :, at : at + width] = value
+            self.keys[layer_idx][:1, :, at : at + width] = key
+            self.values[layer_idx][:1, :, at : at + width] = value
         else:
             index = self._chunk_index(key, start)
             self.keys[layer_idx].scatter_(2, index, key)
             self.values[layer_idx].scatter_(2, index, value)
-        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+        return self.keys[layer_idx][: self.size, :, :end], self.values[layer_idx][: self.size, :, :end]
 
     def extent(self) -> tuple[int, int]:
         """(query offset, key length) of the open chunk of one row, for the mask transformers
@@ -119,10 +167,69 @@ class RaggedKV:
     def commit(self, counts: Sequence[int]) -> None:
         """Row i keeps the first `counts[i]` slots the chunks appended since the last commit
         (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
-        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+        for row, count in enumerate(counts):
+            self._length[row] += count
         self._lengths_t = self._index = None
         self._offset = 0
         self._chunks = []
+
+    def lengths_tensor(self) -> torch.Tensor:
+        """The batch rows' committed lengths (B,) on the pool's device."""
+        return self._lengths_on(self.device)
+
+    def reserve(self, end: int) -> None:
+        """Grow every layer to hold at least `end` slots per row (the fast path's static KV)."""
+        if self.keys and end > self.capacity:
+            self._reallocate(self.rows, 2 * end)
+
+    def to(self, dtype: torch.dtype) -> None:
+        """Cast every layer to `dtype` (the cost profiler's bf16 arms): new static buffers."""
+        self.keys = [_static(k.to(dtype)) for k in self.keys]
+        self.values = [_static(v.to(dtype)) for v in self.values]
+        self.allocations += 1
+
+    def _owner(self, row: int) -> RowCache | None:
+        ref = self._owners[row]
+        return None if ref is None else ref()
+
+    def _ensure(self, layer_idx: int, like: torch.Tensor, end: int) -> None:
+        """Layer `layer_idx` exists (shaped as `like`'s heads and head_dim) and holds `end` slots."""
+        if end > self.capacity:
+            self._reallocate(self.rows, max(_MIN_CAPACITY, 2 * end))
+        if layer_idx == len(self.keys):
+            shape = (self.rows, like.shape[1], max(self.capacity, _MIN_CAPACITY, 2 * end), like.shape[3])
+            self.keys.append(_static(like.new_zeros(shape)))
+            self.values.append(_static(like.new_zeros(shape)))
+            self.allocations += 1
+
+    def _reallocate(self, rows: int, capacity: int) -> None:
+        """New static buffers of `rows` x `capacity` holding what the old ones held."""
+        grow = rows - self.rows
+        self._length += [0] * grow
+        self._owners += [None] * grow
+        if not self.keys:
+            return
+        for store in (self.keys, self.values):
+            for idx, old in enumerate(store):
+                new = old.new_zeros(rows, old.shape[1], capacity, old.shape[3])
+                new[: old.shape[0], :, : old.shape[2]] = old
+                store[idx] = _static(new)
+        self.allocations += 1
+
+    def _swap(self, a: int, b: int) -> None:
+        """Swap rows `a` and `b`: their committed slots, lengths and owners."""
+        used = max(self._length[a], self._length[b])
+        for store in (self.keys, self.values):
+            for buf in store:
+                held = buf[a, :, :used].clone()
+                buf[a, :, :used] = buf[b, :, :used]
+                buf[b, :, :used] = held
+        self._length[a], self._length[b] = self._length[b], self._length[a]
+        self._owners[a], self._owners[b] = self._owners[b], self._owners[a]
+        for row in (a, b):
+            owner = self._owner(row)
+            if owner is not None:
+                owner.row = row
 
     def _chunk_index(self, key: torch.Tensor, start: int) -> torch.Tensor:
         """The scatter index of a chunk `key` (B, heads, Q, d) written at `start`: each row's
@@ -133,49 +240,42 @@ class RaggedKV:
             self._index = ((start, *key.shape), slots[:, None, :, None].expand_as(key))
         return self._index[1]
 
-    def _grow(self, layer_idx: int, capacity: int) -> None:
-        for store in (self.keys, self.values):
-            old = store[layer_idx]
-            new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
-            new[:, :, : old.shape[2]] = old
-            store[layer_idx] = new
-
     def _lengths_on(self, device: torch.device) -> torch.Tensor:
         if self._lengths_t is None:
             self._lengths_t = torch.tensor(self.lengths, device=device)
         return self._lengths_t
 
-    def lengths_tensor(self) -> torch.Tensor:
-        """The rows' committed lengths (B,) on the cache's device."""
-        return self._lengths_on(self.device)
 
-    def reserve(self, end: int) -> None:
-        """Grow every layer to hold at least `end` slots per row (the fast path's static KV)."""
-        for idx in range(len(self.keys)):
-            if end > self.keys[idx].shape[2]:
-                self._grow(idx, 2 * end)
-
-    def to(self, dtype: torch.dtype) -> None:
-        """Cast every layer to `dtype` in place (the cost profiler's bf16 arms)."""
-        self.keys = [k.to(dtype) for k in self.keys]
-        self.values = [v.to(dtype) for v in self.values]
+def _static(buffer: torch.Tensor) -> torch.Tensor:
+    """`buffer`, marked as a static address for the compiler (see module doc)."""
+    mark_static_address(buffer)
+    return buffer
 
 
-@dataclass
+@dataclass(eq=False)
 class RowCache:
-    """One request's KV: row `row` of `kv`."""
+    """One request's KV: row `row` of the pool `kv` (it holds the row while it lives)."""
 
     kv: RaggedKV
     row: int = 0
 
+    def __post_init__(self) -> None:
+        self.kv._owners[self.row] = weakref.ref(self)
+
     @classmethod
-    def empty(cls, device: torch.device) -> RowCache:
-        """A new request's (one-row, empty) cache."""
-        return cls(RaggedKV([0], device))
+    def empty(cls, pool: RaggedKV) -> RowCache:
+        """A new request's (empty) cache: a free row of `pool`."""
+        cache = cls.__new__(cls)
+        cache.kv, cache.row = pool, pool.take(cache)
+        return cache
+
+    def release(self) -> None:
+        """Give the row back to the pool now (else when this cache is dropped)."""
+        self.kv.release(self.row)
 
     def get_seq_length(self) -> int:
         """Committed positions."""
-        return self.kv.lengths[self.row]
+        return self.kv._length[self.row]
 
     def committed(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, views (1, heads, n, head_dim) of this row's committed keys and values."""
@@ -185,50 +285,43 @@ class RowCache:
     def append(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Commit q more positions to this row from another cache's keys and values: per layer
         (1, heads, q, head_dim), the first len(layers) layers (deeper ones fall behind)."""
-        kv, r, n = self.kv, self.row, self.get_seq_length()
+        kv, n = self.kv, self.get_seq_length()
+        if kv._chunks and self.row < kv.size:
+            raise RuntimeError("append() to a row of a batch with a chunk open: commit or drop it first")
         q = layers[0][0].shape[2]
         for idx, (key, value) in enumerate(layers):
-            if idx == len(kv.keys):
-                shape = (kv.size, key.shape[1], max(_MIN_CAPACITY, 2 * (n + q)), key.shape[3])
-                kv.keys.append(key.new_zeros(shape))
-                kv.values.append(value.new_zeros(shape))
-            if n + q > kv.keys[idx].shape[2]:
-                kv._grow(idx, 2 * (n + q))
-            kv.keys[idx][r, :, n : n + q] = key[0].to(kv.keys[idx].dtype)
-            kv.values[idx][r, :, n : n + q] = value[0].to(kv.values[idx].dtype)
-        kv.commit([q if i == r else 0 for i in range(kv.size)])
+            kv._ensure(idx, key, n + q)
+            kv.keys[idx][self.row, :, n : n + q] = key[0].to(kv.keys[idx].dtype)
+            kv.values[idx][self.row, :, n : n + q] = value[0].to(kv.values[idx].dtype)
+        kv._length[self.row] += q
+        kv._lengths_t = kv._index = None
+
+    def move_to(self, pool: RaggedKV) -> None:
+        """Move this row into `pool` (a free row there, its committed slots copied)."""
+        layers, old = self.committed(), self.kv
+        row = pool.take(self)
+        old.release(self.row)
+        self.kv, self.row = pool, row
+        if layers and layers[0][0].shape[2]:
+            self.append(layers)
+
+    def __deepcopy__(self, memo: dict) -> RowCache:
+        """A copy in another row of the same pool (the pool itself is never copied)."""
+        copy = RowCache.empty(self.kv)
+        if self.get_seq_length():
+            copy.append(self.committed())
+        return copy
 
 
 def pack(caches: Sequence[RowCache]) -> RaggedKV:
-    """One `RaggedKV` whose rows 0..B-1 are `caches` (see module doc): theirs when they already
-    are, else a new one with their rows copied in, which `caches` then point to."""
-    first = caches[0].kv
-    if first.size == len(caches) and all(c.kv is first and c.row == i for i, c in enumerate(caches)):
-        return first
-    packed = RaggedKV([c.get_seq_length() for c in caches], first.device)
-    if all(c.kv is first for c in caches):  # rows of one buffer (others finished): one gather
-        rows = torch.tensor([c.row for c in caches], device=first.device)
-        packed.keys = [k.index_select(0, rows) for k in first.keys]
-        packed.values = [v.index_select(0, rows) for v in first.values]
-        for i, c in enumerate(caches):
-            c.kv, c.row = packed, i
-        return packed
-    layers = max(len(c.kv.keys) for c in caches)
-    width = max(packed.lengths)
-    for idx in range(layers):
-        ref = next(c.kv.keys[idx] for c in caches if len(c.kv.keys) > idx)
-        shape = (len(caches), ref.shape[1], max(_MIN_CAPACITY, 2 * width), ref.shape[3])
-        keys, values = ref.new_zeros(shape), ref.new_zeros(shape)
-        for i, c in enumerate(caches):
-            n = c.get_seq_length()
-            if n and len(c.kv.keys) > idx:
-                keys[i, :, :n] = c.kv.keys[idx][c.row, :, :n]
-                values[i, :, :n] = c.kv.values[idx][c.row, :, :n]
-        packed.keys.append(keys)
-        packed.values.append(values)
-    for i, c in enumerate(caches):
-        c.kv, c.row = packed, i
-    return packed
+    """The pool whose batch rows 0..B-1 are `caches` (see module doc): the first cache's pool,
+    any other pool's rows moved into it, rows swapped in place when the batch changed."""
+    pool = caches[0].kv
+    for cache in caches:
+        if cache.kv is not pool:
+            cache.move_to(pool)
+    pool.batch(caches)
+    return pool
 
 
 def own_pattern(pattern: torch.Tensor | None, width: int, device: torch.device) -> torch.Tensor:

@@ -79,7 +79,8 @@ def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequ
     without it). A compiled verify computes every slot's argmax in its graph, which `pick` is
     given. The caller `commit`s what the rows keep."""
     base = unwrap(model)
-    device, path = states[0].device, states[0].path
+    device = states[0].device
+    path = EAGER if mode == "prefill" else states[0].path  # a prefill runs once per request: eager
     kv = pack([s.cache for s in states])
     ids, valid = padded_ids(inputs)
     positions, _ = padded_ids([range(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
@@ -147,11 +148,13 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Sequence[int], eos_ids: Sequence[int] = (),
                  feature_layers: Sequence[int] = (),
                  sampling: Sequence[SamplingParams] | None = None,
-                 path: ForwardPath = EAGER) -> list[DecodeState]:
+                 path: ForwardPath = EAGER, pool: RaggedKV | None = None) -> list[DecodeState]:
     """`prefill` of several requests in one batched forward (prompts of any lengths; `sampling`:
-    one per prompt, None: all greedy; `path`: the states' forward path, see `new_state`)."""
+    one per prompt, None: all greedy; `path`, `pool`: the states' forward path and KV pool, see
+    `new_state`; None: a new pool for these requests)."""
     sampling = sampling or [GREEDY] * len(prompts)
-    states = [new_state(model, p, n, eos_ids, feature_layers, s, path)
+    pool = pool or RaggedKV([], model_device(model))
+    states = [new_state(model, p, n, eos_ids, feature_layers, s, path, pool)
               for p, n, s in zip(prompts, max_new_tokens, sampling)]
     live = [s for s in states if not s.done]
     if not live:
@@ -176,10 +179,12 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
               eos_ids: Sequence[int] = (), feature_layers: Sequence[int] = (),
-              sampling: SamplingParams = GREEDY, path: ForwardPath = EAGER) -> DecodeState:
-    """A request's state before any forward: `prompt_ids` committed, an empty cache; a sampled
-    request without a seed gets a random one (`state.sampling.seed`); `path`: where its
-    forwards run (`peftbd.decoding.fast_path`: `EAGER`, or a decoder's `FastPath`)."""
+              sampling: SamplingParams = GREEDY, path: ForwardPath = EAGER,
+              pool: RaggedKV | None = None) -> DecodeState:
+    """A request's state before any forward: `prompt_ids` committed, an empty cache (a row of
+    `pool`, its decoder's static KV pool; None: a pool of its own); a sampled request without a
+    seed gets a random one (`state.sampling.seed`); `path`: where its forwards run
+    (`peftbd.decoding.fast_path`: `EAGER`, or a decoder's `FastPath`)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; pass at least one token id (e.g. the chat-template prompt)")
     if max_new_tokens < 0:
@@ -188,7 +193,7 @@ def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
     device = model_device(base)
     return DecodeState(
         tokens=list(prompt_ids), prompt_len=len(prompt_ids), max_new_tokens=max_new_tokens,
-        eos_ids=frozenset(eos_ids), cache=RowCache.empty(device),
+        eos_ids=frozenset(eos_ids), cache=RowCache.empty(pool or RaggedKV([], device)),
         forwards=ForwardLog(Clock(device)), device=device, done=max_new_tokens == 0,
         feature_layers=tuple(feature_layers), sampling=sampling.resolved(), path=path,
     )

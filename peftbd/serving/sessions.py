@@ -73,7 +73,8 @@ def from_shipped(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_l
         raise ValueError(f"shipped state of positions {block.start}..{block.end - 1} cannot start "
                          f"a state of {len(committed)} committed tokens (need 0..{len(committed) - 2})")
     state = new_state(decoder.model, committed[:-1], max_new_tokens, decoder.eos_ids,
-                      decoder.drafter.feature_layers, sampling=sampling, path=decoder.path)
+                      decoder.drafter.feature_layers, sampling=sampling, path=decoder.path,
+                      pool=decoder.pool)
     state.prompt_len = prompt_len
     advance_shipped(state, committed[-1:], **taken(block, state.device, decoder.drafter.reads_kv_layers))
     decoder.drafter.start(state)

@@ -3,6 +3,8 @@ drafter, at several batch sizes, rows of different lengths and budgets joining l
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import random
 
@@ -133,19 +135,38 @@ def test_decode_many_rejects_a_bad_batch_size_and_budget_list(drafters, rows, eo
         dec.decode_many(rows, 2, [4, 4])
 
 
-def test_pack_reuses_a_running_batch_and_copies_a_new_one():
+def test_pack_reuses_a_running_batch_and_swaps_rows_of_a_new_one_in_place():
     device = torch.device("cpu")
-    kv = RaggedKV([0, 0], device)
-    kv.open_chunk(None, 3)
-    kv.write(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
-    kv.commit([3, 2])
-    a, b = RowCache(kv, 0), RowCache(kv, 1)
-    assert pack([a, b]) is kv  # the running batch: no copy
-    swapped = pack([b, a])  # another order: a new buffer, the rows copied
-    assert swapped is not kv and (b.row, a.row) == (0, 1) and b.kv is swapped
-    assert swapped.lengths == [2, 3]
-    for (k0, _), (k1, _) in zip(a.committed(), RowCache(kv, 0).committed()):
-        assert torch.equal(k0, k1)
+    pool = RaggedKV([], device)
+    a, b, c = (RowCache.empty(pool) for _ in range(3))
+    pack([a, b])
+    pool.open_chunk(None, 3)
+    pool.write(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
+    pool.commit([3, 2])
+    keys = {id(x): x.committed()[0][0].clone() for x in (a, b)}
+    buffer, allocations = pool.keys[0], pool.allocations
+    assert pack([a, b]) is pool and (a.row, b.row) == (0, 1)  # the running batch: nothing moves
+    assert pack([b, a]) is pool and (b.row, a.row) == (0, 1)  # another order: rows swapped
+    assert pool.lengths == [2, 3] and pool.keys[0] is buffer and pool.allocations == allocations
+    for x in (a, b):
+        assert torch.equal(x.committed()[0][0], keys[id(x)])
+    pack([c, a])  # a request joins: it takes a row, the batch condenses
+    assert (c.row, a.row) == (0, 1) and pool.lengths == [0, 3]
+    del b, x  # a finished request gives its row back
+    d = RowCache.empty(pool)
+    assert d.row == 2 and pool.rows == 4
+
+
+def test_a_cache_of_another_pool_moves_in_and_a_copy_takes_a_row_of_the_same_pool():
+    device = torch.device("cpu")
+    mine, other = RaggedKV([], device), RaggedKV([], device)
+    a, b = RowCache.empty(mine), RowCache.empty(other)
+    b.append([(torch.ones(1, 1, 5, 4), torch.ones(1, 1, 5, 4))])
+    assert pack([a, b]) is mine and b.kv is mine and mine.lengths == [0, 5]
+    assert torch.equal(b.committed()[0][0], torch.ones(1, 1, 5, 4))
+    twin = copy.deepcopy(b)
+    assert twin.kv is mine and twin.row not in (a.row, b.row)
+    assert torch.equal(twin.committed()[0][0], b.committed()[0][0])
 
 
 def test_chunk_mask_sees_committed_and_real_slots_only():

@@ -22,6 +22,7 @@ from peftbd.decoding import (
 )
 from peftbd.config import load_config
 from peftbd.decoding.fast_path import EAGER, FastPath, _static_graph, fast_path_on
+from peftbd.decoding.graph_audit import audit
 from peftbd.models.bd_head import BDHead, HeadShape
 from peftbd.models.loading import load_verifier
 from peftbd.models.mtp_head import MTPHead
@@ -112,15 +113,22 @@ def test_forward_paths_say_every_forward_is_compiled(model, early, tiny_cfg, tok
 @pytest.mark.parametrize("name", ["peftbd", "fastmtp", "peftbd_head"])  # AR: test_fast_path_timing
 def test_the_compiled_fast_path_decodes_the_eager_output(model, early, tiny_cfg, tokenizer,
                                                          prompts, eos, name):
+    """... and every graph mutates static inputs only (the KV pool, marked static): CUDA-graph
+    trees would replay each, not skip it (`peftbd.decoding.graph_audit`)."""
     verifier, drafter = _arm(name, model, early, tiny_cfg, tokenizer.mask_token_id)
-    fast = _check(verifier, drafter, prompts, eos, compiled=True)
+    with audit() as graphs:
+        fast = _check(verifier, drafter, prompts, eos, compiled=True)
     assert isinstance(fast.path, FastPath) and fast.path.compiles > 0
+    assert graphs.graphs and all(g.mutated for g in graphs.graphs)  # each writes the KV pool
+    assert graphs.skipped == []
 
 
 @pytest.mark.slow
 def test_compile_time_is_counted_apart(verifier, prompts, eos):
     fast = SpeculativeDecoder(verifier, None, eos, 6, fast_path=True)
-    fast.decode(prompts[0][1])
+    with audit() as graphs:
+        fast.decode(prompts[0][1])
+    assert len(graphs.graphs) == 1 and graphs.skipped == []  # AR's step: static KV writes only
     assert fast.path.compiles == 1 and fast.path.compile_s > 0  # the AR step at batch 1
     compile_s = fast.path.compile_s
     fast.decode(prompts[1][1])  # other lengths, the same graph

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peftbd.data.chat import encode_prompt, prompt_messages
-from peftbd.decoding import DecodeState, Drafter, RowCache, SpeculativeDecoder, decode
+from peftbd.decoding import DecodeState, Drafter, RaggedKV, RowCache, SpeculativeDecoder, decode
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.methods.prompt_lookup import PromptLookupDrafter, prompt_lookup
 
@@ -21,7 +21,7 @@ COPY_TASK = "Read this and write it out again"  # the tiny world's copy prompts 
 def state_of(tokens: list[int], prompt_len: int | None = None) -> DecodeState:
     """A request state holding `tokens` (no verifier: the drafter reads only the tokens)."""
     return DecodeState(tokens=list(tokens), prompt_len=len(tokens) if prompt_len is None else prompt_len,
-                       max_new_tokens=64, eos_ids=frozenset(), cache=RowCache.empty(CPU),
+                       max_new_tokens=64, eos_ids=frozenset(), cache=RowCache.empty(RaggedKV([], CPU)),
                        forwards=ForwardLog(Clock(CPU)), device=CPU)
 
 

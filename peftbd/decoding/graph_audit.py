@@ -1,0 +1,61 @@
+"""Which inputs a compiled graph mutates, as inductor records it: CUDA-graph trees replay a graph
+only when every input it mutates is a static one (a parameter, or a buffer marked with
+`torch._dynamo.mark_static_address`, as the KV pool's are); otherwise they skip it and the
+forward runs without CUDA graphs. `GraphAudit` reads the same two records inductor checks
+(each graph's `mutated_input_idxs` and `static_input_idxs`), so a CPU run can prove what a GPU
+run would do. It wraps inductor's private `_compile_fx_inner` (torch 2.13's), which runs on a
+cache hit too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch._inductor import compile_fx
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One compiled graph: the inputs it mutates and those the compiler treats as static."""
+
+    mutated: tuple[int, ...]
+    static: tuple[int, ...]
+
+    @property
+    def non_static_mutations(self) -> tuple[int, ...]:
+        """Mutated inputs that are not static: CUDA-graph trees skip a graph that has any."""
+        return tuple(i for i in self.mutated if i not in self.static)
+
+
+@dataclass
+class GraphAudit:
+    """The records of the graphs compiled while `audit()` was open."""
+
+    graphs: list[GraphRecord] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[GraphRecord]:
+        """The graphs CUDA-graph trees would skip (a non-static input mutated)."""
+        return [g for g in self.graphs if g.non_static_mutations]
+
+
+@contextmanager
+def audit() -> Iterator[GraphAudit]:
+    """Record every graph inductor compiles (or loads from its cache) inside the block."""
+    found = GraphAudit()
+    inner = compile_fx._compile_fx_inner
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = inner(*args, **kwargs)
+        found.graphs.append(GraphRecord(tuple(sorted(getattr(out, "mutated_input_idxs", ()))),
+                                        tuple(sorted(kwargs.get("static_input_idxs", ())))))
+        return out
+
+    compile_fx._compile_fx_inner = recording
+    try:
+        yield found
+    finally:
+        compile_fx._compile_fx_inner = inner
