@@ -11,7 +11,10 @@
    and an untrained FastMTP head (exact rows, margins, aggregate tok/s at both);
 4. AR and the synthetic arms (the paper's acceptance, `decoding.synthetic`) decoding at the
    profile's architecture, eager vs the fast path (`decoding.fast_path`), batch 1 and 16:
-   aggregate tok/s, speedup vs AR, exactness vs AR, verify ms per forward against the roofline's.
+   aggregate tok/s, speedup vs AR, exactness vs AR, verify ms per forward against the roofline's,
+   and per arm what the CUDA-graph trees did (`peftbd.decoding.graph_audit`: graphs recorded,
+   replayed, skipped); the script fails loudly, after writing its JSON, when a compiled arm on
+   CUDA fell back (a graph skipped, or none replayed).
 
 Prepare here (the device gets the working tree only; `.device/` is git-ignored):
 
@@ -32,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peftbd.benchmarking.cost_profile import run_profile, summary_lines
@@ -45,6 +47,7 @@ from peftbd.data.continuations import greedy_continuations
 from peftbd.decoding import MTPDrafter, SpeculativeDecoder
 from peftbd.decoding.audit import compare
 from peftbd.decoding.clock import Clock
+from peftbd.decoding.graph_audit import GraphAudit, audit
 from peftbd.models.mtp_head import MTPHead
 from peftbd.models.loading import DTYPES, eos_token_ids, resolve_device
 
@@ -86,10 +89,11 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
             dec = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(
                 spec, oracle, cfg.decoding.synthetic_seed), (), new, fast_path=fast)
             for batch in (1, 16):
-                dec.decode_many(prompts[:min(batch, 2)], batch, 4)  # warm-up (and compiles)
-                start = clock.now()
-                runs = dec.decode_many(prompts, batch)
-                wall = clock.now() - start
+                with audit() as graphs:
+                    dec.decode_many(prompts[:min(batch, 2)], batch, 4)  # warm-up (and compiles)
+                    start = clock.now()
+                    runs = dec.decode_many(prompts, batch)
+                    wall = clock.now() - start
                 if not references:
                     references.update({tuple(p): r.tokens for p, r in zip(prompts, runs)})
                 calls = sum(r.forward_calls.get("verify", 0) for r in runs)
@@ -103,15 +107,26 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
                                                              for r in runs) / max(calls, 1), 3),
                     "roofline_verify_ms": roof[spec.id].roofline_verify_ms,
                     "compile_s": round(dec.path.compile_s, 1),
-                    # graphs inductor ran without CUDA graphs so far (e.g. "mutated inputs": the
-                    # KV buffers the graphs write are not static addresses); 0 on CPU
-                    "cudagraph_skips_so_far": int(counters["inductor"]["cudagraph_skips"]),
+                    "cuda_graphs": cuda_graphs(graphs, device, dec.path.compiled),
                     "paths": dec.forward_paths()}
                 ar = out.get(f"ar {'fast' if fast else 'eager'} batch {batch}")
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)
                 # like for like: every forward of the arm on AR's path (else the speedup mixes stacks)
                 out[key]["like_for_like"] = set(out[key]["paths"].values()) == {ar["paths"]["verify"]}
                 print(f"{key} ({cp.dtypes[0]}, SYNTHETIC acceptance): {out[key]}", flush=True)
+    return out
+
+
+def cuda_graphs(graphs: GraphAudit, device: torch.device, compiled: bool) -> dict:
+    """What the CUDA-graph trees did in one arm's run: graphs compiled, those mutating a
+    non-static input (the trees would skip them), inductor's skips, recordings and replays;
+    `fell_back`: a compiled arm on CUDA that did not replay CUDA graphs, or skipped one."""
+    out = {"graphs_compiled": len(graphs.graphs),
+           "non_static_mutations": [list(g.non_static_mutations) for g in graphs.skipped],
+           "cudagraph_skips": graphs.cudagraph_skips,
+           "recordings": graphs.cuda_graph_recordings, "replays": graphs.cuda_graph_replays}
+    out["fell_back"] = bool(compiled and device.type == "cuda" and (
+        graphs.skipped or graphs.cudagraph_skips or not graphs.cuda_graph_replays))
     return out
 
 
@@ -198,6 +213,10 @@ def main(argv: list[str] | None = None) -> None:
         result["engine_batching"] = engine_batching(
             args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
     (args.out / "device_check.json").write_text(json.dumps(result, indent=2, default=str))
+    fell_back = [k for k, v in result["synthetic_decodes"].items() if v["cuda_graphs"]["fell_back"]]
+    if fell_back:
+        raise SystemExit(f"FAILED: these compiled arms ran without CUDA graphs (skipped or never "
+                         f"replayed; see cuda_graphs in device_check.json): {', '.join(fell_back)}")
     print(f"wrote {args.out / 'device_check.json'}")
 
 

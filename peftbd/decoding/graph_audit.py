@@ -4,7 +4,8 @@ only when every input it mutates is a static one (a parameter, or a buffer marke
 forward runs without CUDA graphs. `GraphAudit` reads the same two records inductor checks
 (each graph's `mutated_input_idxs` and `static_input_idxs`), so a CPU run can prove what a GPU
 run would do. It wraps inductor's private `_compile_fx_inner` (torch 2.13's), which runs on a
-cache hit too.
+cache hit too. On CUDA it also counts what the CUDA-graph trees did: graphs recorded and
+replayed, and the graphs inductor skipped (`counters["inductor"]["cudagraph_skips"]`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch._inductor import compile_fx
+from torch._dynamo.utils import counters
+from torch._inductor import compile_fx, cudagraph_trees
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class GraphAudit:
     """The records of the graphs compiled while `audit()` was open."""
 
     graphs: list[GraphRecord] = field(default_factory=list)
+    cuda_graph_recordings: int = 0
+    cuda_graph_replays: int = 0
+    cudagraph_skips: int = 0  # graphs inductor ran without CUDA graphs (any reason)
 
     @property
     def skipped(self) -> list[GraphRecord]:
@@ -47,6 +52,9 @@ def audit() -> Iterator[GraphAudit]:
     """Record every graph inductor compiles (or loads from its cache) inside the block."""
     found = GraphAudit()
     inner = compile_fx._compile_fx_inner
+    manager = cudagraph_trees.CUDAGraphTreeManager
+    record, execute = manager.record_function, manager.execute_node
+    skips = counters["inductor"]["cudagraph_skips"]
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out = inner(*args, **kwargs)
@@ -54,8 +62,19 @@ def audit() -> Iterator[GraphAudit]:
                                         tuple(sorted(kwargs.get("static_input_idxs", ())))))
         return out
 
+    def recorded(self: Any, *args: Any) -> Any:
+        found.cuda_graph_recordings += 1
+        return record(self, *args)
+
+    def replayed(self: Any, *args: Any) -> Any:
+        found.cuda_graph_replays += 1
+        return execute(self, *args)
+
     compile_fx._compile_fx_inner = recording
+    manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign]
     try:
         yield found
     finally:
         compile_fx._compile_fx_inner = inner
+        manager.record_function, manager.execute_node = record, execute  # type: ignore[method-assign]
+        found.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips

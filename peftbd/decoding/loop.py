@@ -9,6 +9,7 @@ import torch
 
 from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_path
 from peftbd.decoding.metrics import DecodeResult
+from peftbd.decoding.packed import PREFILL_CHUNK
 from peftbd.decoding.ragged import RaggedKV
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
@@ -31,13 +32,14 @@ class SpeculativeDecoder:
     CUDA only).
     `pool`: the verifier's KV of every request it runs (`peftbd.decoding.ragged`: a static slot
     pool, a row per request, batches condensed in place).
-    `verifier_steps` counts the verifier's batched forwards (each batched prefill and each batched
-    verify: the engine steps a scheduler such as vLLM's counts).
+    `prefill_chunk`: tokens per packed prefill forward (`peftbd.decoding.packed`).
+    `verifier_steps` counts the verifier's batched forwards (each packed prefill forward and each
+    batched verify: the engine steps a scheduler such as vLLM's counts).
     """
 
     def __init__(self, model: torch.nn.Module, drafter: Drafter | None = None,
                  eos_ids: Sequence[int] = (), max_new_tokens: int = 256,
-                 fast_path: FastPathSetting = False) -> None:
+                 fast_path: FastPathSetting = False, prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.model = model
         self.drafter: Drafter = drafter or NoDrafter()
         self.eos_ids = tuple(eos_ids)
@@ -45,6 +47,7 @@ class SpeculativeDecoder:
         device = model_device(model)
         self.path: ForwardPath = FastPath(device) if fast_path_on(fast_path, device) else EAGER
         self.pool = RaggedKV([], device)  # the verifier's static KV slot pool: a row per request
+        self.prefill_chunk = prefill_chunk
         self.verifier_steps = 0
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -62,8 +65,8 @@ class SpeculativeDecoder:
         states = prefill_rows(self.model, prompts, self._budgets(len(prompts), max_new_tokens),
                               self.eos_ids, self.drafter.feature_layers,
                               per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling"),
-                              self.path, self.pool)
-        self.verifier_steps += 1
+                              self.path, self.pool, self.prefill_chunk)
+        self.verifier_steps += -(-sum(len(p) for p in prompts) // self.prefill_chunk)
         for state in states:
             self.drafter.start(state)
         return states

@@ -173,6 +173,12 @@ class RaggedKV:
         self._offset = 0
         self._chunks = []
 
+    def extend(self, row: int, count: int) -> None:
+        """Row `row` committed `count` more slots written outside a batched forward (a packed
+        prefill's, `peftbd.decoding.packed`)."""
+        self._length[row] += count
+        self._lengths_t = self._index = None
+
     def lengths_tensor(self) -> torch.Tensor:
         """The batch rows' committed lengths (B,) on the pool's device."""
         return self._lengths_on(self.device)
@@ -293,8 +299,7 @@ class RowCache:
             kv._ensure(idx, key, n + q)
             kv.keys[idx][self.row, :, n : n + q] = key[0].to(kv.keys[idx].dtype)
             kv.values[idx][self.row, :, n : n + q] = value[0].to(kv.values[idx].dtype)
-        kv._length[self.row] += q
-        kv._lengths_t = kv._index = None
+        kv.extend(self.row, q)
 
     def move_to(self, pool: RaggedKV) -> None:
         """Move this row into `pool` (a free row there, its committed slots copied)."""

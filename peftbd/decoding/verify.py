@@ -22,6 +22,7 @@ from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.drafter import Drafter, catch_up_layers
 from peftbd.decoding.fast_path import EAGER, Chunk, ForwardPath, backbone_masks
+from peftbd.decoding.packed import PREFILL_CHUNK, packed_chunks, packed_forward
 from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
 from peftbd.decoding.state import DecodeState, timed
@@ -79,8 +80,7 @@ def _forward(model: torch.nn.Module, states: Sequence[DecodeState], inputs: Sequ
     without it). A compiled verify computes every slot's argmax in its graph, which `pick` is
     given. The caller `commit`s what the rows keep."""
     base = unwrap(model)
-    device = states[0].device
-    path = EAGER if mode == "prefill" else states[0].path  # a prefill runs once per request: eager
+    device, path = states[0].device, states[0].path
     kv = pack([s.cache for s in states])
     ids, valid = padded_ids(inputs)
     positions, _ = padded_ids([range(n, n + len(x)) for n, x in zip(kv.lengths, inputs)])
@@ -148,10 +148,12 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Sequence[int], eos_ids: Sequence[int] = (),
                  feature_layers: Sequence[int] = (),
                  sampling: Sequence[SamplingParams] | None = None,
-                 path: ForwardPath = EAGER, pool: RaggedKV | None = None) -> list[DecodeState]:
-    """`prefill` of several requests in one batched forward (prompts of any lengths; `sampling`:
-    one per prompt, None: all greedy; `path`, `pool`: the states' forward path and KV pool, see
-    `new_state`; None: a new pool for these requests)."""
+                 path: ForwardPath = EAGER, pool: RaggedKV | None = None,
+                 chunk: int = PREFILL_CHUNK) -> list[DecodeState]:
+    """`prefill` of several requests in one packed prefill (prompts of any lengths, no padding,
+    forwards of at most `chunk` tokens: `peftbd.decoding.packed`; `sampling`: one per prompt,
+    None: all greedy; `path`, `pool`: the states' forward path and KV pool, see `new_state`;
+    None: a new pool for these requests)."""
     sampling = sampling or [GREEDY] * len(prompts)
     pool = pool or RaggedKV([], model_device(model))
     states = [new_state(model, p, n, eos_ids, feature_layers, s, path, pool)
@@ -161,20 +163,46 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
         return states
     clock = live[0].forwards.clock
     start = clock.now()
-    lasts = torch.tensor([len(s.tokens) - 1 for s in live], device=live[0].device)
-    rows = torch.arange(len(live), device=live[0].device)
-    no_drafts: list[list[int]] = [[]] * len(live)
-    kv, hidden, features, firsts = _forward(model, live, [s.tokens for s in live], "prefill",
-                                            lambda head, h, _: choose(head, h[rows, lasts], live, no_drafts))
-    kv.commit([len(s.tokens) for s in live])
+    with timed(live, "prefill"):
+        hidden, features = _packed_prefill(unwrap(model), live, chunk)
+        no_drafts: list[list[int]] = [[]] * len(live)
+        lasts = torch.cat([h[:, -1] for h in hidden])  # (B, d): each prompt's last position
+        firsts = choose(unwrap(model).lm_head, lasts, live, no_drafts).tolist()  # one device sync
     end = clock.now()
     for i, (state, first) in enumerate(zip(live, firsts)):
-        n = len(state.tokens)
-        state.hidden = row_entries(hidden, i, 0, n)
-        state.features = None if features is None else row_entries(features, i, 0, n)
+        state.hidden, state.features = hidden[i], features[i]
         _commit(state, [first])
         state.mark, state.prefill_s = end, end - start
     return states
+
+
+def _packed_prefill(base: PreTrainedModel, states: Sequence[DecodeState], chunk: int
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The verifier over every state's prompt (`state.tokens`), packed and cut into forwards of
+    at most `chunk` tokens (`peftbd.decoding.packed`), eager (once per request), the KV written
+    to each state's row of its pool: per state, the final hidden states (1, n, d) and features
+    (1, n, m*d) (or None) of its n prompt positions."""
+    prompts = [s.tokens for s in states]
+    caches = [s.cache for s in states]
+    pool = caches[0].kv
+    for cache in caches:
+        if cache.kv is not pool:
+            cache.move_to(pool)
+    hidden: list[list[torch.Tensor]] = [[] for _ in states]
+    features: list[list[torch.Tensor]] = [[] for _ in states]
+    for segments in packed_chunks([len(p) for p in prompts], chunk):
+        step = packed_forward(prompts, caches, segments, base.dtype)
+        out, feats, _ = _verifier_call(step.mask, CacheAdapter(step.store), base, step.ids,
+                                       step.positions, states[0].feature_layers, False)
+        at = 0
+        for s in segments:
+            hidden[s.request].append(out[:, at : at + s.tokens])
+            if feats is not None:
+                features[s.request].append(feats[:, at : at + s.tokens])
+            pool.extend(caches[s.request].row, s.tokens)
+            at += s.tokens
+    return ([torch.cat(h, 1) for h in hidden],
+            [torch.cat(f, 1) if f else None for f in features])
 
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
