@@ -71,7 +71,7 @@ def audit() -> Iterator[GraphAudit]:
         return execute(self, *args)
 
     compile_fx._compile_fx_inner = recording
-    manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign]
+    manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign,assignment]
     try:
         yield found
     finally:

@@ -101,7 +101,11 @@ def packed_forward(prompts: Sequence[Sequence[int]], caches: Sequence[RowCache],
     rows of one pool; a segment's cache holds its prompt's tokens before `start`)."""
     pool = caches[0].kv
     device = pool.device
-    ids, positions, rows, prefixes, owner = [], [], [], [], []
+    ids: list[int] = []
+    positions: list[int] = []
+    rows: list[int] = []
+    owner: list[int] = []  # per token: its prefix's index, -1 for none
+    prefixes: list[tuple[int, int]] = []
     for s in segments:
         cache = caches[s.request]
         if cache.kv is not pool or cache.get_seq_length() != s.start:
