@@ -40,7 +40,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 
 from peftbd.decoding.cache_adapter import CacheAdapter
-from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_pattern
+from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_pattern, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,8 @@ class _StaticKV:
 
     def write(self, key: torch.Tensor, value: torch.Tensor,
               layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, heads = (torch.arange(n, device=key.device) for n in key.shape[:2])
-        index = (rows.view(-1, 1, 1), heads.view(1, -1, 1), self.slots.unsqueeze(1))  # (B, H, Q)
-        self.keys[layer_idx].index_put_(index, key)
-        self.values[layer_idx].index_put_(index, value)
+        write_rows(self.keys[layer_idx], key, self.slots)
+        write_rows(self.values[layer_idx], value, self.slots)
         batch = key.shape[0]  # the pool's first rows
         return (self.keys[layer_idx][:batch, :, : self.slots_seen],
                 self.values[layer_idx][:batch, :, : self.slots_seen])

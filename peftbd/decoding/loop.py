@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_path
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.packed import PREFILL_CHUNK
 from peftbd.decoding.ragged import RaggedKV
+from peftbd.models.cpu_linear import prepack_linears
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import EAGER, FastPath, FastPathSetting, ForwardPath, fast_path_on
@@ -32,6 +34,8 @@ class SpeculativeDecoder:
     CUDA only).
     `pool`: the verifier's KV of every request it runs (`peftbd.decoding.ragged`: a static slot
     pool, a row per request, batches condensed in place).
+    On a CPU the model's and the drafter's large linears run on oneDNN prepacked weights
+    (`peftbd.models.cpu_linear`).
     `prefill_chunk`: tokens per packed prefill forward (`peftbd.decoding.packed`).
     `verifier_steps` counts the verifier's batched forwards (each packed prefill forward and each
     batched verify: the engine steps a scheduler such as vLLM's counts).
@@ -47,6 +51,9 @@ class SpeculativeDecoder:
         device = model_device(model)
         self.path: ForwardPath = FastPath(device) if fast_path_on(fast_path, device) else EAGER
         self.pool = RaggedKV([], device)  # the verifier's static KV slot pool: a row per request
+        if device.type == "cpu":  # oneDNN prepacked weights for its linears, the drafter's too
+            for module in (model, *(m for m in vars(self.drafter).values() if isinstance(m, nn.Module))):
+                prepack_linears(module)
         self.prefill_chunk = prefill_chunk
         self.verifier_steps = 0
 

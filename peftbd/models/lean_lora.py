@@ -5,7 +5,7 @@ per-call bookkeeping (argument checks, adapter lookups, dtype casts): about 85 u
 CPU against 22 us for the two extra matmuls themselves, which on the 1.5M-parameter tiny verifier
 (14 LoRA layers) made a draft forward ~1.2 ms dearer than a verify forward for no compute at all.
 `lean_lora(model)` swaps each adapted Linear's forward for the same operations in the same order
-(`F.linear(x, W, b) + F.linear(F.linear(x, A), B) * s` per active adapter), so drafts are
+(`base(x) + F.linear(F.linear(x, A), B) * s` per active adapter), so drafts are
 bit-identical to peft's, while a block runs. Layers peft must run itself (dropout > 0, DoRA or
 another variant, a non-Linear base) keep peft's forward. Training never uses it.
 """
@@ -39,10 +39,8 @@ def _lean_forward(layer: LoraLinear) -> Forward | None:
                 or layer.lora_A[name].weight.dtype != base.weight.dtype):
             return None
         parts.append((layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]))
-    weight, bias = base.weight, base.bias
-
     def forward(x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, weight, bias)
+        out = base.forward(x)  # F.linear(x, W, b), or its prepacked form (models.cpu_linear)
         for a, b, scaling in parts:
             out = out + F.linear(F.linear(x, a), b) * scaling
         return out
