@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from peftbd.analysis.peer import PEER_KEY, markdown
-from peftbd.benchmarking.peer import PeerSettings, run
+from peftbd.benchmarking.peer import PeerSettings, ShapeDtype, run
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.data.sources import source_identity
@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         flag = f"--{name.replace('_', '-')}"
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=f"{field.description} (default: {field.default})")
+        elif field.annotation is ShapeDtype:
+            parser.add_argument(flag, choices=get_args(ShapeDtype), default=field.default,
                                 help=f"{field.description} (default: {field.default})")
         else:
             parser.add_argument(flag, type=int, default=field.default,

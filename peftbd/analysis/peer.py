@@ -38,7 +38,7 @@ def markdown(table: PeerTable) -> str:
     """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
     ng = table.ngram
     lines = [
-        f"Our engine beside vLLM {table.vllm_version}, one run on {table.device}, one thread each, "
+        f"Our engine beside vLLM {table.vllm_version}, one run on {table.hardware or table.device}, one thread each, "
         f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
         f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
         f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
@@ -50,7 +50,7 @@ def markdown(table: PeerTable) -> str:
               "| engine steps (ours, vLLM) | ms per step: ours (forward + host), vLLM |")
     for row in table.rows:
         a, B = row.arms, row.batch_size
-        lines += [f"**{row.shape}**: {row.model}, {row.prompts} prompts, up to {row.max_new_tokens} "
+        lines += [f"**{row.shape}**: {row.model} in {row.dtype} (both engines), {row.prompts} prompts, up to {row.max_new_tokens} "
                   f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
                   f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
                   f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|---|---|"]

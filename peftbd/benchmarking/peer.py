@@ -26,7 +26,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,12 +44,14 @@ from peftbd.decoding.fast_path import fast_path_on
 from peftbd.methods import DraftContext
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
-from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, model_dirs
+from peftbd.benchmarking.environment import hardware_description, native_dtype
+from peftbd.models.loading import DTYPES, eos_token_ids, load_tokenizer, load_verifier, model_dirs
 from peftbd.peers.vllm_client import VllmPeer
 from peftbd.peers.vllm_env import cpu_memory_share, vllm_python
 from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
 
 TINY, SHAPE = "tiny", "shape"
+ShapeDtype = Literal["auto", "float32", "bfloat16"]
 
 
 class PeerSettings(BaseModel):
@@ -65,6 +67,9 @@ class PeerSettings(BaseModel):
     repeats: int = Field(1, ge=1, description="timed repeats (each arm's best is reported)")
     shape: bool = Field(True, description="also run the cost profile's architecture")
     vllm_eager: bool = Field(False, description="vLLM without its compiled graphs")
+    shape_dtype: ShapeDtype = Field("auto", description=(
+        "0.6B shape: both engines' dtype (auto: bfloat16 where this CPU runs it natively, "
+        "AVX-512 BF16 or AMX, else float32)"))
 
 
 DRAFT_ROOM = 64
@@ -138,7 +143,7 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
              if (m := compare(model, f"{name}-{k}", p, a, b))]
     same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
-    row = ShapeRow(shape=name, model=label, prompts=len(prompts), max_new_tokens=max_new_tokens,
+    row = ShapeRow(shape=name, model=label, dtype=dtype, prompts=len(prompts), max_new_tokens=max_new_tokens,
                    batch_size=B, arms={k: best(v) for k, v in runs.items()},
                    identical=len(prompts) - len(found), mismatches=found,
                    ngram_identical=same_ngram, vllm_load_s=ready.load_s)
@@ -152,11 +157,12 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
     (`peer_dflash`)."""
     vllm_python()  # VllmAbsent, with the install command, before anything is loaded
     torch.set_num_threads(1)
+    cpu = torch.device("cpu")
     tokenizer = load_tokenizer(cfg)
     prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), settings.prompts,
                             cfg.data.max_prompt_len)
     rows, version = [], ""
-    verifier = load_verifier(cfg, torch.device("cpu"))
+    verifier = load_verifier(cfg, cpu)
     eos, model_dir = eos_token_ids(verifier, tokenizer), model_dirs(cfg)[1]
     with VllmPeer(log_dir / "vllm_ar.log") as peer_ar, VllmPeer(log_dir / "vllm_ngram.log") as peer_ngram:
         row, version = compare_shape(
@@ -175,18 +181,19 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
     if settings.shape:
         arch = resolve_architecture(cfg)
         torch.manual_seed(cfg.training.seed)
-        model = build_model(arch, torch.float32, torch.device("cpu"), cfg.model.attn_implementation)
+        dtype = native_dtype(cpu) if settings.shape_dtype == "auto" else settings.shape_dtype
+        model = build_model(arch, DTYPES[dtype], cpu, cfg.model.attn_implementation)
         with (tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt,
               VllmPeer(log_dir / "vllm_ar_shape.log") as peer_ar,
               VllmPeer(log_dir / "vllm_ngram_shape.log") as peer_ngram):
             model.save_pretrained(ckpt)  # one checkpoint both engines decode
             row, _ = compare_shape(
-                SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, "float32",
+                SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, dtype,
                 [int(arch.config.eos_token_id)], prompts[:settings.shape_prompts],
                 settings.shape_max_new_tokens, settings, cfg, peer_ar, peer_ngram)
         rows.append(row)
     pl = cfg.prompt_lookup
-    return PeerTable(vllm_version=version, device="cpu", threads=1,
+    return PeerTable(vllm_version=version, device="cpu", hardware=hardware_description(cpu), threads=1,
                      fast_path=fast_path_on(cfg.decoding.fast_path, torch.device("cpu")),
                      vllm_eager=settings.vllm_eager,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,

@@ -27,6 +27,7 @@ class ShapeRow(BaseModel):
 
     shape: str
     model: str
+    dtype: str = "float32"  # both engines' (older peer.json: float32)
     prompts: int
     max_new_tokens: int
     batch_size: int
@@ -70,6 +71,7 @@ class PeerTable(BaseModel):
 
     vllm_version: str
     device: str
+    hardware: str = ""  # the CPU, and how it runs bf16 (`environment.hardware_description`)
     threads: int
     fast_path: bool
     vllm_eager: bool

@@ -12,6 +12,7 @@ from peftbd.decoding.drafter import Drafter, NoDrafter, draft_forward, draft_on_
 from peftbd.decoding.metrics import DecodeResult
 from peftbd.decoding.packed import PREFILL_CHUNK
 from peftbd.decoding.ragged import RaggedKV
+from peftbd.decoding.scheduler import Scheduler
 from peftbd.models.cpu_linear import prepack_linears
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
@@ -143,30 +144,20 @@ class SpeculativeDecoder:
     def decode_many(self, prompts: Sequence[Sequence[int]], batch_size: int,
                     max_new_tokens: int | Sequence[int] | None = None,
                     sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[DecodeResult]:
-        """Decode `prompts` with continuous batching (vLLM's scheduler): at most `batch_size`
-        requests run together; before each round the queue's next requests join (one batched
-        prefill) in the places of finished ones. `max_new_tokens`: one budget, or one per prompt;
-        `sampling` as in `start_many`. Results in prompt order; each row's output is its own
-        greedy output, or its own sample (a seeded row's: whatever its batch company)."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}; decoding.batch_sizes entries must be >= 1")
+        """Decode `prompts` with continuous batching (`peftbd.decoding.scheduler`: vLLM's
+        scheduler, chunked prefill included): at most `batch_size` requests run together, the
+        queue's next requests joining in the places of finished ones, their prompts prefilled
+        a chunk per round. `max_new_tokens`: one budget, or one per prompt; `sampling` as in
+        `start_many`. Results in prompt order; each row's output is its own greedy output, or
+        its own sample (a seeded row's: whatever its batch company)."""
+        scheduler = Scheduler(self, batch_size)
         budgets = self._budgets(len(prompts), max_new_tokens)
         params = per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling")
-        queue = list(zip(range(len(prompts)), prompts, budgets, params))[::-1]
-        running: list[tuple[int, DecodeState]] = []
-        results: dict[int, DecodeResult] = {}
-        while queue or running:
-            joining = [queue.pop() for _ in range(min(batch_size - len(running), len(queue)))]
-            if joining:
-                indices, joined, joined_budgets, joined_params = zip(*joining)
-                running += list(zip(indices, self.start_many(joined, joined_budgets, joined_params)))
-            live = [s for _, s in running if not s.done]
-            if live:
-                self.step_many(live)
-            for i, state in running:
-                if state.done:
-                    results[i] = result_of(state)
-            running = [(i, s) for i, s in running if not s.done]
+        for i, (prompt, budget, param) in enumerate(zip(prompts, budgets, params)):
+            scheduler.add(i, prompt, budget, param)
+        results: dict[object, DecodeResult] = {}
+        while scheduler.busy:
+            results.update((i, result_of(state)) for i, state in scheduler.step())
         return [results[i] for i in range(len(prompts))]
 
 

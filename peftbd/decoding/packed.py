@@ -37,15 +37,17 @@ class Segment:
         return self.end - self.start
 
 
-def packed_chunks(lengths: Sequence[int], chunk: int) -> Iterator[list[Segment]]:
-    """The forwards of a packed prefill of prompts of `lengths`: each at most `chunk` tokens,
-    the prompts in order, a prompt cut where a forward fills up."""
+def packed_chunks(lengths: Sequence[int], chunk: int,
+                  done: Sequence[int] | None = None) -> Iterator[list[Segment]]:
+    """The forwards of a packed prefill of prompts of `lengths` whose first `done` tokens (None:
+    none) are prefilled already: each at most `chunk` tokens, the prompts in order, a prompt cut
+    where a forward fills up."""
     if chunk < 1:
         raise ValueError(f"prefill chunk={chunk}; decoding.prefill_chunk must be >= 1")
     forward: list[Segment] = []
     room = chunk
     for request, length in enumerate(lengths):
-        start = 0
+        start = 0 if done is None else done[request]
         while start < length:
             end = min(length, start + room)
             forward.append(Segment(request, start, end))

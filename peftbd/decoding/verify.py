@@ -159,50 +159,63 @@ def prefill_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
     states = [new_state(model, p, n, eos_ids, feature_layers, s, path, pool)
               for p, n, s in zip(prompts, max_new_tokens, sampling)]
     live = [s for s in states if not s.done]
-    if not live:
-        return states
-    clock = live[0].forwards.clock
-    start = clock.now()
-    with timed(live, "prefill"):
-        hidden, features = _packed_prefill(unwrap(model), live, chunk)
-        no_drafts: list[list[int]] = [[]] * len(live)
-        lasts = torch.cat([h[:, -1] for h in hidden])  # (B, d): each prompt's last position
-        firsts = choose(unwrap(model).lm_head, lasts, live, no_drafts).tolist()  # one device sync
-    end = clock.now()
-    for i, (state, first) in enumerate(zip(live, firsts)):
-        state.hidden, state.features = hidden[i], features[i]
-        _commit(state, [first])
-        state.mark, state.prefill_s = end, end - start
+    while live:
+        done = {id(s) for s in prefill_step(model, live, chunk)}
+        live = [s for s in live if id(s) not in done]
     return states
 
 
-def _packed_prefill(base: PreTrainedModel, states: Sequence[DecodeState], chunk: int
-                    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """The verifier over every state's prompt (`state.tokens`), packed and cut into forwards of
-    at most `chunk` tokens (`peftbd.decoding.packed`), eager (once per request), the KV written
-    to each state's row of its pool: per state, the final hidden states (1, n, d) and features
-    (1, n, m*d) (or None) of its n prompt positions."""
-    prompts = [s.tokens for s in states]
+@torch.inference_mode()
+def prefill_step(model: torch.nn.Module, states: Sequence[DecodeState], chunk: int
+                 ) -> list[DecodeState]:
+    """One packed prefill forward (`peftbd.decoding.packed`) over the prompts of `states`, in
+    order, from where each one's cache stands (a prompt is `state.tokens` until its first token
+    commits), at most `chunk` tokens, eager (once per request), the KV written to each state's
+    row of its pool and its hidden states and features appended to the state's; returns the
+    states whose prompt it finished, their first token committed (its argmax, or a draw from p)."""
+    base, first = unwrap(model), states[0]
     caches = [s.cache for s in states]
     pool = caches[0].kv
     for cache in caches:
         if cache.kv is not pool:
             cache.move_to(pool)
-    hidden: list[list[torch.Tensor]] = [[] for _ in states]
-    features: list[list[torch.Tensor]] = [[] for _ in states]
-    for segments in packed_chunks([len(p) for p in prompts], chunk):
+    prompts = [s.tokens for s in states]
+    segments = next(packed_chunks([len(p) for p in prompts], chunk,
+                                  [c.get_seq_length() for c in caches]))
+    clock = first.forwards.clock
+    start = clock.now()
+    rows = [states[s.request] for s in segments]
+    for state in rows:
+        if state.cache.get_seq_length() == 0:
+            state.mark = start  # its prefill starts (`prefill_s` runs from here)
+    with timed(rows, "prefill"):
         step = packed_forward(prompts, caches, segments, base.dtype)
         out, feats, _ = _verifier_call(step.mask, CacheAdapter(step.store), base, step.ids,
-                                       step.positions, states[0].feature_layers, False)
-        at = 0
+                                       step.positions, first.feature_layers, False)
+        at, done, lasts = 0, [], []
         for s in segments:
-            hidden[s.request].append(out[:, at : at + s.tokens])
+            state = states[s.request]
+            state.hidden = _appended(state.hidden if s.start else None, out[:, at : at + s.tokens])
             if feats is not None:
-                features[s.request].append(feats[:, at : at + s.tokens])
-            pool.extend(caches[s.request].row, s.tokens)
+                state.features = _appended(state.features if s.start else None,
+                                           feats[:, at : at + s.tokens])
+            pool.extend(state.cache.row, s.tokens)
             at += s.tokens
-    return ([torch.cat(h, 1) for h in hidden],
-            [torch.cat(f, 1) if f else None for f in features])
+            if s.end == len(state.tokens):
+                done.append(state)
+                lasts.append(out[:, at - 1])
+        firsts = (choose(base.lm_head, torch.cat(lasts), done, [[] for _ in done]).tolist()
+                  if done else [])  # one device sync
+    end = clock.now()
+    for state, token in zip(done, firsts):
+        _commit(state, [token])
+        state.mark, state.prefill_s = end, end - state.mark
+    return done
+
+
+def _appended(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """`new` (1, n, ...) after `held` (1, m, ...) (None: nothing held yet)."""
+    return new if held is None else torch.cat([held, new], 1)
 
 
 def new_state(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
