@@ -236,6 +236,12 @@ class DecodingConfig:
     # what compiling costs on the 2-core box. The benchmark refuses to time a drafter whose draft
     # would stay eager beside compiled AR (a plugin without draft_on_path).
     fast_path: bool | Literal["auto"]
+    # Tokens per packed prefill forward (peftbd.decoding.packed): a step's prompts run as one
+    # sequence without padding, cut into forwards of at most this many tokens (the benchmark's
+    # and serving's engines). The benchmark's scheduler runs one chunk per round of the running
+    # requests; serving's step loop still prefills its arrivals' chunks back to back. Outputs
+    # do not depend on it.
+    prefill_chunk: PositiveInt
     # Controlled ("synthetic") acceptance (peftbd.decoding.controlled): each "arm=tokens" entry
     # adds arm "<arm>_synthetic", the arm's real drafts forced to `tokens` accepted tokens per
     # round on average (bonus included; geometric over its draft positions), verification real,

@@ -23,7 +23,8 @@ WORLD = StageSpec(
 _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
                   "peftbd.decoding.cache_adapter", "peftbd.decoding.state", "peftbd.decoding.drafter",
                   "peftbd.decoding.metrics", "peftbd.decoding.clock", "peftbd.decoding.fast_path",
-                  "peftbd.decoding.sampling", "peftbd.models.early_exit")
+                  "peftbd.decoding.sampling", "peftbd.decoding.packed", "peftbd.decoding.scheduler",
+                  "peftbd.models.early_exit", "peftbd.models.cpu_linear")
 """The engine's greedy AR, which decodes generate's continuations (its drafters do not)."""
 GENERATE = StageSpec(
     "generate", "generate continuations", "continuations", reads=("model", "data", "generate.backend"),
@@ -202,6 +203,7 @@ def peer_stage() -> StageSpec:
               "peftbd.data.content_hash", "peftbd.data.artifact", "peftbd.tiny_world",
               "peftbd.methods", "peftbd.training", "peftbd.peers", "peftbd.benchmarking.interleaved",
               "peftbd.benchmarking.noise", "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_dflash",
+              "peftbd.benchmarking.environment",
               "peftbd.benchmarking.peer_runs", "peftbd.benchmarking.peer_schema",
               "peftbd.analysis.peer", "jobs.peer"),
         command="python -m jobs.peer",

@@ -46,6 +46,7 @@ from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.fast_path import FastPathSetting
+from peftbd.decoding.packed import PREFILL_CHUNK
 from peftbd.decoding.controlled import Oracle, reference_oracle
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.process_setup import ready
@@ -111,7 +112,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
               repeats: int, max_new_tokens: int, batch_sizes: Sequence[int] = (1,),
               sweep_repeats: int | None = None, seed: int = 0,
               fast_path: FastPathSetting = False, sampling: SamplingPlan = SamplingPlan(),
-              sweep_variants: bool = True) -> Timings:
+              sweep_variants: bool = True, prefill_chunk: int = PREFILL_CHUNK) -> Timings:
     """Decode every prompt with every arm, `repeats` times, after one short untimed warm-up per
     arm (`_warm_up`; with `fast_path`, whose graphs compile per shape, every timed pass once):
     per repeat, first the batch-1 pass (the arms take turns, each over every prompt, one at a
@@ -130,7 +131,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     ids = [p.prompt_ids for p in prompts]
     oracle = synthetic_oracle(models, specs, ids, max_new_tokens)
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s, oracle, seed),
-                                         models.eos_ids, max_new_tokens, fast_path)
+                                         models.eos_ids, max_new_tokens, fast_path, prefill_chunk)
                 for s in specs}
     paths = {arm: decoder.forward_paths() for arm, decoder in decoders.items()}
     check_like_for_like(paths)  # before any compile or timing
@@ -283,7 +284,7 @@ def _run_shard(cfg: Config, dirs: DrafterDirs, specs: Sequence[ArmSpec],
     timings = time_arms(models, specs, prompts, repeats, cfg.decoding.max_new_tokens,
                         cfg.decoding.batch_sizes, cfg.decoding.sweep_repeats,
                         cfg.decoding.synthetic_seed, cfg.decoding.fast_path, plan,
-                        cfg.decoding.sweep_variants)
+                        cfg.decoding.sweep_variants, cfg.decoding.prefill_chunk)
     references = [r.tokens for r in timings.results["ar"][0]]
     dtype = next(models.verifier.parameters()).dtype
     floor = measure_floor(models.device, dtype, hardware_description(models.device))

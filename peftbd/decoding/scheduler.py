@@ -15,32 +15,43 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.decoding.state import DecodeState
 from peftbd.decoding.verify import new_state, prefill_step
 
+if TYPE_CHECKING:
+    from peftbd.decoding.loop import SpeculativeDecoder
 
-@dataclass(eq=False)
-class Request:
-    """One request in the scheduler: its caller's key, and its state once admitted."""
+
+@dataclass(frozen=True)
+class Queued:
+    """A request waiting for a row: its caller's key, prompt, budget and sampling."""
 
     key: object
     prompt: Sequence[int]
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
-    state: DecodeState | None = None
-    prefilled: bool = False
+
+
+@dataclass(eq=False)
+class Running:
+    """An admitted request: its state, and whether its prompt is prefilled."""
+
+    key: object
+    state: DecodeState
+    prefilled: bool
 
 
 @dataclass
 class Scheduler:
     """Continuous batching of one `SpeculativeDecoder`'s requests (see module doc)."""
 
-    decoder: object  # a SpeculativeDecoder (typed loosely: the decoder imports this module)
+    decoder: SpeculativeDecoder
     max_batch: int
-    waiting: deque[Request] = field(default_factory=deque)
-    running: list[Request] = field(default_factory=list)
+    waiting: deque[Queued] = field(default_factory=deque)
+    running: list[Running] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -54,17 +65,16 @@ class Scheduler:
     def add(self, key: object, prompt: Sequence[int], max_new_tokens: int,
             sampling: SamplingParams = GREEDY) -> None:
         """Queue a request; `step` returns it with `key` when it finished."""
-        self.waiting.append(Request(key, prompt, max_new_tokens, sampling))
+        self.waiting.append(Queued(key, prompt, max_new_tokens, sampling))
 
     def step(self) -> list[tuple[object, DecodeState]]:
         """Admit, one prefill chunk, one round of the prefilled requests; the finished ones."""
         dec = self.decoder
         while self.waiting and len(self.running) < self.max_batch:
-            req = self.waiting.popleft()
-            req.state = new_state(dec.model, req.prompt, req.max_new_tokens, dec.eos_ids,
-                                  dec.drafter.feature_layers, req.sampling, dec.path, dec.pool)
-            req.prefilled = req.state.done  # a budget of 0: nothing to prefill
-            self.running.append(req)
+            q = self.waiting.popleft()
+            state = new_state(dec.model, q.prompt, q.max_new_tokens, dec.eos_ids,
+                              dec.drafter.feature_layers, q.sampling, dec.path, dec.pool)
+            self.running.append(Running(q.key, state, state.done))  # a budget of 0: no prefill
         filling = [r for r in self.running if not r.prefilled]
         if filling:
             done = {id(s) for s in prefill_step(dec.model, [r.state for r in filling], dec.prefill_chunk)}

@@ -10,8 +10,8 @@ weight where it is faster (bf16 always, fp32 from two rows) and `F.linear` elsew
 
 The packed copy is made on first use and again whenever the weight changed (its storage or its
 version counter: an optimizer step, a load), so a model that trains between decodes stays exact.
-It is used only for inference (no autograd through it) and never inside a `torch.compile`d graph
-(inductor packs its own). It keeps the original weight: the model's weights take twice the memory.
+It is used only for inference (no autograd through it), never inside a `torch.compile`d graph
+(inductor packs its own) nor under a dispatch mode (the forward counter counts `aten.linear`). It keeps the original weight: the model's weights take twice the memory.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import types
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 MIN_WEIGHTS = 1 << 16
 """Smaller linears (a LoRA's A and B, the tiny world's) keep `F.linear`: nothing to gain."""
@@ -53,7 +54,8 @@ def prepack_linears(model: nn.Module) -> int:
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, self.weight, self.bias)`, on the prepacked weight where it pays."""
     weight = self.weight
-    if (torch.compiler.is_compiling() or x.dtype != weight.dtype or weight.dim() != 2
+    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or x.dtype != weight.dtype or weight.dim() != 2
             or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
             or (x.dtype == torch.float32 and x.numel() < 2 * x.shape[-1])):
         return F.linear(x, weight, self.bias)

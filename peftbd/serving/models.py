@@ -121,16 +121,16 @@ def load_serving_models(
         raise ValueError(f"methods {[m.serving for m in wrapping]} each wrap the verifier; serve "
                          "them from separate replicas")
     model = wrapping[0].verifier(built[wrapping[0].serving][0], ctx) if wrapping else verifier
-    budget = cfg.serving.max_tokens_cap
+    budget, chunk = cfg.serving.max_tokens_cap, cfg.decoding.prefill_chunk
     profiles = synthetic_profiles(cfg)
-    ar = SpeculativeDecoder(model, None, eos, budget)
+    ar = SpeculativeDecoder(model, None, eos, budget, prefill_chunk=chunk)
     oracle = GreedyOracle(lambda prompt, n: ar.decode(prompt, n).tokens, budget, references)
     decoders: dict[str, SpeculativeDecoder] = {}
     for name in names:
         drafter = built[name][1] if name in built else None
         if drafter is not None and name in profiles:
             drafter = ControlledDrafter(drafter, profiles[name], oracle, cfg.decoding.synthetic_seed)
-        decoders[name] = SpeculativeDecoder(model, drafter, eos, budget)
+        decoders[name] = SpeculativeDecoder(model, drafter, eos, budget, prefill_chunk=chunk)
     taps = {m.serving: SpeculativeDecoder(model, FeatureTap(_read_features(m, ctx, built, dirs)),
                                           eos, budget)
             for m in registered() if m.ships == "features"}
