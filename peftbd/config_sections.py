@@ -318,7 +318,9 @@ class CostProfileConfig:
     architecture: str  # hub id (local HF cache) | local dir | "model"
     kv_len: PositiveInt  # committed tokens in the KV cache when a round is timed
     repeats: PositiveInt  # timed rounds per arm (arms interleaved); medians are reported
-    dtypes: tuple[Dtype, ...]
+    # each timed in turn; "native": bfloat16 where the device runs it natively (a GPU; a CPU
+    # with AVX-512 BF16 or AMX: the report's hardware line names which), else float32
+    dtypes: tuple[Dtype | Literal["native"], ...]
     device: Device  # auto | cpu | cuda | cuda:N
     threads: NonNegativeInt  # torch intra-op threads on CPU (0 = torch's default)
     num_gpus: NonNegativeFloat  # GPUs of the Ray task that runs the profile

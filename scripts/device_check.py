@@ -73,7 +73,7 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
     (16 random prompts; quick: 4), eager and/or fast path; AR's eager batch-1 outputs are the
     oracle and the reference."""
     cp, device = cfg.cost_profile, resolve_device(cfg.cost_profile.device)
-    dtype = DTYPES[cp.dtypes[0]]
+    dtype = DTYPES[prof.primary_dtype]
     models = profile_models(cfg, preflight(cfg), dtype, device)
     vocab = models.verifier.config.vocab_size
     specs = [s for s in profiled_specs(cfg, vocab) if s.method == "ar" or s.synthetic is not None]
@@ -113,7 +113,7 @@ def synthetic_decodes(cfg: Config, prof: CostProfile, fast_paths: list[bool], qu
                 out[key]["speedup_vs_ar"] = round(out[key]["tokens_per_s"] / ar["tokens_per_s"], 3)
                 # like for like: every forward of the arm on AR's path (else the speedup mixes stacks)
                 out[key]["like_for_like"] = set(out[key]["paths"].values()) == {ar["paths"]["verify"]}
-                print(f"{key} ({cp.dtypes[0]}, SYNTHETIC acceptance): {out[key]}", flush=True)
+                print(f"{key} ({prof.primary_dtype}, SYNTHETIC acceptance): {out[key]}", flush=True)
     return out
 
 

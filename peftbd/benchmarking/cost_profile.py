@@ -67,7 +67,7 @@ from peftbd.benchmarking.cost_profile_models import (
     profiled_specs,
 )
 from peftbd.benchmarking.device_floor import measure_floor
-from peftbd.benchmarking.environment import hardware_description
+from peftbd.benchmarking.environment import hardware_description, native_dtype
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
 from peftbd.benchmarking.shape_decode import decode_at_shape
@@ -213,7 +213,7 @@ def run_profile(cfg: Config) -> CostProfile:
         torch.set_num_threads(cp.threads)
     device = resolve_device(cp.device)
     arch = preflight(cfg)
-    dtypes = list(dict.fromkeys(cp.dtypes))
+    dtypes = list(dict.fromkeys(native_dtype(device) if d == "native" else d for d in cp.dtypes))
     models = profile_models(cfg, arch, DTYPES[dtypes[0]], device)
     specs = profiled_specs(cfg, models.verifier.config.vocab_size)
     clock = Clock(device)

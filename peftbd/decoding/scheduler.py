@@ -15,14 +15,30 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import torch
+
+from peftbd.decoding.drafter import Drafter
+from peftbd.decoding.fast_path import ForwardPath
+from peftbd.decoding.ragged import RaggedKV
 from peftbd.decoding.sampling import GREEDY, SamplingParams
-from peftbd.decoding.state import DecodeState
+from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.verify import new_state, prefill_step
 
-if TYPE_CHECKING:
-    from peftbd.decoding.loop import SpeculativeDecoder
+
+class Engine(Protocol):
+    """What the scheduler steps: a `peftbd.decoding.loop.SpeculativeDecoder`."""
+
+    model: torch.nn.Module
+    drafter: Drafter
+    eos_ids: tuple[int, ...]
+    path: ForwardPath
+    pool: RaggedKV
+    prefill_chunk: int
+    verifier_steps: int
+
+    def step_many(self, states: Sequence[DecodeState]) -> list[RoundMetrics]: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class Running:
 class Scheduler:
     """Continuous batching of one `SpeculativeDecoder`'s requests (see module doc)."""
 
-    decoder: SpeculativeDecoder
+    decoder: Engine
     max_batch: int
     waiting: deque[Queued] = field(default_factory=deque)
     running: list[Running] = field(default_factory=list)
