@@ -29,6 +29,8 @@ from peftbd.config_rules import (  # noqa: F401 - re-exported: the sections' rul
 
 # The allowed values of the enum-like fields; consumers derive theirs with `typing.get_args`.
 Dtype = Literal["float32", "bfloat16", "float16"]
+ProfileDtype = Literal["float32", "bfloat16", "float16", "native"]
+"""A `Dtype`, or "native": bfloat16 where the device runs it natively, else float32."""
 AttnImplementation = Literal["sdpa", "eager"]
 Scheduler = Literal["cosine", "constant"]
 ReferenceEngine = Literal["hf_generate", "vllm"]  # the audit's: peftbd.benchmarking.references
@@ -320,7 +322,7 @@ class CostProfileConfig:
     repeats: PositiveInt  # timed rounds per arm (arms interleaved); medians are reported
     # each timed in turn; "native": bfloat16 where the device runs it natively (a GPU; a CPU
     # with AVX-512 BF16 or AMX: the report's hardware line names which), else float32
-    dtypes: tuple[Dtype | Literal["native"], ...]
+    dtypes: tuple[ProfileDtype, ...]
     device: Device  # auto | cpu | cuda | cuda:N
     threads: NonNegativeInt  # torch intra-op threads on CPU (0 = torch's default)
     num_gpus: NonNegativeFloat  # GPUs of the Ray task that runs the profile

@@ -209,16 +209,18 @@ class RaggedKV:
             self.allocations += 1
 
     def _reallocate(self, rows: int, capacity: int) -> None:
-        """New static buffers of `rows` x `capacity` holding what the old ones held."""
+        """New static buffers of `rows` x `capacity` holding what the old ones held (the slots
+        in use: committed, and any chunk appended since)."""
         grow = rows - self.rows
         self._length += [0] * grow
         self._owners += [None] * grow
         if not self.keys:
             return
+        used = min(max(self._length) + self._offset, self.capacity)
         for store in (self.keys, self.values):
             for idx, old in enumerate(store):
                 new = old.new_zeros(rows, old.shape[1], capacity, old.shape[3])
-                new[: old.shape[0], :, : old.shape[2]] = old
+                new[: old.shape[0], :, :used] = old[:, :, :used]
                 store[idx] = _static(new)
         self.allocations += 1
 
