@@ -142,7 +142,11 @@ def test_draft_chunk_attends_as_documented(drafter):
         drafter(input_ids=context, cache=cache)
         with adapter_on(drafter):
             causal = drafter(input_ids=chunk[:, :1], cache=cache).logits
-    torch.testing.assert_close(_draft_logits(drafter, context, chunk, False)[0, 0], causal[0, 0])
+    # a 5-row chunk's linears and a 1-row step's may run different CPU kernels (a decoder built
+    # on this model prepacks its weights: peftbd.models.cpu_linear), so equal up to rounding; a
+    # wrong attention pattern moves the logits by O(1)
+    torch.testing.assert_close(_draft_logits(drafter, context, chunk, False)[0, 0], causal[0, 0],
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_eager_attention_gives_the_same_draft(tiny_cfg, mask_id):
