@@ -3,8 +3,9 @@ only when every input it mutates is a static one (a parameter, or a buffer marke
 `torch._dynamo.mark_static_address`, as the KV pool's are); otherwise they skip it and the
 forward runs without CUDA graphs. `GraphAudit` reads the same two records inductor checks
 (each graph's `mutated_input_idxs` and `static_input_idxs`), so a CPU run can prove what a GPU
-run would do. It wraps inductor's private `_compile_fx_inner` (torch 2.13's), which runs on a
-cache hit too. On CUDA it also counts what the CUDA-graph trees did: graphs recorded and
+run would do. It wraps inductor's private `_compile_fx_inner` (torch 2.13's) and turns the
+compile caches off inside its block (a hit in AOTAutograd's cache skips inductor, and so the
+record), so every graph the block compiles is compiled and recorded. On CUDA it also counts what the CUDA-graph trees did: graphs recorded and
 replayed, and the graphs inductor skipped (`counters["inductor"]["cudagraph_skips"]`).
 """
 
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch._dynamo.utils import counters
+from torch._functorch import config as functorch_config
 from torch._inductor import compile_fx, cudagraph_trees
+from torch._inductor import config as inductor_config
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,9 @@ def audit() -> Iterator[GraphAudit]:
     compile_fx._compile_fx_inner = recording
     manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign,assignment]
     try:
-        yield found
+        with (inductor_config.patch(fx_graph_cache=False),
+              functorch_config.patch(enable_autograd_cache=False)):
+            yield found
     finally:
         compile_fx._compile_fx_inner = inner
         manager.record_function, manager.execute_node = record, execute  # type: ignore[method-assign]
