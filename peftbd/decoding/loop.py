@@ -157,7 +157,7 @@ class SpeculativeDecoder:
             scheduler.add(i, prompt, budget, param)
         results: dict[object, DecodeResult] = {}
         while scheduler.busy:
-            results.update((i, result_of(state)) for i, state in scheduler.step())
+            results.update((s.key, result_of(s.state)) for s in scheduler.step() if s.done)
         return [results[i] for i in range(len(prompts))]
 
 

@@ -286,8 +286,10 @@ class RowCache:
         return cache
 
     def release(self) -> None:
-        """Give the row back to the pool now (else when this cache is dropped)."""
-        self.kv.release(self.row)
+        """Give the row back to the pool now (else when this cache is dropped); a second call,
+        or one after the row went to another request, does nothing."""
+        if self.kv._owner(self.row) is self:
+            self.kv.release(self.row)
 
     def get_seq_length(self) -> int:
         """Committed positions."""

@@ -1,4 +1,6 @@
-"""The engine's scheduler: continuous batching over rounds, as vLLM v1's scheduler steps.
+"""The engine's scheduler: continuous batching over rounds, as vLLM v1's scheduler steps. Every
+caller runs its requests through it: the benchmark and generate (`decode_many`) and a colocated
+serving replica (`peftbd.serving.batcher`).
 
 Requests are `add`ed and the caller `step`s until `busy` is false. A step admits waiting
 requests while fewer than `max_batch` run (each takes a row of the decoder's KV pool), runs at
@@ -7,7 +9,9 @@ the admitted requests not yet prefilled (a long prompt takes several steps;
 `peftbd.decoding.packed`), then one round (one batched propose, one batched verify) of every
 running request whose prefill is done; requests that finished leave, and their rows go back to
 the pool. So a burst of arrivals costs the rounds in flight one chunk per round, never a stall
-for the whole burst (chunked prefill as vLLM and Sarathi schedule it).
+for the whole burst (chunked prefill as vLLM and Sarathi schedule it). A step reports what it
+did for each request (`Stepped`: a prefill finished, or a round); `cancel` takes a request out
+(its client left), and a request queued with tokens it already generated resumes from them.
 """
 
 from __future__ import annotations
@@ -43,21 +47,46 @@ class Engine(Protocol):
 
 @dataclass(frozen=True)
 class Queued:
-    """A request waiting for a row: its caller's key, prompt, budget and sampling."""
+    """A request waiting for a row: its caller's key, committed tokens, budget and sampling.
+    `prompt_len` < len(`tokens`) resumes a request from tokens already generated (its replica
+    died, or its caller rebuilds it): the prefill then covers `tokens[:-1]` and commits nothing."""
 
     key: object
-    prompt: Sequence[int]
+    tokens: Sequence[int]
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
+    prompt_len: int | None = None
+
+    @property
+    def resumed(self) -> bool:
+        return self.prompt_len is not None and self.prompt_len < len(self.tokens)
 
 
 @dataclass(eq=False)
 class Running:
-    """An admitted request: its state, and whether its prompt is prefilled."""
+    """An admitted request: its state, whether its prompt is prefilled, and how it was queued."""
+
+    queued: Queued
+    state: DecodeState
+    prefilled: bool
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """What one step did for one request: finished its prefill (`record` None) or took a round
+    (`record`); `tokens` it committed then (a resumed request's prefill: none), `done` whether
+    that finished it, `batch_size` the rows of the forward."""
 
     key: object
     state: DecodeState
-    prefilled: bool
+    tokens: list[int]
+    done: bool
+    record: RoundMetrics | None
+    batch_size: int
+
+    @property
+    def prefill(self) -> bool:
+        return self.record is None
 
 
 @dataclass
@@ -71,26 +100,51 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
-            raise ValueError(f"batch_size={self.max_batch}; decoding.batch_sizes entries must be >= 1")
+            raise ValueError(f"max_batch={self.max_batch}; decoding.batch_sizes and "
+                             "serving.max_batch entries must be >= 1")
 
     @property
     def busy(self) -> bool:
         """Requests are waiting or running."""
         return bool(self.waiting or self.running)
 
-    def add(self, key: object, prompt: Sequence[int], max_new_tokens: int,
-            sampling: SamplingParams = GREEDY) -> None:
-        """Queue a request; `step` returns it with `key` when it finished."""
-        self.waiting.append(Queued(key, prompt, max_new_tokens, sampling))
+    def add(self, key: object, tokens: Sequence[int], max_new_tokens: int,
+            sampling: SamplingParams = GREEDY, prompt_len: int | None = None) -> None:
+        """Queue a request (`Queued`); `step` reports it under `key`."""
+        queued = Queued(key, tokens, max_new_tokens, sampling, prompt_len)
+        if prompt_len is not None and not 0 < prompt_len <= len(tokens):
+            raise ValueError(f"prompt_len={prompt_len} of {len(tokens)} committed tokens; a resumed "
+                             "request needs 0 < prompt_len <= len(tokens)")
+        self.waiting.append(queued)
 
-    def step(self) -> list[tuple[object, DecodeState]]:
-        """Admit, one prefill chunk, one round of the prefilled requests; the finished ones."""
+    def cancel(self, key: object) -> None:
+        """Take the request `key` out (waiting or running: its row goes back to the pool)."""
+        self.waiting = deque(q for q in self.waiting if q.key is not key)
+        for req in [r for r in self.running if r.queued.key is key]:
+            req.state.cache.release()
+            self.running.remove(req)
+
+    def abort(self) -> list[object]:
+        """Drop every request (a step failed: their states are not to be trusted); their keys."""
+        keys = [q.key for q in self.waiting] + [r.queued.key for r in self.running]
+        for req in self.running:
+            req.state.cache.release()
+        self.waiting.clear()
+        self.running.clear()
+        return keys
+
+    def step(self) -> list[Stepped]:
+        """Admit, one prefill chunk, one round of the prefilled requests: what each did."""
         dec = self.decoder
+        stepped: list[Stepped] = []
         while self.waiting and len(self.running) < self.max_batch:
             q = self.waiting.popleft()
-            state = new_state(dec.model, q.prompt, q.max_new_tokens, dec.eos_ids,
-                              dec.drafter.feature_layers, q.sampling, dec.path, dec.pool)
-            self.running.append(Running(q.key, state, state.done))  # a budget of 0: no prefill
+            tokens, budget = (q.tokens[:-1], 1) if q.resumed else (q.tokens, q.max_new_tokens)
+            state = new_state(dec.model, tokens, budget, dec.eos_ids, dec.drafter.feature_layers,
+                              q.sampling, dec.path, dec.pool)
+            self.running.append(Running(q, state, state.done))
+            if state.done:  # a budget of 0: no prefill, done at once
+                stepped.append(Stepped(q.key, state, [], True, None, 0))
         filling = [r for r in self.running if not r.prefilled]
         if filling:
             done = {id(s) for s in prefill_step(dec.model, [r.state for r in filling], dec.prefill_chunk)}
@@ -99,11 +153,33 @@ class Scheduler:
                 if id(req.state) in done:
                     req.prefilled = True
                     dec.drafter.start(req.state)
-        live = [r.state for r in self.running if r.prefilled and not r.state.done]
+                    q = req.queued
+                    if q.resumed:
+                        resumed(req.state, q.tokens, q.prompt_len or 0, q.max_new_tokens)
+                    stepped.append(Stepped(q.key, req.state, [] if q.resumed else req.state.new_tokens,
+                                           req.state.done, None, len(filling)))
+        live = [r for r in self.running if r.prefilled and not r.state.done]
         if live:
-            dec.step_many(live)
-        finished = [r for r in self.running if r.prefilled and r.state.done]
-        self.running = [r for r in self.running if not (r.prefilled and r.state.done)]
-        for req in finished:
+            records = dec.step_many([r.state for r in live])
+            for req, rec in zip(live, records):
+                state = req.state
+                stepped.append(Stepped(req.queued.key, state, state.tokens[len(state.tokens) - rec.emitted:],
+                                       state.done, rec, len(live)))
+        for req in [r for r in self.running if r.prefilled and r.state.done]:
             req.state.cache.release()
-        return [(r.key, r.state) for r in finished]
+            self.running.remove(req)
+        return stepped
+
+
+def resumed(state: DecodeState, committed: Sequence[int], prompt_len: int,
+            max_new_tokens: int) -> DecodeState:
+    """A state prefilled over `committed[:-1]` (with a budget of one token) made the state of the
+    request that committed exactly `committed`: the caller's last token in place of the one the
+    prefill chose, its prompt length and budget restored. The cache then holds the verifier KV of
+    `committed[:-1]` and `hidden` the states that predicted `committed[1:]`, the engine's
+    between-rounds invariant."""
+    state.tokens[-1] = committed[-1]
+    state.prompt_len = prompt_len
+    state.max_new_tokens = max_new_tokens
+    state.done = committed[-1] in state.eos_ids or state.remaining <= 0
+    return state

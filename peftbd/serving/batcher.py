@@ -1,13 +1,15 @@
-"""A colocated replica's step loop: the concurrent requests of one replica decoded together.
+"""A colocated replica's step loop: the concurrent requests of one replica decoded together by
+the engine's scheduler (`peftbd.decoding.scheduler.Scheduler`, the one the benchmark runs:
+continuous batching, chunked packed prefill, resumes).
 
 Requests `submit` themselves and get their `RoundEvent`s through their own `deliver` callback
-(a queue per request). One background thread runs the loop, as vLLM's scheduler does for greedy
-requests: admit the waiting requests (one batched prefill per method, at most `max_batch` running
-per method; an idle replica waits up to `batch_wait_ms` for more to arrive), then step one
-method's running batch one round (`step_many`: one batched draft, one batched verify), deliver
-each row's event, and drop the rows that finished or whose request was closed. Requests of
-different methods never share a forward (the PEFT-BD adapter switch is model-wide): each method
-keeps its own running batch and the loop alternates between them, round by round.
+(a queue per request). One background thread runs the loop: hand the waiting requests to their
+method's scheduler (an idle replica first waits up to `batch_wait_ms` for a batch that is not
+full), then step one method's scheduler (admit up to `max_batch`, one prefill chunk, one round
+of the prefilled), deliver each request's event of that step, and cancel the requests whose
+consumer closed them. Requests of different methods never share a forward (the PEFT-BD adapter
+switch is model-wide): each method has its own scheduler and the loop alternates between them,
+step by step.
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from peftbd.decoding import DecodeState, RoundMetrics
+from peftbd.decoding import DecodeState
 from peftbd.decoding.sampling import GREEDY, SamplingParams
-from peftbd.decoding.state import present
+from peftbd.decoding.scheduler import Scheduler, Stepped
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.models import ServingModels
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.schemas import FinishReason
-from peftbd.serving.sessions import resume_many
 
 Deliver = Callable[[RoundEvent | BaseException], None]
 """Hands one step (or the error that ended the request) to the request's consumer."""
@@ -44,7 +45,6 @@ class Ticket:
     committed: list[int]
     deliver: Deliver
     sampling: SamplingParams = GREEDY
-    state: DecodeState | None = None
     closed: bool = False
 
     @property
@@ -55,7 +55,7 @@ class Ticket:
 class StepLoop:
     """The per-replica step loop (see module doc). `lock` guards the models against other
     callers of the same replica (split calls); the loop counts into the replica's `counters`
-    (prefills, resumes, rounds per request) and `batch_sizes` (rows of each batched step)."""
+    (prefills, resumes, rounds per request) and `batch_sizes` (rows of each batched round)."""
 
     def __init__(self, models: ServingModels, max_batch: int, batch_wait_ms: float,
                  lock: BusyLock, counters: dict[str, int],
@@ -66,7 +66,8 @@ class StepLoop:
         self.lock, self.counters, self.batch_sizes = lock, counters, batch_sizes
         self._cond = threading.Condition()
         self._waiting: list[Ticket] = []
-        self._running: dict[str, list[Ticket]] = {}
+        self._closing: list[Ticket] = []
+        self._schedulers: dict[str, Scheduler] = {}
         self._open: set[Ticket] = set()
         self._turn = 0
         self._thread: threading.Thread | None = None
@@ -92,7 +93,9 @@ class StepLoop:
     def close(self, ticket: Ticket) -> None:
         """The request is over (finished, or its consumer left): it leaves before the next step."""
         with self._cond:
-            ticket.closed = True
+            if not ticket.closed:
+                ticket.closed = True
+                self._closing.append(ticket)
             self._open.discard(ticket)
 
     # the loop's thread ---------------------------------------------------------------------
@@ -100,14 +103,22 @@ class StepLoop:
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
-                self._admit(self._newcomers())
+                for ticket in self._newcomers():
+                    self._scheduler(ticket.method).add(
+                        ticket, ticket.committed, ticket.max_new_tokens, ticket.sampling,
+                        len(ticket.prompt_ids))
                 method = self._next_method()
                 if method is not None:
                     self._step(method)
 
+    def _scheduler(self, method: str) -> Scheduler:
+        if method not in self._schedulers:
+            self._schedulers[method] = Scheduler(self.models.decoder(method), self.max_batch)
+        return self._schedulers[method]
+
     def _newcomers(self) -> list[Ticket]:
-        """The waiting requests that fit; blocks while there is nothing to do, and an idle
-        replica waits up to `batch_wait_ms` for a batch that is not full."""
+        """The waiting requests, the closed ones cancelled; blocks while there is nothing to do,
+        and an idle replica waits up to `batch_wait_ms` for a batch that is not full."""
         with self._cond:
             while not self._waiting and not self._busy():
                 self._cond.wait()
@@ -115,82 +126,43 @@ class StepLoop:
                 deadline = time.monotonic() + self.wait_s
                 while len(self._waiting) < self.max_batch and time.monotonic() < deadline:
                     self._cond.wait(deadline - time.monotonic())
-            taken, left = [], []
-            room = {m: self.max_batch - len(r) for m, r in self._running.items()}
-            for t in self._waiting:
-                if t.closed:
-                    continue
-                if room.get(t.method, self.max_batch) > 0:
-                    room[t.method] = room.get(t.method, self.max_batch) - 1
-                    taken.append(t)
-                else:
-                    left.append(t)
-            self._waiting = left
-            return taken
+            taken = [t for t in self._waiting if not t.closed]
+            closing, self._waiting, self._closing = self._closing, [], []
+        for ticket in closing:
+            if ticket.method in self._schedulers:
+                self._schedulers[ticket.method].cancel(ticket)
+        return taken
 
     def _busy(self) -> bool:
-        return any(self._running.values())
-
-    def _admit(self, tickets: Sequence[Ticket]) -> None:
-        """One batched prefill per method for fresh requests, one batched rebuild for resumed
-        ones (`resume_many`); each gets its prefill event and joins its method's batch."""
-        by_kind: dict[tuple[str, bool], list[Ticket]] = collections.defaultdict(list)
-        for t in tickets:
-            by_kind[(t.method, t.resumed)].append(t)
-        for (method, resumed), group in by_kind.items():
-            dec = self.models.decoder(method)
-            try:
-                with self.lock:
-                    if resumed:
-                        states = resume_many(dec, [t.committed for t in group],
-                                             [len(t.prompt_ids) for t in group],
-                                             [t.max_new_tokens for t in group],
-                                             [t.sampling for t in group])
-                        self.counters["resumes"] += len(group)
-                    else:
-                        states = dec.start_many([t.prompt_ids for t in group],
-                                                [t.max_new_tokens for t in group],
-                                                [t.sampling for t in group])
-                        self.counters["prefills"] += len(group)
-            except Exception as exc:  # a bug: fail these requests, keep serving the others
-                self._fail(group, exc)
-                continue
-            for t, state in zip(group, states):
-                t.state = state
-                self._send(t, RoundEvent(
-                    tokens=[] if resumed else state.new_tokens, other_ms=state.prefill_s * 1e3,
-                    resumes=int(resumed), done=state.done, prefill=True,
-                    finish_reason=finish_reason(state), batch_size=len(group)))
-                if not state.done and not t.closed:
-                    self._running.setdefault(method, []).append(t)
+        return any(s.busy for s in self._schedulers.values())
 
     def _next_method(self) -> str | None:
-        """The next method (round robin) with a running request still open."""
-        with self._cond:
-            for method in list(self._running):
-                self._running[method] = [t for t in self._running[method] if not t.closed]
-            methods = [m for m, r in self._running.items() if r]
+        """The next method (round robin) whose scheduler has requests."""
+        methods = [m for m, s in self._schedulers.items() if s.busy]
         if not methods:
             return None
         self._turn = (self._turn + 1) % len(methods)
         return methods[self._turn]
 
     def _step(self, method: str) -> None:
-        """One round of `method`'s running batch; finished rows leave it."""
-        batch = self._running[method]
+        """One step of `method`'s scheduler; each request's event of it."""
+        scheduler = self._schedulers[method]
         try:
-            states = [present(t.state, "a running ticket's state") for t in batch]
             with self.lock:
-                records = self.models.decoder(method).step_many(states)
-        except Exception as exc:
-            self._running[method] = []
-            self._fail(batch, exc)
+                stepped = scheduler.step()
+        except Exception as exc:  # a bug: fail these requests, keep serving the others
+            self._fail(scheduler.abort(), exc)
             return
-        self.counters["rounds"] += len(batch)
-        self.batch_sizes[len(batch)] += 1
-        for t, state, rec in zip(batch, states, records):
-            self._send(t, round_event(state, rec, len(batch)))
-        self._running[method] = [t for t, s in zip(batch, states) if not s.done and not t.closed]
+        rounds = [s for s in stepped if not s.prefill]
+        if rounds:
+            self.counters["rounds"] += len(rounds)
+            self.batch_sizes[rounds[0].batch_size] += 1
+        for s in stepped:
+            ticket = s.key
+            assert isinstance(ticket, Ticket)
+            if s.prefill:
+                self.counters["resumes" if ticket.resumed else "prefills"] += 1
+            self._send(ticket, step_event(s, int(ticket.resumed)))
 
     def _send(self, ticket: Ticket, item: RoundEvent | BaseException) -> None:
         if ticket.closed:
@@ -200,19 +172,25 @@ class StepLoop:
         except RuntimeError:  # the consumer's event loop is gone: nobody is listening
             self.close(ticket)
 
-    def _fail(self, tickets: Sequence[Ticket], exc: Exception) -> None:
+    def _fail(self, tickets: Sequence[object], exc: Exception) -> None:
         for t in tickets:
+            assert isinstance(t, Ticket)
             self._send(t, exc)
             self.close(t)
 
 
-def round_event(state: DecodeState, rec: RoundMetrics, batch_size: int) -> RoundEvent:
-    """A request's event of one batched round (the batch's draft and verify times)."""
+def step_event(s: Stepped, resumes: int) -> RoundEvent:
+    """A request's event of one scheduler step: its prefill (`resumes`: 1 when it rebuilt a
+    resumed request), or its round of the batch (the batch's draft and verify times)."""
+    finish = finish_reason(s.state) if s.done else None
+    if s.record is None:
+        return RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3, resumes=resumes,
+                          done=s.done, prefill=True, finish_reason=finish, batch_size=s.batch_size)
+    rec = s.record
     return RoundEvent(
-        tokens=state.tokens[len(state.tokens) - rec.emitted:], proposed=rec.proposed,
-        accepted=rec.accepted, draft_ms=rec.draft_ms, verify_ms=rec.verify_ms,
-        other_ms=rec.other_ms, done=state.done, finish_reason=finish_reason(state),
-        batch_size=batch_size,
+        tokens=s.tokens, proposed=rec.proposed, accepted=rec.accepted, draft_ms=rec.draft_ms,
+        verify_ms=rec.verify_ms, other_ms=rec.other_ms, done=s.done, finish_reason=finish,
+        batch_size=s.batch_size,
     )
 
 

@@ -19,6 +19,7 @@ import torch
 
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_shipped, new_state
 from peftbd.decoding.sampling import GREEDY, SamplingParams
+from peftbd.decoding.scheduler import resumed
 from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock
 
 
@@ -40,11 +41,9 @@ def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
     """States whose committed tokens are exactly `committed` (prompt + generated so far), one per
     request, with one batched prefill.
 
-    Adapter over the engine's `prefill` (which would commit its own next token): prefill over
-    `committed[:-1]`, put the ingress's last token in place of the one prefill chose, and restore
-    the request's prompt length and budget. The cache then holds the verifier KV of
-    `committed[:-1]` and `hidden` the states that predicted `committed[1:]`, the engine's
-    between-rounds invariant; `start` set the drafter's state up for it.
+    The engine's `prefill` over `committed[:-1]`, then `peftbd.decoding.scheduler.resumed`
+    (the ingress's last token in place of the one prefill chose, the request's prompt length and
+    budget restored); `start` set the drafter's state up for it.
     """
     for c, n in zip(committed, prompt_lens):
         if not 0 < n < len(c):
@@ -53,12 +52,8 @@ def resume_many(decoder: SpeculativeDecoder, committed: Sequence[Sequence[int]],
                 f"{len(c)} committed tokens"
             )
     states = decoder.start_many([c[:-1] for c in committed], 1, sampling)
-    for state, c, n, budget in zip(states, committed, prompt_lens, max_new_tokens):
-        state.tokens[-1] = c[-1]
-        state.prompt_len = n
-        state.max_new_tokens = budget
-        state.done = c[-1] in state.eos_ids or state.remaining <= 0
-    return states
+    return [resumed(state, c, n, budget)
+            for state, c, n, budget in zip(states, committed, prompt_lens, max_new_tokens)]
 
 
 def from_shipped(decoder: SpeculativeDecoder, committed: Sequence[int], prompt_len: int,
