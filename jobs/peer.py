@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from peftbd.analysis.peer import PEER_KEY, markdown
 from peftbd.benchmarking.peer import PeerSettings, ShapeDtype, run
+from peftbd.benchmarking.peer_schema import PeerPath
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.data.sources import source_identity
@@ -56,6 +57,16 @@ def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path, root: Path) ->
                             "vllm": str(vllm_python())})
 
 
+def _paths(text: str) -> tuple[str, ...]:
+    """`--paths fast,eager` as a tuple; an unknown path is an argparse error naming the choices."""
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in paths if p not in get_args(PeerPath)]
+    if unknown or not paths:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give one or more of {', '.join(get_args(PeerPath))}, comma-separated")
+    return paths
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.peer", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
@@ -69,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif field.annotation is ShapeDtype:
             parser.add_argument(flag, choices=get_args(ShapeDtype), default=field.default,
                                 help=f"{field.description} (default: {field.default})")
+        elif name == "paths":
+            parser.add_argument(flag, type=_paths, default=field.default, metavar="PATH[,PATH]",
+                                help=f"{field.description} (default: {','.join(field.default)})")
         else:
             parser.add_argument(flag, type=int, default=field.default,
                                 help=f"{field.description} (default: {field.default})")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from peftbd.benchmarking.peer_schema import ArmRun, PeerTable
 
 PEER_KEY = "peer"
@@ -34,13 +36,20 @@ def _step_ms(run: ArmRun) -> str:
     return f"{run.ms_per_step:.2f} ({run.forward_ms_per_step:.2f} + {host:.2f})"
 
 
+def _ran(compiled: bool) -> str:
+    return "compiled" if compiled else "eager"
+
+
 def markdown(table: PeerTable) -> str:
     """peer.md: one table per shape, ours beside vLLM's, and what the two runs shared."""
     ng = table.ngram
     lines = [
         f"Our engine beside vLLM {table.vllm_version}, one run on {table.hardware or table.device}, one thread each, "
-        f"greedy. Ours with decoding.fast_path={str(table.fast_path).lower()}; vLLM "
-        f"{'eager' if table.vllm_eager else 'as shipped (its compiled graphs)'}. Prompt lookup "
+        "greedy, like for like per forward path: fast (our compiled fast path beside vLLM's "
+        "compiled graphs) and eager (our eager path beside vLLM's enforce_eager). Each engine is "
+        "timed by the host's monotonic clock around the same work in its own process (ours around "
+        "each decode, vLLM's from its first request added to its last finished: the pipe between "
+        "the two is in neither), after a warm-up pass that compiles every graph. Prompt lookup "
         f"and vLLM's ngram: {ng.num_tokens} tokens a round, n-grams {ng.min_ngram}-{ng.max_ngram}, "
         "the earliest match (vLLM's rule). tok/s: the best of the repeats. An engine step is one "
         "verifier forward over the running requests (a prefill included; vLLM may prefill a "
@@ -50,7 +59,8 @@ def markdown(table: PeerTable) -> str:
               "| engine steps (ours, vLLM) | ms per step: ours (forward + host), vLLM |")
     for row in table.rows:
         a, B = row.arms, row.batch_size
-        lines += [f"**{row.shape}**: {row.model} in {row.dtype} (both engines), {row.prompts} prompts, up to {row.max_new_tokens} "
+        lines += [f"**{row.shape}, {row.path} path** (ours {_ran(row.ours_compiled)}, vLLM "
+                  f"{_ran(row.vllm_compiled)}): {row.model} in {row.dtype} (both engines), {row.prompts} prompts, up to {row.max_new_tokens} "
                   f"new tokens; AR outputs identical on {row.identical}/{row.prompts} prompts, "
                   f"prompt lookup vs ngram on {row.ngram_identical}/{row.prompts}; vLLM's engine "
                   f"start {row.vllm_load_s:.1f} s.", "", header, "|---|---|---|---|---|---|---|"]
@@ -83,7 +93,7 @@ def _dflash_lines(table: PeerTable) -> list[str]:
     verdict = {True: "inside it", False: "**outside it**", None: "not comparable"}[pair.within]
     o, t = pair.ours, pair.vllm
     return [
-        f"**DFlash in both engines** (tiny, batch 1): the head trained in {pair.head_dir}, "
+        f"**DFlash in both engines** (tiny, batch 1, {pair.path} path): the head trained in {pair.head_dir}, "
         f"exported to vLLM's dflash format in {pair.export_subdir}/ (target layers "
         f"{pair.target_layer_ids}, {pair.num_speculative_tokens} tokens a round). Tokens per "
         f"verifier step: ours {o.tokens_per_step:.2f} (95% interval over the prompts {interval}), "
@@ -107,5 +117,10 @@ def section(manifest: dict[str, Any] | None) -> list[str]:
     """The report's section: the peer run's table, when its output sits beside this run."""
     if not manifest or PEER_KEY not in manifest:
         return []
-    table = PeerTable.model_validate(manifest[PEER_KEY])
-    return ["## vLLM beside us: the peer table", markdown(table)]
+    title = "## vLLM beside us: the peer table"
+    try:
+        table = PeerTable.model_validate(manifest[PEER_KEY])
+    except ValidationError:
+        return [title, "The peer run beside this one predates like-for-like forward paths: rerun "
+                "`python -m jobs.peer --force` for its table."]
+    return [title, markdown(table)]

@@ -16,9 +16,14 @@ one thread each (our process and vLLM's side process), greedy, EOS honoured:
 - given the main job's trained DFlash head, that head in both engines (`peer_dflash`: vLLM runs
   it exported to its `dflash` format), tiny world, batch 1.
 
-Both engines run as shipped: ours with the config's `decoding.fast_path`, vLLM with its defaults
-(on CPU its compiled graphs; `--vllm-eager` turns them off). The job writes `peer.json`
-(`PeerTable`) and `peer.md`; the benchmark's report shows the table when `<out root>/peer/` exists.
+Each shape runs once per forward path, the two engines like for like (`--paths`): `fast`, our
+compiled fast path (`decoding.fast_path: true`) beside vLLM's compiled graphs (as shipped), and
+`eager`, our eager path beside vLLM with `enforce_eager`. Each side is timed by the host's
+monotonic clock around the same work, in its own process: ours around `decode` /
+`decode_many`, vLLM's in its side process from its first request added to its last finished
+(`Generated.seconds`), so the pipe between the processes is in neither. Compilation and warm-up
+run before any timed pass. The job writes `peer.json` (`PeerTable`) and `peer.md`; the
+benchmark's report shows the table when `<out root>/peer/` exists.
 """
 
 from __future__ import annotations
@@ -35,12 +40,11 @@ from transformers import PreTrainedModel
 from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.peer_dflash import dflash_pair
 from peftbd.benchmarking.peer_runs import arm_run, best, ours_steps, tokens_per_step, vllm_tokens_per_step
-from peftbd.benchmarking.peer_schema import ArmRun, PeerTable, ShapeRow
+from peftbd.benchmarking.peer_schema import ArmRun, PeerPath, PeerTable, ShapeRow
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.sources import first_prompts, resolve_source
 from peftbd.decoding import SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
-from peftbd.decoding.fast_path import fast_path_on
 from peftbd.methods import DraftContext
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
 from peftbd.models.architecture import build_model, resolve_architecture
@@ -48,10 +52,11 @@ from peftbd.benchmarking.environment import hardware_description, native_dtype
 from peftbd.models.loading import DTYPES, eos_token_ids, load_tokenizer, load_verifier, model_dirs
 from peftbd.peers.vllm_client import VllmPeer
 from peftbd.peers.vllm_env import cpu_memory_share, vllm_python
-from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
+from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec, Ready
 
 TINY, SHAPE = "tiny", "shape"
 ShapeDtype = Literal["auto", "float32", "bfloat16"]
+PATHS: tuple[PeerPath, ...] = ("fast", "eager")
 
 
 class PeerSettings(BaseModel):
@@ -66,7 +71,9 @@ class PeerSettings(BaseModel):
     shape_max_new_tokens: int = Field(16, ge=1, description="0.6B shape: new tokens per prompt")
     repeats: int = Field(1, ge=1, description="timed repeats (each arm's best is reported)")
     shape: bool = Field(True, description="also run the cost profile's architecture")
-    vllm_eager: bool = Field(False, description="vLLM without its compiled graphs")
+    paths: tuple[PeerPath, ...] = Field(PATHS, min_length=1, description=(
+        "forward paths, each a like-for-like pair: fast (our compiled fast path beside vLLM's "
+        "compiled graphs), eager (our eager path beside vLLM's enforce_eager)"))
     shape_dtype: ShapeDtype = Field("auto", description=(
         "0.6B shape: both engines' dtype (auto: bfloat16 where this CPU runs it natively, "
         "AVX-512 BF16 or AMX, else float32)"))
@@ -77,29 +84,41 @@ DRAFT_ROOM = 64
 
 
 def engine_load(model: PreTrainedModel, model_dir: str, dtype: str, prompts: list[list[int]],
-                max_new_tokens: int, settings: PeerSettings, cfg: Config) -> Load:
-    """vLLM's engine for `model` (saved in `model_dir`) decoding `prompts`: one request at once,
-    its length room for the longest prompt's tokens and a drafted block past them (a position
-    vLLM has no room for is never accepted)."""
+                max_new_tokens: int, path: PeerPath, cfg: Config) -> Load:
+    """vLLM's engine for `model` (saved in `model_dir`) decoding `prompts` on `path` (eager:
+    `enforce_eager`): one request at once, its length room for the longest prompt's tokens and
+    a drafted block past them (a position vLLM has no room for is never accepted)."""
     room = max(map(len, prompts)) + max_new_tokens + DRAFT_ROOM
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return Load(model_dir=model_dir, dtype=dtype, max_model_len=room, max_num_seqs=1,
-                seed=cfg.training.seed, enforce_eager=settings.vllm_eager,
+                seed=cfg.training.seed, enforce_eager=path == "eager",
                 memory_share=cpu_memory_share(weights))
 
 
 def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str, dtype: str,
                   eos: list[int], prompts: list[list[int]], max_new_tokens: int,
-                  settings: PeerSettings, cfg: Config, peer_ar: VllmPeer,
-                  peer_ngram: VllmPeer) -> tuple[ShapeRow, str]:
-    """One shape, every arm in turns; returns the row and vLLM's version."""
+                  settings: PeerSettings, cfg: Config, path: PeerPath, log_dir: Path
+                  ) -> tuple[ShapeRow, str]:
+    """One shape on one forward path, every arm in turns (vLLM's in two side processes, their
+    logs in `log_dir`); returns the row and vLLM's version."""
     pl = cfg.prompt_lookup
     ngram = NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram, max_ngram=pl.max_ngram)
-    load = engine_load(model, model_dir, dtype, prompts, max_new_tokens, settings, cfg)
-    ready = peer_ar.load(load.model_copy(update={"max_num_seqs": settings.batch_size}))
-    peer_ngram.load(load.model_copy(update={"ngram": ngram}))
+    load = engine_load(model, model_dir, dtype, prompts, max_new_tokens, path, cfg)
+    with (VllmPeer(log_dir / f"vllm_ar_{name}_{path}.log") as peer_ar,
+          VllmPeer(log_dir / f"vllm_ngram_{name}_{path}.log") as peer_ngram):
+        ready = peer_ar.load(load.model_copy(update={"max_num_seqs": settings.batch_size}))
+        peer_ngram.load(load.model_copy(update={"ngram": ngram}))
+        return _timed_arms(name, label, model, dtype, eos, prompts, max_new_tokens, settings, cfg,
+                           path, peer_ar, peer_ngram, ready)
+
+
+def _timed_arms(name: str, label: str, model: PreTrainedModel, dtype: str, eos: list[int],
+                prompts: list[list[int]], max_new_tokens: int, settings: PeerSettings,
+                cfg: Config, path: PeerPath, peer_ar: VllmPeer, peer_ngram: VllmPeer,
+                ready: Ready) -> tuple[ShapeRow, str]:
+    pl = cfg.prompt_lookup
     clock = Clock(torch.device("cpu"))
-    fast = cfg.decoding.fast_path
+    fast = path == "fast"
     ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
     drafter = PromptLookupDrafter(pl.num_tokens, pl.min_ngram, pl.max_ngram, occurrence="earliest")
     ours_pl = SpeculativeDecoder(model, drafter, eos, max_new_tokens, fast_path=fast)
@@ -108,16 +127,20 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     def vllm(peer: VllmPeer, batch: list[list[int]]) -> Generated:
         return peer.generate(Generate(prompts=batch, max_tokens=max_new_tokens, stop_token_ids=eos))
 
-    # warm-up: one prompt each, and one batched pass each (allocations, lazy init, graphs)
-    ours_ar.decode(prompts[0]), ours_pl.decode(prompts[0]), vllm(peer_ar, prompts[:1]), vllm(peer_ngram, prompts[:1])
-    ours_ar.decode_many(prompts[:B], B), vllm(peer_ar, prompts[:B])
+    # warm-up: every prompt once on each arm, and one batched pass each (allocations, lazy
+    # init, and on the fast path every graph the timed passes run compiled before they run)
+    for p in prompts:
+        ours_ar.decode(p), ours_pl.decode(p), vllm(peer_ar, [p]), vllm(peer_ngram, [p])
+    ours_ar.decode_many(prompts, B), vllm(peer_ar, prompts)
     arms: dict[str, Callable[[list[int]], Any]] = {
         "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
         "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
     runs: dict[str, list[ArmRun]] = {}
     for _ in range(settings.repeats):
         one, seconds = interleaved_timing(arms, prompts, 1, clock)
-        secs = {k: sum(v[0]) for k, v in seconds.items()}
+        # ours: our clock around each decode; vLLM: its side's clock around the same work
+        secs = {k: sum(seconds[k][0]) for k in ("ours_ar", "ours_pl")} | {
+            k: sum(o.seconds for o in one[k]) for k in ("vllm_ar", "vllm_ngram")}
         outputs = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")} | {
             k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
         count = {k: sum(map(len, v)) for k, v in outputs.items()}
@@ -136,14 +159,15 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
         got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
         runs.setdefault(f"ours_ar_b{B}", []).append(
             arm_run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
-        start = clock.now()
         batched = vllm(peer_ar, prompts)
         runs.setdefault(f"vllm_ar_b{B}", []).append(
-            arm_run(sum(map(len, batched.outputs)), clock.now() - start, None, batched.steps))
+            arm_run(sum(map(len, batched.outputs)), batched.seconds, None, batched.steps))
     found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
              if (m := compare(model, f"{name}-{k}", p, a, b))]
     same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
-    row = ShapeRow(shape=name, model=label, dtype=dtype, prompts=len(prompts), max_new_tokens=max_new_tokens,
+    row = ShapeRow(shape=name, model=label, dtype=dtype, path=path,
+                   ours_compiled=ours_ar.path.compiled, vllm_compiled=path == "fast",
+                   prompts=len(prompts), max_new_tokens=max_new_tokens,
                    batch_size=B, arms={k: best(v) for k, v in runs.items()},
                    identical=len(prompts) - len(found), mismatches=found,
                    ngram_identical=same_ngram, vllm_load_s=ready.load_s)
@@ -164,37 +188,35 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
     rows, version = [], ""
     verifier = load_verifier(cfg, cpu)
     eos, model_dir = eos_token_ids(verifier, tokenizer), model_dirs(cfg)[1]
-    with VllmPeer(log_dir / "vllm_ar.log") as peer_ar, VllmPeer(log_dir / "vllm_ngram.log") as peer_ngram:
+    for path in settings.paths:
         row, version = compare_shape(
             TINY, cfg.model.name_or_path, verifier, model_dir, cfg.model.dtype, eos, prompts,
-            settings.max_new_tokens, settings, cfg, peer_ar, peer_ngram)
-    rows.append(row)
+            settings.max_new_tokens, settings, cfg, path, log_dir)
+        rows.append(row)
     pair = None
     if dflash is not None:
+        path = settings.paths[0]
         ctx = DraftContext(cfg, verifier, tokenizer.mask_token_id, tokenizer.pad_token_id)
         load = engine_load(verifier, model_dir, cfg.model.dtype, prompts, settings.max_new_tokens,
-                           settings, cfg)
+                           path, cfg)
         with VllmPeer(log_dir / "vllm_dflash.log") as peer:
             pair = dflash_pair(ctx, *dflash, load, prompts, eos, settings.max_new_tokens,
-                               settings.repeats, peer)
+                               settings.repeats, peer, path == "fast")
     del verifier
     if settings.shape:
         arch = resolve_architecture(cfg)
         torch.manual_seed(cfg.training.seed)
         dtype = native_dtype(cpu) if settings.shape_dtype == "auto" else settings.shape_dtype
         model = build_model(arch, DTYPES[dtype], cpu, cfg.model.attn_implementation)
-        with (tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt,
-              VllmPeer(log_dir / "vllm_ar_shape.log") as peer_ar,
-              VllmPeer(log_dir / "vllm_ngram_shape.log") as peer_ngram):
+        with tempfile.TemporaryDirectory(prefix="peftbd-peer-") as ckpt:
             model.save_pretrained(ckpt)  # one checkpoint both engines decode
-            row, _ = compare_shape(
-                SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, dtype,
-                [int(arch.config.eos_token_id)], prompts[:settings.shape_prompts],
-                settings.shape_max_new_tokens, settings, cfg, peer_ar, peer_ngram)
-        rows.append(row)
+            for path in settings.paths:
+                row, _ = compare_shape(
+                    SHAPE, f"{arch.name} ({arch.weights})", model, ckpt, dtype,
+                    [int(arch.config.eos_token_id)], prompts[:settings.shape_prompts],
+                    settings.shape_max_new_tokens, settings, cfg, path, log_dir)
+                rows.append(row)
     pl = cfg.prompt_lookup
     return PeerTable(vllm_version=version, device="cpu", hardware=hardware_description(cpu), threads=1,
-                     fast_path=fast_path_on(cfg.decoding.fast_path, torch.device("cpu")),
-                     vllm_eager=settings.vllm_eager,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
                                      max_ngram=pl.max_ngram), rows=rows, dflash=pair)

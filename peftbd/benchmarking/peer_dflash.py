@@ -33,22 +33,26 @@ from peftbd.peers.vllm_protocol import DflashSpec, Generate, Generated, Load
 
 def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
                 prompts: list[list[int]], eos: list[int], max_new_tokens: int, repeats: int,
-                peer: VllmPeer) -> DflashPair:
+                peer: VllmPeer, fast: bool) -> DflashPair:
     """Export the head in `head_dir` (a DFlash training run's output) to `export_dir`, load it in
-    `peer` (vLLM, with `load`'s engine settings) and time both engines' DFlash on `prompts`."""
+    `peer` (vLLM, with `load`'s engine settings: `enforce_eager` unless `fast`) and time both
+    engines' DFlash on `prompts` (ours on its fast path when `fast`; each side by its own clock
+    around the same work, as in `peftbd.benchmarking.peer`)."""
     head = DFLASH.load(ctx, head_dir)
     assert isinstance(head, BDHead)
     exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir, DFLASH.id)
     drafter = DflashSpec(model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)
-    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter}))
+    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter,
+                                      "enforce_eager": not fast}))
     [arm] = DFLASH.arms(ctx.cfg)
     ours = SpeculativeDecoder(ctx.verifier, DFLASH.drafter(head, ctx, arm), eos, max_new_tokens,
-                              fast_path=ctx.cfg.decoding.fast_path)
+                              fast_path=fast)
 
     def vllm(ids: list[int]) -> Generated:
         return peer.generate(Generate(prompts=[ids], max_tokens=max_new_tokens, stop_token_ids=eos))
 
-    ours.decode(prompts[0]), vllm(prompts[0])  # warm-up
+    for p in prompts:  # warm-up (on the fast path: every graph compiled before the timed pass)
+        ours.decode(p), vllm(p)
     arms: dict[str, Callable[[list[int]], Any]] = {"ours": ours.decode, "vllm": vllm}
     clock = Clock(torch.device("cpu"))
     runs: dict[str, list[ArmRun]] = {"ours": [], "vllm": []}
@@ -59,11 +63,11 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
         results, generated = got["ours"], got["vllm"]
         runs["ours"].append(arm_run(sum(len(r.tokens) for r in results), sum(seconds["ours"][0]),
                                     tokens_per_step(results), *ours_steps(results)))
-        runs["vllm"].append(arm_run(sum(len(g.outputs[0]) for g in generated), sum(seconds["vllm"][0]),
+        runs["vllm"].append(arm_run(sum(len(g.outputs[0]) for g in generated), sum(g.seconds for g in generated),
                                     vllm_tokens_per_step(generated, len(prompts)),
                                     sum(g.steps for g in generated)))
     return DflashPair(
-        head_dir=str(head_dir), export_subdir=exported.model_dir.name,
+        head_dir=str(head_dir), path="fast" if fast else "eager", export_subdir=exported.model_dir.name,
         num_speculative_tokens=exported.num_speculative_tokens,
         target_layer_ids=list(exported.target_layer_ids), ours=best(runs["ours"]),
         vllm=best(runs["vllm"]), ours_interval=acceptance_interval([results]),

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, computed_field
 
 from peftbd.decoding.audit import Mismatch
 from peftbd.peers.vllm_protocol import NgramSpec
+
+
+PeerPath = Literal["fast", "eager"]
+"""A like-for-like pair of forward paths: fast (our compiled fast path, vLLM's compiled graphs)
+or eager (our eager path, vLLM's `enforce_eager`)."""
 
 
 class ArmRun(BaseModel):
@@ -23,11 +30,14 @@ class ArmRun(BaseModel):
 
 
 class ShapeRow(BaseModel):
-    """One shape's comparison."""
+    """One shape's comparison on one forward path (`ours_compiled` / `vllm_compiled`: what ran)."""
 
     shape: str
     model: str
-    dtype: str = "float32"  # both engines' (older peer.json: float32)
+    dtype: str
+    path: PeerPath
+    ours_compiled: bool
+    vllm_compiled: bool
     prompts: int
     max_new_tokens: int
     batch_size: int
@@ -45,6 +55,7 @@ class DflashPair(BaseModel):
     and the prompts whose two outputs are equal."""
 
     head_dir: str
+    path: PeerPath
     export_subdir: str
     num_speculative_tokens: int
     target_layer_ids: list[int]
@@ -73,8 +84,6 @@ class PeerTable(BaseModel):
     device: str
     hardware: str = ""  # the CPU, and how it runs bf16 (`environment.hardware_description`)
     threads: int
-    fast_path: bool
-    vllm_eager: bool
     ngram: NgramSpec
     rows: list[ShapeRow]
     dflash: DflashPair | None = None

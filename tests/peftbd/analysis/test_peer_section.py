@@ -16,11 +16,11 @@ def table() -> PeerTable:
             "ours_ar_b16": run, "vllm_ar_b16": run,
             "ours_prompt_lookup": run.model_copy(update={"tokens_per_step": 1.5}),
             "vllm_ngram": run.model_copy(update={"tokens_per_step": 1.5})}
-    row = ShapeRow(shape="tiny", model="embedded:tiny", prompts=2, max_new_tokens=8, batch_size=16,
+    row = ShapeRow(shape="tiny", model="embedded:tiny", dtype="float32", path="fast",
+                   ours_compiled=True, vllm_compiled=True, prompts=2, max_new_tokens=8, batch_size=16,
                    arms=arms, identical=1, mismatches=[Mismatch("tiny-1", 3, 5, 6, 0.0002)],
                    ngram_identical=2, vllm_load_s=12.0)
-    return PeerTable(vllm_version="0.32.0", device="cpu", threads=1, fast_path=False,
-                     vllm_eager=False, ngram=NgramSpec(num_tokens=8, min_ngram=2, max_ngram=4),
+    return PeerTable(vllm_version="0.32.0", device="cpu", threads=1, ngram=NgramSpec(num_tokens=8, min_ngram=2, max_ngram=4),
                      rows=[row])
 
 
@@ -31,4 +31,13 @@ def test_the_section_renders_the_manifest_s_table():
     assert "| greedy AR, batch 1 | 100.0 | 80.0 | 1.25x |  | 40, 41 | 12.50 (10.00 + 2.50), 15.60 |" in body
     assert "| prompt lookup / ngram, batch 1 | 100.0 | 100.0 | 1.00x | 1.50, 1.50 | 40, 40 |" in body
     assert "AR outputs identical on 1/2 prompts" in body
+    assert "**tiny, fast path** (ours compiled, vLLM compiled)" in body
     assert "tiny-1 differs from token 3 (ours 5, vLLM 6; top-2 margin 0.0002)" in body
+
+
+def test_a_peer_table_from_before_paired_paths_asks_for_a_rerun():
+    old = table().model_dump()
+    for row in old["rows"]:
+        del row["path"]
+    title, body = section({PEER_KEY: old})
+    assert "rerun `python -m jobs.peer --force`" in body

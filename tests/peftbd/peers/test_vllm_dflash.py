@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftbd.benchmarking.peer import PeerSettings, engine_load
+from peftbd.benchmarking.peer import engine_load
 from peftbd.benchmarking.peer_dflash import dflash_pair
 from peftbd.config import EMBEDDED_TINY, load_config
 from peftbd.data.sources import first_prompts, resolve_source
@@ -49,10 +49,10 @@ def test_vllm_drafts_with_our_exported_dflash_head_as_our_engine_does(tiny_world
     head.eval()
     head.save_pretrained(tmp_path / "run" / HEAD_SUBDIR)
     ctx = DraftContext(cfg, verifier, tok.mask_token_id, tok.pad_token_id)
-    load = engine_load(verifier, model_dirs(cfg)[1], cfg.model.dtype, prompts, TOKENS,
-                       PeerSettings(vllm_eager=True), cfg)
+    load = engine_load(verifier, model_dirs(cfg)[1], cfg.model.dtype, prompts, TOKENS, "eager", cfg)
     with VllmPeer(tmp_path / "vllm.log") as peer:
-        pair = dflash_pair(ctx, tmp_path / "run", tmp_path / "export", load, prompts, eos, TOKENS, 1, peer)
+        pair = dflash_pair(ctx, tmp_path / "run", tmp_path / "export", load, prompts, eos, TOKENS, 1,
+                           peer, fast=False)
     assert pair.ours.tokens_per_step > 1.5, pair  # it drafts: acceptance is there to compare
     assert pair.identical == PROMPTS
     assert (pair.vllm.steps, pair.vllm.tokens_per_step) == (pair.ours.steps, pair.ours.tokens_per_step)

@@ -103,11 +103,12 @@ def test_the_peer_job_writes_its_table(tmp_path):
     out = tmp_path / "peer"
     run = subprocess.run([sys.executable, "-m", "jobs.peer", "--out", str(out), "--no-shape",
                           "--prompts", "3", "--max-new-tokens", "12", "--batch-size", "2",
-                          "--vllm-eager", "--artifacts", str(tmp_path / "no-main-job")],
+                          "--paths", "eager", "--artifacts", str(tmp_path / "no-main-job")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     table = PeerTable.model_validate(json.loads((out / "peer.json").read_text()))
     (row,) = table.rows
+    assert (row.path, row.ours_compiled, row.vllm_compiled) == ("eager", False, False)
     assert set(row.arms) == {"ours_ar_b1", "vllm_ar_b1", "ours_ar_b2", "vllm_ar_b2",
                              "ours_prompt_lookup", "vllm_ngram"}
     assert row.identical == 3 and row.ngram_identical == 3
