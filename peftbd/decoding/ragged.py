@@ -52,7 +52,7 @@ class RaggedKV:
         self._offset = 0  # slots appended after each row's committed ones, the open chunk's included
         self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
         self._lengths_t: torch.Tensor | None = None
-        self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # (start, *shape), index
+        self._slots: tuple[tuple[int, ...], torch.Tensor] | None = None  # (start, *shape), slots
 
     @property
     def lengths(self) -> list[int]:
@@ -103,7 +103,7 @@ class RaggedKV:
             if cache.row != i:
                 self._swap(i, cache.row)
         self.size = len(caches)
-        self._lengths_t = self._index = None
+        self._lengths_t = self._slots = None
 
     def open_chunk(self, valid: torch.Tensor | None, width: int) -> None:
         """Open the next chunk (`width` slots per row; `valid` (B, width) bool: which are real,
@@ -169,7 +169,7 @@ class RaggedKV:
         (they must be real slots: a chunk's real inputs come first); the rest is dropped."""
         for row, count in enumerate(counts):
             self._length[row] += count
-        self._lengths_t = self._index = None
+        self._lengths_t = self._slots = None
         self._offset = 0
         self._chunks = []
 
@@ -177,7 +177,7 @@ class RaggedKV:
         """Row `row` committed `count` more slots written outside a batched forward (a packed
         prefill's, `peftbd.decoding.packed`)."""
         self._length[row] += count
-        self._lengths_t = self._index = None
+        self._lengths_t = self._slots = None
 
     def lengths_tensor(self) -> torch.Tensor:
         """The batch rows' committed lengths (B,) on the pool's device."""
@@ -242,11 +242,11 @@ class RaggedKV:
     def _chunk_slots(self, key: torch.Tensor, start: int) -> torch.Tensor:
         """The slots (B, Q) of a chunk `key` (B, heads, Q, d) written at `start`: each row's
         n_i + start.. (built once per chunk, shared by every layer)."""
-        if self._index is None or self._index[0] != (start, *key.shape):
+        if self._slots is None or self._slots[0] != (start, *key.shape):
             slots = (self._lengths_on(key.device) + start).unsqueeze(1) \
                 + torch.arange(key.shape[2], device=key.device)
-            self._index = ((start, *key.shape), slots)
-        return self._index[1]
+            self._slots = ((start, *key.shape), slots)
+        return self._slots[1]
 
     def _lengths_on(self, device: torch.device) -> torch.Tensor:
         if self._lengths_t is None:

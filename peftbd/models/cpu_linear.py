@@ -10,8 +10,12 @@ weight where it is faster (bf16 always, fp32 from two rows) and `F.linear` elsew
 
 The packed copy is made on first use and again whenever the weight changed (its storage or its
 version counter: an optimizer step, a load), so a model that trains between decodes stays exact.
-It is used only for inference (no autograd through it), never inside a `torch.compile`d graph
-(inductor packs its own) nor under a dispatch mode (the forward counter counts `aten.linear`). It keeps the original weight: the model's weights take twice the memory.
+It is used only for inference (no autograd through it), and not under a dispatch mode (the
+forward counter counts `aten.linear`). Inside a `torch.compile`d graph (the fast path) the linear
+is the opaque custom op `peftbd::packed_linear`, so inductor calls the same packed GEMM instead of
+its own `aten.mm` on the unpacked weight (at Qwen3-0.6B's shape in bf16 a compiled batch-1 step
+took 10x the eager one that way) and the weights stay live (no freezing: a weight that changed is
+packed again). It keeps the original weight: the model's weights take twice the memory.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.weak import WeakIdKeyDictionary
 
 MIN_WEIGHTS = 1 << 16
 """Smaller linears (a LoRA's A and B, the tiny world's) keep `F.linear`: nothing to gain."""
-_PACKED = "_peftbd_packed"
 
 
 def prepack_available(dtype: torch.dtype) -> bool:
@@ -52,27 +56,45 @@ def prepack_linears(model: nn.Module) -> int:
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, self.weight, self.bias)`, on the prepacked weight where it pays."""
+    """`F.linear(x, self.weight, self.bias)`, on the prepacked weight where it pays (inside a
+    compiled graph: always, as the opaque `peftbd::packed_linear`)."""
     weight = self.weight
-    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-            or x.dtype != weight.dtype or weight.dim() != 2
-            or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+    usable = x.dtype == weight.dtype and weight.dim() == 2 and not (
+        torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+    if torch.compiler.is_compiling():  # (a dispatch mode's check would break the graph)
+        return packed_linear(x, weight, self.bias) if usable else F.linear(x, weight, self.bias)
+    if (not usable or _get_current_dispatch_mode() is not None
             or (x.dtype == torch.float32 and x.numel() < 2 * x.shape[-1])):
         return F.linear(x, weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, _packed(self), self.bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), self.bias, "none", [], "")
 
 
-def _packed(module: nn.Linear) -> torch.Tensor:
-    """The module's weight in oneDNN's layout, reordered again when the weight changed."""
-    weight = module.weight
+@torch.library.custom_op("peftbd::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear` on `weight`'s prepacked copy: an opaque call in a compiled graph, so inductor
+    runs oneDNN's packed GEMM (without freezing the weights: they may change between calls)."""
+    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_HELD: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""weight -> (its key when packed, the packed copy); an entry goes with its weight."""
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` in oneDNN's layout, reordered again when it changed (storage or version)."""
     try:
         version = weight._version
     except RuntimeError:  # an inference tensor keeps no version counter: it is never updated
         version = 0
     key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
-    held = vars(module).get(_PACKED)
+    held = _HELD.get(weight)
     if held is None or held[0] != key:
         with torch.no_grad():
             held = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-        vars(module)[_PACKED] = held
+        _HELD[weight] = held
     return held[1]

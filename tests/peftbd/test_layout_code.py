@@ -18,6 +18,7 @@ NOT_OUTPUT = {  # what these decide is not a stage's output
     "peftbd.cli": "command-line parsing",
     "peftbd.config": "the config tree: the values a stage reads are fingerprinted themselves",
     "peftbd.config_sections": "the config tree's sections (as above)",
+    "peftbd.config_serving": "the config tree's serving section (as above)",
     "peftbd.layout": "the stage declarations",
     "peftbd.method_catalog": "which methods are registered (each method's code is fingerprinted)",
     "peftbd.process_setup": "imports the config's plugins and runs the world stage (its own)",

@@ -33,3 +33,22 @@ def test_a_prepacked_linear_computes_f_linear_and_follows_its_weight(dtype):
     x = torch.randn(4, 512, dtype=dtype, requires_grad=True)
     big(x).sum().backward()  # training: plain F.linear, gradients flow
     assert x.grad is not None and big.weight.grad is not None
+
+
+@pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="this CPU runs no oneDNN bf16 linears")
+def test_a_compiled_graph_runs_the_packed_linear_and_sees_a_changed_weight():
+    torch.manual_seed(0)
+    big = nn.Linear(512, 384).to(torch.bfloat16)
+    prepack_linears(big)
+    compiled = torch.compile(lambda x: torch.relu(big(x)), dynamic=False)
+    tol = {"rtol": 2e-2, "atol": 5e-2}
+    with torch.inference_mode():
+        x = torch.randn(1, 512, dtype=torch.bfloat16)
+        torch.testing.assert_close(compiled(x), torch.relu(F.linear(x, big.weight, big.bias)), **tol)
+        with torch.profiler.profile() as prof:
+            compiled(x)
+        assert any(e.key == "peftbd::packed_linear" for e in prof.key_averages())  # not aten::mm
+    with torch.no_grad():
+        big.weight.mul_(-1.0)  # the weights change between calls: the graph holds no copy
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), torch.relu(F.linear(x, big.weight, big.bias)), **tol)
