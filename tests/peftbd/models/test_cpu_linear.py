@@ -35,6 +35,7 @@ def test_a_prepacked_linear_computes_f_linear_and_follows_its_weight(dtype):
     assert x.grad is not None and big.weight.grad is not None
 
 
+@pytest.mark.slow  # a compile
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="this CPU runs no oneDNN bf16 linears")
 def test_a_compiled_graph_runs_the_packed_linear_and_sees_a_changed_weight():
     torch.manual_seed(0)
