@@ -73,6 +73,10 @@ def markdown(table: PeerTable) -> str:
             lines.append(f"| {label} | {o.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
                          f"{ratio(o, t):.2f}x | {steps} | {_count(o.steps)}, {_count(t.steps)} "
                          f"| {_step_ms(o)}, {_num(t.ms_per_step)} |")
+        if row.compiled_in_timed:
+            lines.append(f"- **{row.compiled_in_timed} of our graphs compiled inside the timed "
+                         "passes: this path's tok/s include compile time** (the warm-up missed a "
+                         "shape; rerun with more `--repeats`, the best is kept)")
         for m in row.mismatches:
             lines.append(f"- AR output of {m.prompt_id} differs from token {m.position} "
                          f"(ours {m.ar_token}, vLLM {m.spec_token}; top-2 margin {m.top2_margin:.3g})")

@@ -38,6 +38,7 @@ class ShapeRow(BaseModel):
     path: PeerPath
     ours_compiled: bool
     vllm_compiled: bool
+    compiled_in_timed: int = 0  # our graphs compiled inside a timed pass (0: none timed)
     prompts: int
     max_new_tokens: int
     batch_size: int

@@ -41,3 +41,10 @@ def test_a_peer_table_from_before_paired_paths_asks_for_a_rerun():
         del row["path"]
     title, body = section({PEER_KEY: old})
     assert "rerun `python -m jobs.peer --force`" in body
+
+
+def test_a_graph_compiled_inside_a_timed_pass_is_said_loudly():
+    t = table()
+    t.rows[0].compiled_in_timed = 2
+    assert "**2 of our graphs compiled inside the timed passes" in markdown(t)
+    assert "compiled inside the timed" not in markdown(table())
