@@ -13,9 +13,8 @@ version counter: an optimizer step, a load), so a model that trains between deco
 It is used only for inference (no autograd through it), and not under a dispatch mode (the
 forward counter counts `aten.linear`). Inside a `torch.compile`d graph (the fast path) the linear
 is the opaque custom op `peftbd::packed_linear`, so inductor calls the same packed GEMM instead of
-its own `aten.mm` on the unpacked weight (at Qwen3-0.6B's shape in bf16 a compiled batch-1 step
-took 10x the eager one that way) and the weights stay live (no freezing: a weight that changed is
-packed again). It keeps the original weight: the model's weights take twice the memory.
+its own `aten.mm` on the unpacked weight (as slow for a few rows as eager `F.linear`), and the
+weights stay live (no freezing: a weight that changed is packed again). It keeps the original weight: the model's weights take twice the memory.
 """
 
 from __future__ import annotations
