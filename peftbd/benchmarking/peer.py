@@ -52,7 +52,7 @@ from peftbd.benchmarking.environment import hardware_description, native_dtype
 from peftbd.models.loading import DTYPES, eos_token_ids, load_tokenizer, load_verifier, model_dirs
 from peftbd.peers.vllm_client import VllmPeer
 from peftbd.peers.vllm_env import cpu_memory_share, vllm_python
-from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec, Ready
+from peftbd.peers.vllm_protocol import Generate, Generated, Load, NgramSpec
 
 TINY, SHAPE = "tiny", "shape"
 ShapeDtype = Literal["auto", "float32", "bfloat16"]
@@ -108,74 +108,65 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
           VllmPeer(log_dir / f"vllm_ngram_{name}_{path}.log") as peer_ngram):
         ready = peer_ar.load(load.model_copy(update={"max_num_seqs": settings.batch_size}))
         peer_ngram.load(load.model_copy(update={"ngram": ngram}))
-        return _timed_arms(name, label, model, dtype, eos, prompts, max_new_tokens, settings, cfg,
-                           path, peer_ar, peer_ngram, ready)
+        clock = Clock(torch.device("cpu"))
+        fast = path == "fast"
+        ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
+        drafter = PromptLookupDrafter(pl.num_tokens, pl.min_ngram, pl.max_ngram, occurrence="earliest")
+        ours_pl = SpeculativeDecoder(model, drafter, eos, max_new_tokens, fast_path=fast)
+        B = settings.batch_size
 
+        def vllm(peer: VllmPeer, batch: list[list[int]]) -> Generated:
+            return peer.generate(Generate(prompts=batch, max_tokens=max_new_tokens, stop_token_ids=eos))
 
-def _timed_arms(name: str, label: str, model: PreTrainedModel, dtype: str, eos: list[int],
-                prompts: list[list[int]], max_new_tokens: int, settings: PeerSettings,
-                cfg: Config, path: PeerPath, peer_ar: VllmPeer, peer_ngram: VllmPeer,
-                ready: Ready) -> tuple[ShapeRow, str]:
-    pl = cfg.prompt_lookup
-    clock = Clock(torch.device("cpu"))
-    fast = path == "fast"
-    ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
-    drafter = PromptLookupDrafter(pl.num_tokens, pl.min_ngram, pl.max_ngram, occurrence="earliest")
-    ours_pl = SpeculativeDecoder(model, drafter, eos, max_new_tokens, fast_path=fast)
-    B = settings.batch_size
-
-    def vllm(peer: VllmPeer, batch: list[list[int]]) -> Generated:
-        return peer.generate(Generate(prompts=batch, max_tokens=max_new_tokens, stop_token_ids=eos))
-
-    # warm-up: the batched pass, every prompt once on each arm, the batched pass again
-    # (allocations, lazy init, and on the fast path every graph the timed passes run, at the
-    # KV capacity they run at: a pool only grows, and a new capacity is a new graph)
-    ours_ar.decode_many(prompts, B), vllm(peer_ar, prompts)
-    for p in prompts:
-        ours_ar.decode(p), ours_pl.decode(p), vllm(peer_ar, [p]), vllm(peer_ngram, [p])
-    ours_ar.decode_many(prompts, B), vllm(peer_ar, prompts)
-    warm = ours_ar.path.compiles + ours_pl.path.compiles
-    arms: dict[str, Callable[[list[int]], Any]] = {
-        "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
-        "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
-    runs: dict[str, list[ArmRun]] = {}
-    for _ in range(settings.repeats):
-        one, seconds = interleaved_timing(arms, prompts, 1, clock)
-        # ours: our clock around each decode; vLLM: its side's clock around the same work
-        secs = {k: sum(seconds[k][0]) for k in ("ours_ar", "ours_pl")} | {
-            k: sum(o.seconds for o in one[k]) for k in ("vllm_ar", "vllm_ngram")}
-        outputs = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")} | {
-            k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
-        count = {k: sum(map(len, v)) for k, v in outputs.items()}
-        runs.setdefault("ours_ar_b1", []).append(
-            arm_run(count["ours_ar"], secs["ours_ar"], None, *ours_steps(one["ours_ar"])))
-        runs.setdefault("vllm_ar_b1", []).append(
-            arm_run(count["vllm_ar"], secs["vllm_ar"], None, sum(o.steps for o in one["vllm_ar"])))
-        runs.setdefault("ours_prompt_lookup", []).append(
-            arm_run(count["ours_pl"], secs["ours_pl"], tokens_per_step(one["ours_pl"]),
-                    *ours_steps(one["ours_pl"])))
-        runs.setdefault("vllm_ngram", []).append(
-            arm_run(count["vllm_ngram"], secs["vllm_ngram"],
-                    vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
-                    sum(o.steps for o in one["vllm_ngram"])))
-        start, before = clock.now(), ours_ar.verifier_steps  # batch B: the arms take turns per pass
-        got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
-        runs.setdefault(f"ours_ar_b{B}", []).append(
-            arm_run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
-        batched = vllm(peer_ar, prompts)
-        runs.setdefault(f"vllm_ar_b{B}", []).append(
-            arm_run(sum(map(len, batched.outputs)), batched.seconds, None, batched.steps))
-    found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
-             if (m := compare(model, f"{name}-{k}", p, a, b))]
-    same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
-    row = ShapeRow(shape=name, model=label, dtype=dtype, path=path,
-                   compiled_in_timed=ours_ar.path.compiles + ours_pl.path.compiles - warm,
-                   ours_compiled=ours_ar.path.compiled, vllm_compiled=path == "fast",
-                   prompts=len(prompts), max_new_tokens=max_new_tokens,
-                   batch_size=B, arms={k: best(v) for k, v in runs.items()},
-                   identical=len(prompts) - len(found), mismatches=found,
-                   ngram_identical=same_ngram, vllm_load_s=ready.load_s)
-    return row, ready.vllm_version
+        # warm-up: the batched pass, every prompt once on each arm, the batched pass again
+        # (allocations, lazy init, and on the fast path every graph the timed passes run, at the
+        # KV capacity they run at: a pool only grows, and a new capacity is a new graph)
+        ours_ar.decode_many(prompts, B), vllm(peer_ar, prompts)
+        for p in prompts:
+            ours_ar.decode(p), ours_pl.decode(p), vllm(peer_ar, [p]), vllm(peer_ngram, [p])
+        ours_ar.decode_many(prompts, B), vllm(peer_ar, prompts)
+        warm = ours_ar.path.compiles + ours_pl.path.compiles
+        arms: dict[str, Callable[[list[int]], Any]] = {
+            "ours_ar": ours_ar.decode, "vllm_ar": lambda p: vllm(peer_ar, [p]),
+            "ours_pl": ours_pl.decode, "vllm_ngram": lambda p: vllm(peer_ngram, [p])}
+        runs: dict[str, list[ArmRun]] = {}
+        for _ in range(settings.repeats):
+            one, seconds = interleaved_timing(arms, prompts, 1, clock)
+            # ours: our clock around each decode; vLLM: its side's clock around the same work
+            secs = {k: sum(seconds[k][0]) for k in ("ours_ar", "ours_pl")} | {
+                k: sum(o.seconds for o in one[k]) for k in ("vllm_ar", "vllm_ngram")}
+            outputs = {k: [r.tokens for r in one[k]] for k in ("ours_ar", "ours_pl")} | {
+                k: [o.outputs[0] for o in one[k]] for k in ("vllm_ar", "vllm_ngram")}
+            count = {k: sum(map(len, v)) for k, v in outputs.items()}
+            runs.setdefault("ours_ar_b1", []).append(
+                arm_run(count["ours_ar"], secs["ours_ar"], None, *ours_steps(one["ours_ar"])))
+            runs.setdefault("vllm_ar_b1", []).append(
+                arm_run(count["vllm_ar"], secs["vllm_ar"], None, sum(o.steps for o in one["vllm_ar"])))
+            runs.setdefault("ours_prompt_lookup", []).append(
+                arm_run(count["ours_pl"], secs["ours_pl"], tokens_per_step(one["ours_pl"]),
+                        *ours_steps(one["ours_pl"])))
+            runs.setdefault("vllm_ngram", []).append(
+                arm_run(count["vllm_ngram"], secs["vllm_ngram"],
+                        vllm_tokens_per_step(one["vllm_ngram"], len(prompts)),
+                        sum(o.steps for o in one["vllm_ngram"])))
+            start, before = clock.now(), ours_ar.verifier_steps  # batch B: the arms take turns per pass
+            got = [r.tokens for r in ours_ar.decode_many(prompts, B)]
+            runs.setdefault(f"ours_ar_b{B}", []).append(
+                arm_run(sum(map(len, got)), clock.now() - start, None, ours_ar.verifier_steps - before))
+            batched = vllm(peer_ar, prompts)
+            runs.setdefault(f"vllm_ar_b{B}", []).append(
+                arm_run(sum(map(len, batched.outputs)), batched.seconds, None, batched.steps))
+        found = [m for k, (p, a, b) in enumerate(zip(prompts, outputs["ours_ar"], outputs["vllm_ar"]))
+                 if (m := compare(model, f"{name}-{k}", p, a, b))]
+        same_ngram = sum(a == b for a, b in zip(outputs["ours_pl"], outputs["vllm_ngram"]))
+        row = ShapeRow(shape=name, model=label, dtype=dtype, path=path,
+                       compiled_in_timed=ours_ar.path.compiles + ours_pl.path.compiles - warm,
+                       ours_compiled=ours_ar.path.compiled, vllm_compiled=not load.enforce_eager,
+                       prompts=len(prompts), max_new_tokens=max_new_tokens,
+                       batch_size=B, arms={k: best(v) for k, v in runs.items()},
+                       identical=len(prompts) - len(found), mismatches=found,
+                       ngram_identical=same_ngram, vllm_load_s=ready.load_s)
+        return row, ready.vllm_version
 
 
 def run(cfg: Config, settings: PeerSettings, log_dir: Path,
@@ -205,7 +196,7 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
                            path, cfg)
         with VllmPeer(log_dir / "vllm_dflash.log") as peer:
             pair = dflash_pair(ctx, *dflash, load, prompts, eos, settings.max_new_tokens,
-                               settings.repeats, peer, path == "fast")
+                               settings.repeats, peer, path)
     del verifier
     if settings.shape:
         arch = resolve_architecture(cfg)

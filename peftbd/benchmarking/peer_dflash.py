@@ -20,7 +20,7 @@ import torch
 from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.noise import acceptance_interval
 from peftbd.benchmarking.peer_runs import arm_run, best, ours_steps, tokens_per_step, vllm_tokens_per_step
-from peftbd.benchmarking.peer_schema import ArmRun, DflashPair
+from peftbd.benchmarking.peer_schema import ArmRun, DflashPair, PeerPath
 from peftbd.decoding import DecodeResult, SpeculativeDecoder
 from peftbd.decoding.clock import Clock
 from peftbd.methods import DraftContext
@@ -33,20 +33,19 @@ from peftbd.peers.vllm_protocol import DflashSpec, Generate, Generated, Load
 
 def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
                 prompts: list[list[int]], eos: list[int], max_new_tokens: int, repeats: int,
-                peer: VllmPeer, fast: bool) -> DflashPair:
+                peer: VllmPeer, path: PeerPath) -> DflashPair:
     """Export the head in `head_dir` (a DFlash training run's output) to `export_dir`, load it in
-    `peer` (vLLM, with `load`'s engine settings: `enforce_eager` unless `fast`) and time both
-    engines' DFlash on `prompts` (ours on its fast path when `fast`; each side by its own clock
-    around the same work, as in `peftbd.benchmarking.peer`)."""
+    `peer` (vLLM, with `load`'s engine settings: `engine_load`'s for `path`) and time both
+    engines' DFlash on `prompts` (ours on `path` too; each side by its own clock around the same
+    work, as in `peftbd.benchmarking.peer`)."""
     head = DFLASH.load(ctx, head_dir)
     assert isinstance(head, BDHead)
     exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir, DFLASH.id)
     drafter = DflashSpec(model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)
-    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter,
-                                      "enforce_eager": not fast}))
+    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter}))
     [arm] = DFLASH.arms(ctx.cfg)
     ours = SpeculativeDecoder(ctx.verifier, DFLASH.drafter(head, ctx, arm), eos, max_new_tokens,
-                              fast_path=fast)
+                              fast_path=path == "fast")
 
     def vllm(ids: list[int]) -> Generated:
         return peer.generate(Generate(prompts=[ids], max_tokens=max_new_tokens, stop_token_ids=eos))
@@ -67,7 +66,7 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
                                     vllm_tokens_per_step(generated, len(prompts)),
                                     sum(g.steps for g in generated)))
     return DflashPair(
-        head_dir=str(head_dir), path="fast" if fast else "eager", export_subdir=exported.model_dir.name,
+        head_dir=str(head_dir), path=path, export_subdir=exported.model_dir.name,
         num_speculative_tokens=exported.num_speculative_tokens,
         target_layer_ids=list(exported.target_layer_ids), ours=best(runs["ours"]),
         vllm=best(runs["vllm"]), ours_interval=acceptance_interval([results]),

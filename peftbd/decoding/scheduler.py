@@ -111,11 +111,10 @@ class Scheduler:
     def add(self, key: object, tokens: Sequence[int], max_new_tokens: int,
             sampling: SamplingParams = GREEDY, prompt_len: int | None = None) -> None:
         """Queue a request (`Queued`); `step` reports it under `key`."""
-        queued = Queued(key, tokens, max_new_tokens, sampling, prompt_len)
         if prompt_len is not None and not 0 < prompt_len <= len(tokens):
             raise ValueError(f"prompt_len={prompt_len} of {len(tokens)} committed tokens; a resumed "
                              "request needs 0 < prompt_len <= len(tokens)")
-        self.waiting.append(queued)
+        self.waiting.append(Queued(key, tokens, max_new_tokens, sampling, prompt_len))
 
     def cancel(self, key: object) -> None:
         """Take the request `key` out (waiting or running: its row goes back to the pool)."""

@@ -52,7 +52,7 @@ def test_vllm_drafts_with_our_exported_dflash_head_as_our_engine_does(tiny_world
     load = engine_load(verifier, model_dirs(cfg)[1], cfg.model.dtype, prompts, TOKENS, "eager", cfg)
     with VllmPeer(tmp_path / "vllm.log") as peer:
         pair = dflash_pair(ctx, tmp_path / "run", tmp_path / "export", load, prompts, eos, TOKENS, 1,
-                           peer, fast=False)
+                           peer, "eager")
     assert pair.ours.tokens_per_step > 1.5, pair  # it drafts: acceptance is there to compare
     assert pair.identical == PROMPTS
     assert (pair.vllm.steps, pair.vllm.tokens_per_step) == (pair.ours.steps, pair.ours.tokens_per_step)
