@@ -36,8 +36,9 @@ class ServingConfig:
     max_sessions: PositiveInt  # per-request KV states a replica keeps (least recently used go)
     max_batch: PositiveInt  # requests one replica steps together per method (one batched call)
     batch_wait_ms: NonNegativeFloat  # how long a batch that is not full waits for more requests
-    # split: requests are dealt into this many groups, each moving in lockstep; with 2+ the
-    # Drafter drafts one group while the Verifier verifies another (1: all in lockstep)
+    # split: the Verifier deals its requests into this many groups, each stepped in turn by a
+    # thread of its own; with 2+ the Drafter drafts one group while the Verifier verifies
+    # another (1: every request in lockstep)
     split_groups: PositiveInt
     # split: how a Drafter catches a request up with what the Verifier committed. ship: the
     # Verifier sends the state the drafter reads (PEFT-BD: the KV of the positions it cached;

@@ -102,16 +102,12 @@ class AppArgs(BaseModel):
 
 def actor_options(cfg: Config, role: str) -> dict[str, Any]:
     """`.options(...)` of a deployment from `cfg.serving`: replicas and resources per role
-    (a `Role` or its value: `ingress`, `engine` = colocated, `drafter`, `verifier`, `rounds`)."""
+    (a `Role` or its value: `ingress`, `engine` = colocated, `drafter`, `verifier`)."""
     s = cfg.serving
     if role == Role.INGRESS:
         # two (losing one fails only its own in-flight requests), each a small share of a CPU:
         # they tokenize and wait on the model replicas
         return {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.05}}
-    if role == Role.ROUNDS:
-        # one for the app (one scheduler for every request's rounds; a lost one's requests
-        # resume on its replacement), a small share of a CPU: it waits on the model replicas
-        return {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.05}}
     gpus = {Role.ENGINE: s.verifier_num_gpus, Role.DRAFTER: s.drafter_num_gpus,
             Role.VERIFIER: s.verifier_num_gpus}[Role(role)]
     replicas = {Role.ENGINE: s.verifier_replicas, Role.DRAFTER: s.drafter_replicas,

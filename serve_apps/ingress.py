@@ -5,8 +5,8 @@
     POST /v1/chat/completions   messages (chat template, thinking off) -> assistant message
 
 It validates and tokenizes (`peftbd.serving.validation`), gets the request's steps from its
-backend (colocated `Engine`, or the split app's round driver `Rounds` over `Drafter` +
-`Verifier`), detokenizes incrementally and reports usage with speculative stats; per-round
+backend (colocated `Engine`, or the split app's `Verifier`, which drafts through the
+`Drafter`), detokenizes incrementally and reports usage with speculative stats; per-round
 metrics go to Prometheus.
 """
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at runtime.
@@ -51,7 +51,7 @@ from peftbd.serving.validation import (
     read_body,
 )
 from serve_apps.args import AppArgs
-from serve_apps.backends import BackendUnavailable, ColocatedBackend, SplitBackend
+from serve_apps.backends import BackendUnavailable, StreamBackend
 from serve_apps.metrics import RoundMetrics
 
 log = logging.getLogger("ray.serve")
@@ -106,21 +106,21 @@ api.add_middleware(_QuietDisconnect)
 @serve.deployment(name=Role.INGRESS.deployment, max_ongoing_requests=256)
 @serve.ingress(api)
 class Ingress:
-    """Front end of the `colocated` app (given `engine`) or the `split` app (given its round
-    driver, `rounds`)."""
+    """Front end of the `colocated` app (given `engine`) or the `split` app (given its
+    `verifier`)."""
 
     def __init__(self, args: dict[str, Any], engine: DeploymentHandle | None = None,
-                 rounds: DeploymentHandle | None = None) -> None:
+                 verifier: DeploymentHandle | None = None) -> None:
         self.cfg = AppArgs.model_validate(args).load()
         self.serving = self.cfg.serving
         self.tokenizer = load_tokenizer(self.cfg)
-        self.backend: ColocatedBackend | SplitBackend
-        if engine is not None and rounds is None:
-            self.placement, self.backend = "colocated", ColocatedBackend(engine, self.serving)
-        elif rounds is not None and engine is None:
-            self.placement, self.backend = "split", SplitBackend(rounds, self.serving)
+        if engine is not None and verifier is None:
+            self.placement, self.backend = "colocated", StreamBackend(engine, self.serving, Role.ENGINE)
+        elif verifier is not None and engine is None:
+            self.placement = "split"
+            self.backend = StreamBackend(verifier, self.serving, Role.VERIFIER)
         else:
-            raise ValueError("the Ingress takes an `engine` (colocated) or `rounds` (split)")
+            raise ValueError("the Ingress takes an `engine` (colocated) or a `verifier` (split)")
         self.metrics = RoundMetrics(self.placement)
         self.synthetic = synthetic_rates(self.cfg)  # {method: tokens per round} of the synthetic
         self.created = int(time.time())

@@ -17,12 +17,12 @@ from ray.serve import Application
 
 from peftbd.serving.roles import APP_ROLES, Role
 from serve_apps.args import AppArgs, actor_options
-from serve_apps.deployments import Drafter, Rounds, Verifier, deployment_of
+from serve_apps.deployments import Drafter, Verifier, deployment_of
 from serve_apps.ingress import Ingress
 
 
 def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Application:
-    """The app; `options` (by role, `Role`: `drafter`, `verifier`, `rounds`, `ingress`)
+    """The app; `options` (by role, `Role`: `drafter`, `verifier`, `ingress`)
     replaces the `.options(...)` that `cfg.serving` gives (placement experiments)."""
     cfg = args.load()
     opts: dict[str, dict[str, Any]] = {role: actor_options(cfg, role)
@@ -30,9 +30,8 @@ def build(args: AppArgs, options: dict[str, dict[str, Any]] | None = None) -> Ap
     opts |= options or {}
     plain = args.model_dump()
     drafter = deployment_of(Drafter).options(**opts[Role.DRAFTER]).bind(plain)
-    verifier = deployment_of(Verifier).options(**opts[Role.VERIFIER]).bind(plain)
-    rounds = deployment_of(Rounds).options(**opts[Role.ROUNDS]).bind(plain, drafter, verifier)
-    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(plain, rounds=rounds)
+    verifier = deployment_of(Verifier).options(**opts[Role.VERIFIER]).bind(plain, drafter)
+    return deployment_of(Ingress).options(**opts[Role.INGRESS]).bind(plain, verifier=verifier)
 
 
 def app_builder(args: AppArgs) -> Application:

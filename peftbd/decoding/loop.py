@@ -3,6 +3,7 @@ or the token budget. AR (greedy or sampled) is the same loop with `NoDrafter`.""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -57,6 +58,13 @@ class SpeculativeDecoder:
                 prepack_linears(module)
         self.prefill_chunk = prefill_chunk
         self.verifier_steps = 0
+
+    def twin(self) -> SpeculativeDecoder:
+        """A decoder over the same model, drafter and forward path with a KV pool of its own
+        (another group of requests, stepped in turn with this one's)."""
+        twin = copy.copy(self)
+        twin.pool, twin.verifier_steps = RaggedKV([], self.pool.device), 0
+        return twin
 
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
               sampling: SamplingParams | None = None) -> DecodeState:

@@ -1,6 +1,7 @@
 """The engine's scheduler: continuous batching over rounds, as vLLM v1's scheduler steps. Every
-caller runs its requests through it: the benchmark and generate (`decode_many`) and a colocated
-serving replica (`peftbd.serving.batcher`).
+caller runs its requests through it: the benchmark and generate (`decode_many`), a colocated
+serving replica and a split Verifier, whose drafter proposes through the Drafter deployment
+(`peftbd.serving.batcher`, `peftbd.serving.remote_drafter`).
 
 Requests are `add`ed and the caller `step`s until `busy` is false. A step admits waiting
 requests while fewer than `max_batch` run (each takes a row of the decoder's KV pool), runs at
@@ -116,12 +117,15 @@ class Scheduler:
                              "request needs 0 < prompt_len <= len(tokens)")
         self.waiting.append(Queued(key, tokens, max_new_tokens, sampling, prompt_len))
 
-    def cancel(self, key: object) -> None:
-        """Take the request `key` out (waiting or running: its row goes back to the pool)."""
+    def cancel(self, key: object) -> list[DecodeState]:
+        """Take the request `key` out (waiting or running: its row goes back to the pool); the
+        state it had, if it was running."""
         self.waiting = deque(q for q in self.waiting if q.key is not key)
-        for req in [r for r in self.running if r.queued.key is key]:
+        gone = [r for r in self.running if r.queued.key is key]
+        for req in gone:
             req.state.cache.release()
             self.running.remove(req)
+        return [r.state for r in gone]
 
     def abort(self) -> list[object]:
         """Drop every request (a step failed: their states are not to be trusted); their keys."""

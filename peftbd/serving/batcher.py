@@ -1,15 +1,20 @@
-"""A colocated replica's step loop: the concurrent requests of one replica decoded together by
-the engine's scheduler (`peftbd.decoding.scheduler.Scheduler`, the one the benchmark runs:
-continuous batching, chunked packed prefill, resumes).
+"""A model replica's step loop: the concurrent requests of one replica decoded together by the
+engine's scheduler (`peftbd.decoding.scheduler.Scheduler`, the one the benchmark runs: continuous
+batching, chunked packed prefill, resumes). The colocated Engine runs it with each method's
+drafter; a split Verifier runs it with each method's `RemoteDrafter`, whose propose is a call to
+the Drafter deployment (`peftbd.serving.remote_drafter`).
 
 Requests `submit` themselves and get their `RoundEvent`s through their own `deliver` callback
-(a queue per request). One background thread runs the loop: hand the waiting requests to their
-method's scheduler (an idle replica first waits up to `batch_wait_ms` for a batch that is not
-full), then step one method's scheduler (admit up to `max_batch`, one prefill chunk, one round
-of the prefilled), deliver each request's event of that step, and cancel the requests whose
-consumer closed them. Requests of different methods never share a forward (the PEFT-BD adapter
-switch is model-wide): each method has its own scheduler and the loop alternates between them,
-step by step.
+(a queue per request). Requests are dealt round-robin into `groups`, each stepped by a thread of
+its own: hand its waiting requests to their method's scheduler (an idle group first waits up to
+`batch_wait_ms` for a batch that is not full), then step one method's scheduler (admit up to
+`max_batch`, one prefill chunk, one round of the prefilled), deliver each request's event of that
+step, and cancel the requests whose consumer closed them. Every step holds the replica's model
+lock, except while a remote drafter waits for its Drafter: with two groups on a split Verifier,
+one group verifies while the other's drafts are made elsewhere (PEARL-style overlap across
+requests); one group is the lockstep of all. Requests of different methods never share a
+forward (the PEFT-BD adapter switch is model-wide): each method has its own scheduler per group
+and a group alternates between them, step by step.
 """
 
 from __future__ import annotations
@@ -18,15 +23,15 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from peftbd.decoding import DecodeState
+from peftbd.decoding import DecodeState, SpeculativeDecoder
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.decoding.scheduler import Scheduler, Stepped
 from peftbd.serving.busy_lock import BusyLock
-from peftbd.serving.models import ServingModels
+from peftbd.serving.remote_drafter import Remote
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.schemas import FinishReason
 
@@ -46,6 +51,7 @@ class Ticket:
     deliver: Deliver
     sampling: SamplingParams = GREEDY
     closed: bool = False
+    group: int = 0
 
     @property
     def resumed(self) -> bool:
@@ -53,41 +59,50 @@ class Ticket:
 
 
 class StepLoop:
-    """The per-replica step loop (see module doc). `lock` guards the models against other
-    callers of the same replica (split calls); the loop counts into the replica's `counters`
-    (prefills, resumes, rounds per request) and `batch_sizes` (rows of each batched round)."""
+    """The per-replica step loop (see module doc). `decoder(method)`: the decoder of a method
+    (an unknown one raises); `lock` guards the models against other callers of the same replica;
+    the loop counts into the replica's `counters` (prefills, resumes, rounds per request) and
+    `batch_sizes` (rows of each batched round)."""
 
-    def __init__(self, models: ServingModels, max_batch: int, batch_wait_ms: float,
-                 lock: BusyLock, counters: dict[str, int],
-                 batch_sizes: collections.Counter) -> None:
+    def __init__(self, decoder: Callable[[str], SpeculativeDecoder], max_batch: int,
+                 batch_wait_ms: float, lock: BusyLock, counters: dict[str, int],
+                 batch_sizes: collections.Counter, groups: int = 1) -> None:
         if max_batch < 1:
             raise ValueError(f"serving.max_batch={max_batch}; must be >= 1")
-        self.models, self.max_batch, self.wait_s = models, max_batch, batch_wait_ms / 1e3
+        if groups < 1:
+            raise ValueError(f"serving.split_groups={groups}; must be >= 1")
+        self.decoder, self.max_batch, self.wait_s = decoder, max_batch, batch_wait_ms / 1e3
         self.lock, self.counters, self.batch_sizes = lock, counters, batch_sizes
         self._cond = threading.Condition()
-        self._waiting: list[Ticket] = []
-        self._closing: list[Ticket] = []
-        self._schedulers: dict[str, Scheduler] = {}
+        self._groups = [_Group(g) for g in range(groups)]
+        self._dealt = 0
         self._open: set[Ticket] = set()
-        self._turn = 0
-        self._thread: threading.Thread | None = None
 
     @property
     def open(self) -> int:
         """Requests submitted and not closed yet."""
         return len(self._open)
 
+    @property
+    def solo(self) -> bool:
+        """At most one group has requests (a remote drafter's Drafter would otherwise idle
+        while it verifies)."""
+        return sum(bool(g.waiting) or g.busy for g in self._groups) <= 1
+
     def submit(self, ticket: Ticket) -> Ticket:
-        """Queue a request; its events go to `ticket.deliver` from the loop's thread."""
-        self.models.decoder(ticket.method)  # an unknown method fails here, in the caller
+        """Queue a request; its events go to `ticket.deliver` from its group's thread."""
+        self.decoder(ticket.method)  # an unknown method fails here, in the caller
         with self._cond:
+            group = self._groups[self._dealt % len(self._groups)]
+            self._dealt += 1
+            ticket.group = group.index
             self._open.add(ticket)
-            self._waiting.append(ticket)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="peftbd-step-loop",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            group.waiting.append(ticket)
+            if group.thread is None:
+                group.thread = threading.Thread(target=self._run, args=(group,), daemon=True,
+                                                name=f"peftbd-step-loop-{group.index}")
+                group.thread.start()
+            self._cond.notify_all()
         return ticket
 
     def close(self, ticket: Ticket) -> None:
@@ -95,58 +110,49 @@ class StepLoop:
         with self._cond:
             if not ticket.closed:
                 ticket.closed = True
-                self._closing.append(ticket)
+                self._groups[ticket.group].closing.append(ticket)
             self._open.discard(ticket)
 
-    # the loop's thread ---------------------------------------------------------------------
+    # a group's thread ----------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, group: _Group) -> None:
         with torch.inference_mode():
             while True:
-                for ticket in self._newcomers():
-                    self._scheduler(ticket.method).add(
+                for ticket in self._newcomers(group):
+                    self._scheduler(group, ticket.method).add(
                         ticket, ticket.committed, ticket.max_new_tokens, ticket.sampling,
                         len(ticket.prompt_ids))
-                method = self._next_method()
+                method = group.next_method()
                 if method is not None:
-                    self._step(method)
+                    self._step(group.schedulers[method])
 
-    def _scheduler(self, method: str) -> Scheduler:
-        if method not in self._schedulers:
-            self._schedulers[method] = Scheduler(self.models.decoder(method), self.max_batch)
-        return self._schedulers[method]
+    def _scheduler(self, group: _Group, method: str) -> Scheduler:
+        if method not in group.schedulers:
+            dec = self.decoder(method)
+            group.schedulers[method] = Scheduler(dec.twin() if group.index else dec, self.max_batch)
+        return group.schedulers[method]
 
-    def _newcomers(self) -> list[Ticket]:
-        """The waiting requests, the closed ones cancelled; blocks while there is nothing to do,
-        and an idle replica waits up to `batch_wait_ms` for a batch that is not full."""
+    def _newcomers(self, group: _Group) -> list[Ticket]:
+        """The group's waiting requests, its closed ones cancelled; blocks while it has nothing
+        to do, and an idle group waits up to `batch_wait_ms` for a batch that is not full."""
         with self._cond:
-            while not self._waiting and not self._busy():
+            while not group.waiting and not group.busy:
                 self._cond.wait()
-            if self._waiting and not self._busy():
+            if group.waiting and not group.busy:
                 deadline = time.monotonic() + self.wait_s
-                while len(self._waiting) < self.max_batch and time.monotonic() < deadline:
+                while len(group.waiting) < self.max_batch and time.monotonic() < deadline:
                     self._cond.wait(deadline - time.monotonic())
-            taken = [t for t in self._waiting if not t.closed]
-            closing, self._waiting, self._closing = self._closing, [], []
+            taken = [t for t in group.waiting if not t.closed]
+            closing, group.waiting, group.closing = group.closing, [], []
         for ticket in closing:
-            if ticket.method in self._schedulers:
-                self._schedulers[ticket.method].cancel(ticket)
+            scheduler = group.schedulers.get(ticket.method)
+            if scheduler is not None:
+                for state in scheduler.cancel(ticket):
+                    _release(scheduler, state)
         return taken
 
-    def _busy(self) -> bool:
-        return any(s.busy for s in self._schedulers.values())
-
-    def _next_method(self) -> str | None:
-        """The next method (round robin) whose scheduler has requests."""
-        methods = [m for m, s in self._schedulers.items() if s.busy]
-        if not methods:
-            return None
-        self._turn = (self._turn + 1) % len(methods)
-        return methods[self._turn]
-
-    def _step(self, method: str) -> None:
-        """One step of `method`'s scheduler; each request's event of it."""
-        scheduler = self._schedulers[method]
+    def _step(self, scheduler: Scheduler) -> None:
+        """One step of `scheduler`; each request's event of it."""
         try:
             with self.lock:
                 stepped = scheduler.step()
@@ -162,6 +168,8 @@ class StepLoop:
             assert isinstance(ticket, Ticket)
             if s.prefill:
                 self.counters["resumes" if ticket.resumed else "prefills"] += 1
+            if s.done:
+                _release(scheduler, s.state)
             self._send(ticket, step_event(s, int(ticket.resumed)))
 
     def _send(self, ticket: Ticket, item: RoundEvent | BaseException) -> None:
@@ -179,19 +187,61 @@ class StepLoop:
             self.close(t)
 
 
+@dataclass(eq=False)
+class _Group:
+    """One group of a step loop: its waiting and closing requests, a scheduler per method, its
+    thread."""
+
+    index: int
+    waiting: list[Ticket] = field(default_factory=list)
+    closing: list[Ticket] = field(default_factory=list)
+    schedulers: dict[str, Scheduler] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+    turn: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return any(s.busy for s in self.schedulers.values())
+
+    def next_method(self) -> str | None:
+        """The next method (round robin) whose scheduler has requests."""
+        methods = [m for m, s in self.schedulers.items() if s.busy]
+        if not methods:
+            return None
+        self.turn = (self.turn + 1) % len(methods)
+        return methods[self.turn]
+
+
+def _release(scheduler: Scheduler, state: DecodeState) -> None:
+    """A finished or cancelled request's drafter-side state goes (a remote drafter's session)."""
+    release = getattr(scheduler.decoder.drafter, "release", None)
+    if release is not None:
+        release(state)
+
+
 def step_event(s: Stepped, resumes: int) -> RoundEvent:
     """A request's event of one scheduler step: its prefill (`resumes`: 1 when it rebuilt a
-    resumed request), or its round of the batch (the batch's draft and verify times)."""
+    resumed request), or its round of the batch (the batch's draft and verify times). A round
+    drafted by a remote Drafter takes that replica's draft and sync times and its rebuilds; the
+    call's hops stay out of the event's compute (the ingress counts them as transport)."""
     finish = finish_reason(s.state) if s.done else None
     if s.record is None:
         return RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3, resumes=resumes,
                           done=s.done, prefill=True, finish_reason=finish, batch_size=s.batch_size)
     rec = s.record
-    return RoundEvent(
+    event = RoundEvent(
         tokens=s.tokens, proposed=rec.proposed, accepted=rec.accepted, draft_ms=rec.draft_ms,
         verify_ms=rec.verify_ms, other_ms=rec.other_ms, done=s.done, finish_reason=finish,
         batch_size=s.batch_size,
     )
+    remote = s.state.drafter_state
+    if isinstance(remote, Remote):
+        last = remote.last
+        event.draft_ms, event.sync_ms = last.draft_ms, last.sync_ms
+        event.other_ms += max(last.handler_ms - last.draft_ms - last.sync_ms, 0.0)
+        event.resumes, event.feature_bytes = int(last.resumed), last.feature_bytes
+        event.pre_drafted = last.pre_drafted
+    return event
 
 
 def finish_reason(state: DecodeState) -> FinishReason | None:

@@ -4,8 +4,10 @@ busy fraction of a run's wall time."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 
 class BusyLock:
@@ -24,3 +26,12 @@ class BusyLock:
     def __exit__(self, *exc: object) -> None:
         self.busy_s += time.perf_counter() - self._since
         self._lock.release()
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """Inside `with lock:`, let other threads take it meanwhile (a remote call's wait)."""
+        self.__exit__()
+        try:
+            yield
+        finally:
+            self.__enter__()

@@ -1,9 +1,9 @@
-"""The typed items a batched split call carries, one per request, and the typed replies (plain
-data: they cross Ray hops pickled). Each item carries the committed tokens, the ingress's truth,
-so any replica can rebuild a request it does not hold. Times in a reply are the replica's (its
-engine clock); `handler_ms` is the whole call's time on the replica, which every item waited for
-(waiting there behind other calls included), and `batch_size` the items of the model call that
-served it (the replica combines concurrent calls: `peftbd.serving.combine`)."""
+"""The typed items a split Verifier's batched call to its Drafter carries, one per request, and
+the typed replies (plain data: they cross Ray hops pickled). Each item carries the committed
+tokens, the Verifier's truth, so any Drafter replica can rebuild a request it does not hold.
+Times in a reply are the replica's (its engine clock); `handler_ms` is the whole call's time on
+the replica, which every item waited for (waiting there behind other calls included), and
+`batch_size` the items of the model call that served it."""
 
 from __future__ import annotations
 
@@ -13,24 +13,13 @@ from typing import Any, TypeVar
 
 from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.serving.features import Shipped
-from peftbd.serving.schemas import FinishReason
-
-
-@dataclass(frozen=True)
-class PrefillItem:
-    """Start a request of `method` on the verifier: its prompt's forward commits one token."""
-
-    session_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    method: str = "ar"
-    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)
 class ProposeItem:
-    """Draft the next block after `committed`; `shipped`: what the last prefill / verify reply
-    shipped for this request's drafter (`peftbd.serving.features`), else None."""
+    """Draft the next block after `committed`; `shipped`: what the Verifier computed since the
+    drafter's last call of what this request's drafter reads (`peftbd.serving.features`), else
+    None."""
 
     session_id: str
     committed: list[int]
@@ -39,19 +28,6 @@ class ProposeItem:
     method: str
     shipped: Shipped = None
     sampling: SamplingParams = GREEDY  # drafts are argmax; a rebuilt state keeps the request's
-
-
-@dataclass(frozen=True)
-class VerifyItem:
-    """Verify `draft` after `committed` (an empty draft: one greedy AR step)."""
-
-    session_id: str
-    committed: list[int]
-    prompt_len: int
-    max_new_tokens: int
-    draft: list[int]
-    method: str = "ar"
-    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)
@@ -66,20 +42,6 @@ class AheadItem:
     draft: list[int]
     accepted: int
     shipped: Shipped = None
-
-
-@dataclass(frozen=True)
-class PrefillReply:
-    """A started request: the token(s) its prefill committed; `shipped`: the prompt positions'
-    state its drafter reads when it can start from it (the head's features), else None."""
-
-    tokens: list[int]
-    done: bool
-    finish_reason: FinishReason | None
-    prefill_ms: float
-    shipped: Shipped = None
-    handler_ms: float = 0.0
-    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,27 +70,8 @@ class AheadReply:
     batch_size: int = 1
 
 
-@dataclass(frozen=True)
-class VerifyReply:
-    """A verify: what it committed (`tokens`: the accepted prefix plus the bonus), how much of
-    the draft it accepted; `shipped`: the state of the positions it cached that the request's
-    drafter reads (`serving.drafter_sync: ship`), else None."""
-
-    tokens: list[int]
-    proposed: int
-    accepted: int
-    done: bool
-    finish_reason: FinishReason | None
-    verify_ms: float
-    sync_ms: float
-    resumed: bool
-    shipped: Shipped = None
-    handler_ms: float = 0.0
-    batch_size: int = 1
-
-
-Reply = TypeVar("Reply", PrefillReply, ProposeReply, AheadReply, VerifyReply)
-"""Any one of the split calls' replies (each carries `handler_ms` and `batch_size`)."""
+Reply = TypeVar("Reply", ProposeReply, AheadReply)
+"""Any one of the Drafter's replies (each carries `handler_ms` and `batch_size`)."""
 
 
 @dataclass(frozen=True)

@@ -5,21 +5,24 @@ drafts with the method's first arm."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ContextManager
 
 import torch
 
 from peftbd.config import Config
-from peftbd.decoding import NoDrafter, SpeculativeDecoder
+from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.controlled import ControlledDrafter, GreedyOracle
 from peftbd.decoding.drafter import Drafter
 from peftbd.methods import AR, DraftContext, Method, by_serving, serving_names
 from peftbd.methods import methods as registered
 from peftbd.models.loading import eos_token_ids, load_tokenizer, load_verifier, resolve_device
+from peftbd.serving.remote_drafter import DrafterCalls, RemoteDrafter
 from peftbd.serving.synthetic import synthetic_profiles
 
 log = logging.getLogger(__name__)
@@ -38,9 +41,9 @@ class ServingModels:
     decoders: dict[str, SpeculativeDecoder]
     eos_ids: list[int]
     clock: Clock
-    taps: dict[str, SpeculativeDecoder]
-    """Per method whose drafter reads verifier features: a drafter-less decoder over the same
-    verifier whose forwards keep them (`FeatureTap`), for a split verifier replica."""
+    feature_layers: dict[str, tuple[int, ...]]
+    """Per method whose drafter reads verifier features: those layers (a split verifier keeps
+    them for the method's remote drafter)."""
     shipped: dict[str, str]
     """Per method, what a split verifier ships its drafter each round (`Method.ships`), when it does."""
 
@@ -52,18 +55,22 @@ class ServingModels:
             )
         return self.decoders[method]
 
-    def verifier_decoder(self, method: str) -> SpeculativeDecoder:
-        """What a split verifier replica runs for a request of `method`: greedy AR, keeping the
-        verifier features that method's remote drafter reads (none for most methods)."""
-        return self.taps.get(method) or self.decoder(AR)
-
-
-class FeatureTap(NoDrafter):
-    """Proposes nothing (a split verifier), but makes every verifier forward of the request keep
-    `feature_layers` in `state.features`, for a drafter in another process."""
-
-    def __init__(self, layers: Sequence[int]) -> None:
-        self.feature_layers = tuple(layers)
+    def remote_decoder(self, method: str, calls: DrafterCalls, draft_ahead: bool = False,
+                       may_ahead: Callable[[], bool] = lambda: True,
+                       wait: Callable[[], ContextManager[object]] = contextlib.nullcontext
+                       ) -> SpeculativeDecoder:
+        """What a split verifier replica runs for requests of `method`: this replica's verifier
+        with a `RemoteDrafter` proposing through `calls` (keeping and shipping what the method's
+        drafter reads; the other arguments are its own), or greedy AR as it is."""
+        ar = self.decoder(AR)
+        if method == AR:
+            return ar
+        if method not in serving_names():
+            raise ValueError(f"unknown method {method!r}; choose from {list(serving_names())}")
+        drafter = RemoteDrafter(method, calls, self.shipped.get(method),
+                                self.feature_layers.get(method, ()), draft_ahead, may_ahead, wait)
+        return SpeculativeDecoder(ar.model, drafter, ar.eos_ids, ar.max_new_tokens,
+                                  prefill_chunk=ar.prefill_chunk)
 
 
 def _build_drafter(m: Method, ctx: DraftContext, path: str | Path | None
@@ -96,9 +103,9 @@ def load_serving_models(
     references: dict[tuple[int, ...], Sequence[int]] | None = None,
 ) -> ServingModels:
     """Load the verifier once and build the decoders of `methods` (None: every serving name)
-    over it, each method's module from its `drafter_dirs` entry; and the feature taps a split
-    verifier needs for every method its verifier ships features, whichever methods it loads (of
-    one it does not load, from `Method.feature_layers`: no drafter is built for a tap). The
+    over it, each method's module from its `drafter_dirs` entry; and the verifier features a split
+    verifier keeps for every method whose drafter reads them, whichever methods it loads (of one
+    it does not load, from `Method.feature_layers`: no drafter is built for it). The
     methods of `serving.synthetic` draft under controlled acceptance; their oracle knows
     `references` ({prompt ids: greedy AR output}) and decodes any other prompt with greedy AR
     when first seen."""
@@ -131,10 +138,10 @@ def load_serving_models(
         if drafter is not None and name in profiles:
             drafter = ControlledDrafter(drafter, profiles[name], oracle, cfg.decoding.synthetic_seed)
         decoders[name] = SpeculativeDecoder(model, drafter, eos, budget, prefill_chunk=chunk)
-    taps = {m.serving: SpeculativeDecoder(model, FeatureTap(_read_features(m, ctx, built, dirs)),
-                                          eos, budget)
-            for m in registered() if m.ships == "features"}
+    features = {m.serving: _read_features(m, ctx, built, dirs)
+                for m in registered() if m.ships == "features"}
     shipped: dict[str, str] = {m.serving: m.ships for m in registered() if m.ships == "features"
                                or (m.ships and cfg.serving.drafter_sync == "ship")}
-    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device), taps=taps,
+    return ServingModels(model=model, decoders=decoders, eos_ids=eos, clock=Clock(device),
+                         feature_layers=features,
                          shipped=shipped)

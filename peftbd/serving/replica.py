@@ -1,17 +1,18 @@
 """The compute behind every serving replica, as plain-data calls (typed items in, typed replies
 out: `peftbd.serving.messages`).
 
-- colocated: `rounds` / `arounds` stream one request's steps (prefill, then rounds) from the
-  replica's step loop (`peftbd.serving.batcher.StepLoop`), which decodes the concurrent requests
-  of each method as one batch;
-- split: the drafter side calls `propose_batch`, the verifier side `prefill_batch` and
-  `verify_batch`, each over a list of per-request items (`peftbd.serving.messages`): the items
-  of one method share one batched catch-up and one batched draft / verify forward. Each item
+- colocated Engine and split Verifier: `rounds` / `arounds` stream one request's steps (prefill,
+  then rounds) from the replica's step loop (`peftbd.serving.batcher.StepLoop`: the engine's
+  scheduler), which decodes the concurrent requests of each method as one batch. On a split
+  Verifier (`drafters` given) each method's drafter is a `RemoteDrafter`: its propose is a
+  batched call to the Drafter deployment carrying what the verifier computed that the method's
+  drafter reads (`peftbd.serving.features`: the head's features, FastMTP's final hidden states,
+  PEFT-BD's KV; `serving.drafter_sync`);
+- split Drafter: `propose_batch` (and `ahead_batch`, drafting ahead) over a list of per-request
+  items: the items of one method share one batched catch-up and one batched draft. Each item
   carries the committed tokens, and a request's session is reused only when it agrees with them
-  (else rebuilt: a `resume`, batched too). The verifier's replies ship what the request's
-  drafter reads of the positions it cached (`peftbd.serving.features`: the head's features,
-  FastMTP's final hidden states, PEFT-BD's KV) and the next propose takes them instead of
-  running the verifier itself (`serving.drafter_sync`).
+  (else rebuilt: a `resume`, batched too); it takes what the verifier shipped instead of running
+  the verifier itself.
 
 One lock serializes model work: the PEFT-BD adapter switch is model-wide, so two batched calls
 (or a call and the step loop) must never run forwards at the same time in one replica. Times
@@ -30,24 +31,20 @@ from typing import Any
 from peftbd.decoding import DecodeState, SpeculativeDecoder, advance_rows, advance_shipped
 from peftbd.decoding.ahead import drafts_ahead
 from peftbd.decoding.sampling import GREEDY, SamplingParams
-from peftbd.decoding.state import present
 from peftbd.methods import by_serving
-from peftbd.serving.batcher import StepLoop, Ticket, finish_reason
+from peftbd.serving.batcher import StepLoop, Ticket
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.features import FINAL_HIDDEN, FeatureBlock, KVBlock, Shipped
 from peftbd.serving.messages import (
     AheadItem,
     AheadReply,
-    PrefillItem,
-    PrefillReply,
     ProposeItem,
     ProposeReply,
     ReplicaStats,
     Reply,
-    VerifyItem,
-    VerifyReply,
 )
 from peftbd.serving.models import ServingModels
+from peftbd.serving.remote_drafter import DrafterCalls
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.sessions import Session, SessionStore, from_shipped, resume_many, taken
 
@@ -56,19 +53,32 @@ class ReplicaDecoder:
     """A replica's models plus its per-request sessions, step loop and counters."""
 
     def __init__(self, models: ServingModels, max_sessions: int, max_batch: int = 16,
-                 batch_wait_ms: float = 2.0) -> None:
+                 batch_wait_ms: float = 2.0, drafters: DrafterCalls | None = None,
+                 groups: int = 1, draft_ahead: bool = False) -> None:
+        """`drafters`: a split Verifier's calls to its Drafter deployment (its step loop's
+        `groups` and `draft_ahead`: `serving.split_groups`, `serving.draft_ahead`)."""
         self.models = models
         self.sessions = SessionStore(max_sessions)
         self.lock = BusyLock()
         self.counters = {"prefills": 0, "resumes": 0, "rounds": 0}
         self.batch_sizes: collections.Counter = collections.Counter()
-        """Rows of each batched step (colocated) or call (split): `batch_sizes[n]` = how many."""
-        self.loop = StepLoop(models, max_batch, batch_wait_ms, self.lock, self.counters,
-                             self.batch_sizes)
+        """Rows of each batched step (Engine, Verifier) or call (Drafter): `batch_sizes[n]` = how many."""
+        self._remote: dict[str, SpeculativeDecoder] = {}
+        decoder = models.decoder
+        if drafters is not None:
+            calls = drafters
+
+            def decoder(method: str) -> SpeculativeDecoder:
+                if method not in self._remote:
+                    self._remote[method] = models.remote_decoder(
+                        method, calls, draft_ahead, lambda: self.loop.solo, self.lock.released)
+                return self._remote[method]
+        self.loop = StepLoop(decoder, max_batch, batch_wait_ms, self.lock, self.counters,
+                             self.batch_sizes, groups)
 
     @property
     def streams(self) -> int:
-        """Colocated requests open now (their state lives in the step loop until closed)."""
+        """Requests streaming now (their state lives in the step loop until closed)."""
         return self.loop.open
 
     def stats(self, replica_id: str) -> ReplicaStats:
@@ -78,7 +88,7 @@ class ReplicaDecoder:
                             busy_s=self.lock.busy_s, batch_sizes=dict(self.batch_sizes),
                             prefills=c["prefills"], resumes=c["resumes"], rounds=c["rounds"])
 
-    # colocated -----------------------------------------------------------------------------
+    # colocated Engine, split Verifier ------------------------------------------------------
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, method: str,
                committed: Sequence[int] = (), sampling: SamplingParams = GREEDY
@@ -121,7 +131,7 @@ class ReplicaDecoder:
         return self.loop.submit(Ticket(list(prompt_ids), max_new_tokens, method, committed,
                                        deliver, sampling.resolved()))
 
-    # split: drafter side -------------------------------------------------------------------
+    # split Drafter -------------------------------------------------------------------
 
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[ProposeReply]:
         """Catch each request up with its `committed` (taking what the verifier shipped, or one
@@ -232,75 +242,12 @@ class ReplicaDecoder:
             self.sessions.put(it.session_id, sessions[i])
         return [sessions[i] for i in range(len(items))], again
 
-    def _resume(self, dec: SpeculativeDecoder, items: Sequence[ProposeItem | VerifyItem]
+    def _resume(self, dec: SpeculativeDecoder, items: Sequence[ProposeItem]
                 ) -> list[DecodeState]:
         if not items:
             return []
         return resume_many(dec, [it.committed for it in items], [it.prompt_len for it in items],
                            [it.max_new_tokens for it in items], [it.sampling for it in items])
-
-    # split: verifier side ------------------------------------------------------------------
-
-    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[PrefillReply]:
-        """Start requests (one batched prefill per verifier decoder); each reply ships what the
-        request's drafter reads of every prompt position (`ServingModels.shipped`), so its first
-        propose starts without a prefill of its own."""
-        clock = self.models.clock
-        start = clock.now()
-        replies: dict[int, PrefillReply] = {}
-        decs = [self.models.verifier_decoder(it.method) for it in items]
-        with self.lock:
-            for dec, idx in _by(decs).items():
-                states = dec.start_many([items[i].prompt_ids for i in idx],
-                                        [items[i].max_new_tokens for i in idx],
-                                        [items[i].sampling for i in idx])
-                self.counters["prefills"] += len(idx)
-                for i, state in zip(idx, states):
-                    if not state.done:
-                        self.sessions.put(items[i].session_id, Session(state))
-                    replies[i] = PrefillReply(
-                        state.new_tokens, state.done, finish_reason(state), state.prefill_s * 1e3,
-                        _shipped(state, self.models.shipped.get(items[i].method)))
-            self.batch_sizes[len(items)] += 1
-        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
-
-    def verify_batch(self, items: Sequence[VerifyItem]) -> list[VerifyReply]:
-        """Verify each item's draft after its `committed` (one batched forward per verifier
-        decoder); a session is dropped once its request is done. Each reply ships what the
-        request's drafter reads of the positions this verify cached (`ServingModels.shipped`)."""
-        clock = self.models.clock
-        start = clock.now()
-        replies: dict[int, VerifyReply] = {}
-        decs = [self.models.verifier_decoder(it.method) for it in items]
-        with self.lock:
-            for dec, idx in _by(decs).items():
-                sync_start = clock.now()
-                found = [self.sessions.get(items[i].session_id) for i in idx]
-                lost = [j for j, (i, s) in enumerate(zip(idx, found))
-                        if s is None or s.state.tokens != list(items[i].committed)]
-                rebuilt = iter(self._resume(dec, [items[idx[j]] for j in lost]))
-                sessions: list[Session] = []
-                for j, (i, sess) in enumerate(zip(idx, found)):
-                    if sess is None or j in lost:
-                        sess = Session(next(rebuilt))
-                        self._count_rebuild(fresh=False)
-                        self.sessions.put(items[i].session_id, sess)
-                    sessions.append(sess)
-                verify_start = clock.now()
-                results = dec.verify_many([s.state for s in sessions],
-                                          [items[i].draft for i in idx])
-                end = clock.now()
-                self.counters["rounds"] += len(idx)
-                for j, (i, sess, result) in enumerate(zip(idx, sessions, results)):
-                    if result.done:
-                        self.sessions.drop(items[i].session_id)
-                    kind = self.models.shipped.get(items[i].method)
-                    replies[i] = VerifyReply(
-                        result.tokens, result.proposed, result.accepted, result.done,
-                        finish_reason(sess.state), (end - verify_start) * 1e3,
-                        (verify_start - sync_start) * 1e3, j in lost, _shipped(sess.state, kind))
-            self.batch_sizes[len(items)] += 1
-        return _stamp(replies, len(items), (clock.now() - start) * 1e3)
 
     def release(self, session_id: str) -> None:
         """Forget a finished or abandoned session."""
@@ -321,32 +268,6 @@ def _stamp(replies: dict[int, Reply], n: int, handler_ms: float) -> list[Reply]:
     """The replies to items 0 .. n-1 in order, each with the whole batched call's handler time
     and size."""
     return [dataclasses.replace(replies[i], handler_ms=handler_ms, batch_size=n) for i in range(n)]
-
-
-def _features(state: DecodeState) -> FeatureBlock | None:
-    """The features of the positions the last forward added to `state.cache`, for the remote
-    drafter's next `propose` (None when the request keeps none or is done)."""
-    if state.features is None or state.done:
-        return None
-    start = state.cache.get_seq_length() - state.features.shape[1]
-    return FeatureBlock.encode(state.features, state.feature_layers, start)
-
-
-def _shipped(state: DecodeState, kind: str | None) -> Shipped:
-    """What a verify ships the request's drafter (`kind`, `ServingModels.shipped`) of the
-    positions it added to `state.cache`: the head's features, the final hidden states, or every
-    layer's KV (None when the request is done or its drafter is sent nothing)."""
-    if kind is None or state.done:
-        return None
-    if kind == "features":
-        return _features(state)
-    hidden = present(state.hidden, "state.hidden")
-    n = hidden.shape[1]
-    start = state.cache.get_seq_length() - n
-    if kind == "hidden":
-        return FeatureBlock.encode(hidden, FINAL_HIDDEN, start)
-    return KVBlock.encode([(k[:, :, start:], v[:, :, start:]) for k, v in state.cache.committed()],
-                          start)
 
 
 def _check_layers(dec: SpeculativeDecoder, block: Shipped, method: str) -> None:

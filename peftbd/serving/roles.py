@@ -16,8 +16,7 @@ class Role(str, Enum):
     INGRESS = "ingress"
     ENGINE = "engine"  # colocated: the verifier and every drafter, the whole loop
     DRAFTER = "drafter"  # split: every drafter
-    VERIFIER = "verifier"  # split: the verifier
-    ROUNDS = "rounds"  # split: the round driver (every request's rounds over both)
+    VERIFIER = "verifier"  # split: the verifier, running every request's rounds
 
     def __str__(self) -> str:
         return self.value
@@ -31,7 +30,7 @@ class Role(str, Enum):
 
 DEPLOYMENT_NAMES: dict[Role, str] = {
     Role.INGRESS: "Ingress", Role.ENGINE: "Engine", Role.DRAFTER: "Drafter",
-    Role.VERIFIER: "Verifier", Role.ROUNDS: "Rounds",
+    Role.VERIFIER: "Verifier",
 }
 """Role -> its Ray Serve deployment name."""
 
@@ -41,8 +40,8 @@ MODEL_ROLES: dict[str, tuple[Role, ...]] = {
 
 APP_ROLES: dict[str, tuple[Role, ...]] = {
     "colocated": (Role.ENGINE, Role.INGRESS),
-    "split": (Role.DRAFTER, Role.VERIFIER, Role.ROUNDS, Role.INGRESS)}
-"""App -> the roles of all its deployments (the split app's round driver too)."""
+    "split": (Role.DRAFTER, Role.VERIFIER, Role.INGRESS)}
+"""App -> the roles of all its deployments."""
 
 VERIFIER_ROLES = (Role.ENGINE, Role.VERIFIER)
 """The roles whose replicas hold a verifier."""

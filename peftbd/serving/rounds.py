@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from peftbd.serving.features import feature_bytes
-from peftbd.serving.messages import PrefillReply, ProposeReply, VerifyReply
 from peftbd.serving.schemas import FinishReason, SpecStats
 
 
 @dataclass
 class RoundEvent:
-    """One step of a request as the ingress sees it (plain data: the colocated Engine streams it
-to the Ingress as this object, pickled by Ray).
+    """One step of a request as the ingress sees it (plain data: the Engine or the Verifier
+streams it to the Ingress as this object, pickled by Ray).
 
     `tokens`: what the step committed (EOS included when it stopped there); `accepted`: the draft
     tokens among them (the engine's count: none past the EOS or budget that ended the output). The prefill step
@@ -22,10 +20,10 @@ to the Ingress as this object, pickled by Ray).
     replica-side work); `transport_ms` is the ingress-side wall time of the step minus all of
     those. `resumes` counts replicas that had to rebuild the request's state for this step;
     `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
-    the verifier state the step's verifier reply shipped for a split drafter (the head's
-    features, FastMTP's hidden states, PEFT-BD's KV; they cross verifier -> ingress -> drafter),
-    else 0. `batch_size`:
-    the requests the step's batched call carried (split: its verify call's).
+    the verifier state the step's propose carried to a split Drafter (the head's features,
+    FastMTP's hidden states, PEFT-BD's KV, of the positions cached since its last call: the
+    first round's carries the prompt's), else 0. `batch_size`: the rows of the step's batched
+    forward.
     """
 
     tokens: list[int]
@@ -129,34 +127,3 @@ class RequestStats:
             mean_batch_size=round(self.batch_size_sum / self.rounds, 4) if self.rounds else 0.0,
             prefill_batch_size=self.prefill_batch_size,
         )
-
-
-def prefill_event(reply: PrefillReply, transport_ms: float, batch_size: int = 1) -> RoundEvent:
-    """The prefill step of a split request from its verifier `prefill_batch` reply, with the
-    request's share of that call's transport."""
-    return RoundEvent(
-        tokens=reply.tokens, other_ms=reply.prefill_ms, transport_ms=transport_ms,
-        done=reply.done, prefill=True, finish_reason=reply.finish_reason,
-        feature_bytes=feature_bytes(reply.shipped), batch_size=batch_size,
-    )
-
-
-def split_round(draft: ProposeReply | None, draft_transport_ms: float, verify: VerifyReply,
-                verify_transport_ms: float, batch_size: int = 1, pre_drafted: bool = False
-                ) -> RoundEvent:
-    """One split round from the drafter's `propose_batch` reply (None for greedy AR; with
-    `pre_drafted`, its draft drafted ahead) and the verifier's `verify_batch` reply, with the
-    request's share of each call's transport (the call's ingress-side wall time minus its
-    handler time, over the items it carried)."""
-    d = draft or ProposeReply([], 0.0, 0.0, False)
-    handler_ms = d.handler_ms + verify.handler_ms
-    compute_ms = d.draft_ms + d.sync_ms + verify.verify_ms + verify.sync_ms
-    return RoundEvent(
-        tokens=verify.tokens, proposed=verify.proposed, accepted=verify.accepted,
-        draft_ms=d.draft_ms, verify_ms=verify.verify_ms,
-        sync_ms=d.sync_ms + verify.sync_ms, other_ms=max(handler_ms - compute_ms, 0.0),
-        transport_ms=draft_transport_ms + verify_transport_ms,
-        resumes=int(d.resumed) + int(verify.resumed), done=verify.done,
-        finish_reason=verify.finish_reason, feature_bytes=feature_bytes(verify.shipped),
-        batch_size=batch_size, pre_drafted=pre_drafted,
-    )

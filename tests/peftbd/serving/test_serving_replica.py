@@ -1,5 +1,6 @@
-"""Replica compute without Ray: colocated rounds and split propose/verify give exactly the
-engine's greedy output, also when a replica loses a request's state mid-way (resume)."""
+"""Replica compute without Ray: colocated rounds, and a split Verifier's rounds drafting through a
+Drafter replica, give exactly the engine's greedy output, also when a replica loses a request's
+state mid-way (resume)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from peftbd.data.chat import encode_prompt
 from peftbd.decoding import advance_shipped, decode, new_state
 from peftbd.methods import serving_names
 from peftbd.serving.features import KVBlock
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
-from peftbd.serving.rounds import RequestStats, prefill_event, split_round
+from peftbd.serving.rounds import RequestStats
 from peftbd.serving.sessions import Session, SessionStore, from_shipped
+
+from .split_local import LocalCalls, split_decode
 
 MAX_NEW = 16
 
@@ -62,51 +64,26 @@ def test_colocated_rounds_equal_the_engine(models, prompt, reference, method):
 
 
 def _split(models, prompt, method, lose_at: int | None = None,
-           drafter: ReplicaDecoder | None = None, drafts: list | None = None,
-           events: list | None = None, oracle: list[int] | None = None,
-           on_round=None, verifier: ReplicaDecoder | None = None) -> tuple[list[int], int]:
-    """Run the split protocol in-process as the ingress does (the verifier's features go to the
-    next propose); at round `lose_at` both replicas lose the session. `drafts` collects every
-    proposal, `events` every step; `oracle` (the expected tokens) is verified in place of the
-    drafts (so they are accepted); `on_round(n, drafter)` runs before round n."""
-    drafter, verifier = drafter or ReplicaDecoder(models, 4), verifier or ReplicaDecoder(models, 4)
-    reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, method)])[0]
-    event = prefill_event(reply, 5.0)
-    committed, done, resumes, n = list(prompt) + reply.tokens, reply.done, 0, 0
-    steps = [event]
-    while not done:
-        if n == lose_at:  # as a replaced replica would: no sessions (a release is for good)
-            drafter.sessions, verifier.sessions = SessionStore(4), SessionStore(4)
-        if on_round:
-            on_round(n, drafter)
-        proposal = None
-        if method != "ar":
-            proposal = drafter.propose_batch([ProposeItem(
-                "s", committed, len(prompt), MAX_NEW, method, reply.shipped)])[0]
-            if drafts is not None:
-                drafts.append(proposal.draft)
-        draft = proposal.draft if proposal else []
-        if oracle is not None:
-            done_n = len(committed) - len(prompt)
-            draft = oracle[done_n:done_n + len(draft)]
-        reply = verifier.verify_batch([VerifyItem("s", committed, len(prompt), MAX_NEW, draft,
-                                                  method)])[0]
-        event = split_round(proposal, 5.0, reply, 5.0)
-        steps.append(event)
-        committed += event.tokens
-        done, resumes, n = event.done, resumes + event.resumes, n + 1
-    if events is not None:
-        events.extend(steps)
-    return committed[len(prompt):], resumes
+           drafter: ReplicaDecoder | None = None, oracle: list[int] | None = None,
+           on_round=None, verifier=None) -> tuple[list[int], int, list, LocalCalls]:
+    """The split app in-process (`split_local`): a Verifier's scheduler over `verifier` (default:
+    `models`) drafting through `drafter` (default: a replica of `models`); the Verifier is lost
+    at round `lose_at`; `oracle` replaces the drafts; `on_round(n, calls)` runs before round n.
+    (new tokens, rebuilds counted by the events, the events, the calls made)."""
+    calls = LocalCalls(drafter or ReplicaDecoder(models, 4), oracle)
+    hook = None if on_round is None else (lambda n: on_round(n, calls))
+    tokens, events = split_decode(verifier or models, calls, prompt, method, MAX_NEW,
+                                  lose_at=lose_at, on_round=hook)
+    return tokens, sum(e.resumes for e in events), events, calls
 
 
 @pytest.mark.parametrize("method", serving_names())
 def test_split_protocol_equals_the_engine_and_survives_lost_state(models, prompt, reference, method):
-    tokens, resumes = _split(models, prompt, method)
+    tokens, resumes, _, _ = _split(models, prompt, method)
     assert tokens == reference and resumes == 0
-    tokens, resumes = _split(models, prompt, method, lose_at=2)
+    tokens, resumes, _, _ = _split(models, prompt, method, lose_at=2)
     assert tokens == reference
-    assert resumes == (1 if method == "ar" else 2)
+    assert resumes == (1 if method == "ar" else 2)  # the Verifier's resume, the Drafter's rebuild
 
 
 def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
@@ -116,18 +93,18 @@ def test_split_early_exit_drafter_syncs_only_its_layers_and_drafts_the_same(
     cfg = tiny_cfg.with_section("peftbd", dataclasses.replace(tiny_cfg.peftbd, draft_layers=1))
     models = load_serving_models(cfg)  # an untrained early-exit adapter: the first layer's exit
     assert models.decoder("peftbd").drafter.reads_kv_layers == 1
-    replica, truncated = ReplicaDecoder(models, 4), []
-    tokens, _ = _split(models, prompt, "peftbd", drafter=replica, drafts=truncated)
+    tokens, _, _, calls = _split(models, prompt, "peftbd")
     assert tokens == reference
+    truncated = calls.drafts
     # the drafter replica keeps 1 of 2 layers, of every position: the verifier shipped them all
-    state = replica.sessions.get("s").state
+    state = calls.session().state
     ((k0, _),) = state.cache.committed()
     assert k0.shape[2] == len(state.tokens) - 1 and set(state.forwards.calls) == {"draft"}
 
     monkeypatch.setattr(models.decoder("peftbd").drafter, "reads_kv_layers", None)  # every layer
-    full = []
-    assert _split(models, prompt, "peftbd", drafts=full)[0] == reference
-    assert truncated == full and any(truncated)
+    tokens, _, _, calls = _split(models, prompt, "peftbd")
+    assert tokens == reference
+    assert truncated == calls.drafts and any(truncated)
 
 
 def test_colocated_resume_from_committed_tokens(models, prompt, reference):
@@ -182,11 +159,9 @@ def test_split_head_drafts_from_transported_features_without_a_verifier_forward(
     """Oracle drafts make the verifier accept whole blocks, so features of several positions
     cross per round; the drafter replica never runs the verifier, and its head cache equals the
     one built from a single verifier prefill over the same tokens."""
-    drafter, events, drafts = ReplicaDecoder(models, 4), [], []
-    tokens, resumes = _split(models, prompt, HEAD, drafter=drafter, drafts=drafts, events=events,
-                             oracle=reference)
+    tokens, resumes, events, calls = _split(models, prompt, HEAD, oracle=reference)
     assert tokens == reference and resumes == 0
-    state = drafter.sessions.get("s").state
+    state = calls.session().state
     assert set(state.forwards.calls) == {"draft"}  # no prefill, no sync: features only
     assert max(len(e.tokens) for e in events[1:]) > 1  # multi-position feature blocks crossed
 
@@ -210,11 +185,9 @@ def test_split_drafts_from_shipped_state_equal_the_colocated_ones(models, prompt
     while not state.done:
         colocated.append(dec.propose(state)[0].tolist())
         dec.verify(state, colocated[-1])
-    split: list = []
-    drafter = ReplicaDecoder(models, 4)
-    assert _split(models, prompt, method, drafts=split, drafter=drafter, oracle=None)[0] == reference
-    assert split == colocated
-    assert set(drafter.sessions.get("s").state.forwards.calls) == {"draft"}
+    tokens, _, _, calls = _split(models, prompt, method)
+    assert tokens == reference and calls.drafts == colocated
+    assert set(calls.session().state.forwards.calls) == {"draft"}
 
 
 def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, reference):
@@ -225,10 +198,9 @@ def test_forward_sync_runs_the_drafters_own_verifier_forward(tiny_cfg, prompt, r
     models = load_serving_models(cfg)
     assert HEAD in models.shipped and set(models.shipped.values()) == {"features"}
     for method in ("fastmtp", "peftbd"):
-        events, drafter = [], ReplicaDecoder(models, 4)
-        assert _split(models, prompt, method, drafter=drafter, events=events)[0] == reference
-        assert sum(e.feature_bytes for e in events) == 0
-        assert drafter.sessions.get("s").state.forwards.calls["sync"] == len(events) - 2
+        tokens, _, events, calls = _split(models, prompt, method)
+        assert tokens == reference and sum(e.feature_bytes for e in events) == 0
+        assert calls.session().state.forwards.calls["sync"] == len(events) - 2
 
 
 def _bytes_per_position(models, method: str) -> int:
@@ -246,14 +218,13 @@ def _bytes_per_position(models, method: str) -> int:
 def test_shipped_bytes_are_counted_per_method(models, prompt, reference):
     assert _bytes_per_position(models, HEAD) == 2 * 192 * 4  # tiny: m = 2, d = 192, float32
     for method in serving_names():
-        events: list = []
-        _split(models, prompt, method, events=events)
+        _, _, events, _ = _split(models, prompt, method)
         stats = RequestStats(method)
         for e in events:
             stats.add(e)
         rounds = sum(len(e.tokens) for e in events[1:] if not e.done)
         kind = models.shipped.get(method)
-        rows = rounds + (len(prompt) if kind else 0)  # the prefill ships every prompt position
+        rows = rounds + (len(prompt) if kind else 0)  # the first propose ships every prompt position
         want = 0 if kind is None else rows * _bytes_per_position(models, method)  # none: tokens only
         assert stats.summary().feature_bytes == want, method
     colocated = list(ReplicaDecoder(models, 4).rounds(prompt, MAX_NEW, HEAD))
@@ -265,35 +236,31 @@ def test_split_head_resumes_exactly_after_a_lost_or_stale_drafter_session(models
     session several rounds behind (an earlier replica's) is not advanced with the wrong features."""
     kept: dict = {}
 
-    def lose(n, drafter):
+    def lose(n, calls):
         if n == 2:
-            drafter.sessions = SessionStore(4)
+            calls.drafter.sessions = SessionStore(4)
 
-    drafter = ReplicaDecoder(models, 4)
-    tokens, resumes = _split(models, prompt, HEAD, drafter=drafter, on_round=lose)
+    tokens, resumes, _, calls = _split(models, prompt, HEAD, on_round=lose)
     assert tokens == reference and resumes == 1
-    calls = drafter.sessions.get("s").state.forwards.calls
-    assert calls["prefill"] == 1 and "sync" not in calls
+    counted = calls.session().state.forwards.calls
+    assert counted["prefill"] == 1 and "sync" not in counted
 
-    def stale(n, drafter):
+    def stale(n, calls):
         if n == 1:
-            kept["s"] = copy.deepcopy(drafter.sessions.get("s"))
+            kept["s"] = copy.deepcopy(calls.session())
         if n == 3:  # back to a replica whose session stopped two rounds ago
-            drafter.sessions = SessionStore(4)
-            drafter.sessions.put("s", kept["s"])
+            calls.drafter.sessions = SessionStore(4)
+            calls.drafter.sessions.put(calls.items[-1].session_id, kept["s"])
 
-    tokens, resumes = _split(models, prompt, HEAD, on_round=stale)
+    tokens, resumes, _, _ = _split(models, prompt, HEAD, on_round=stale)
     assert tokens == reference and resumes == 1
 
 
 def test_features_of_another_head_are_a_clear_error(models, prompt):
-    verifier = ReplicaDecoder(models, 4)
-    reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, HEAD)])[0]
-    block = dataclasses.replace(reply.shipped, layers=(0,))
-    committed = list(prompt) + reply.tokens
+    first = _split(models, prompt, HEAD)[3].items[0]  # the features of every prompt position
+    block = dataclasses.replace(first.shipped, layers=(0,))
     with pytest.raises(ValueError, match="same peftbd_head_dir"):
-        ReplicaDecoder(models, 4).propose_batch(
-            [ProposeItem("s", committed, len(prompt), MAX_NEW, HEAD, block)])
+        ReplicaDecoder(models, 4).propose_batch([dataclasses.replace(first, shipped=block)])
 
 
 def test_feature_block_round_trips_in_its_dtype():
@@ -332,12 +299,10 @@ def test_a_saved_head_serves_split_with_its_own_feature_layers(tiny_cfg, models,
     drafter = load_serving_models(tiny_cfg, (HEAD,), {HEAD: tmp_path})
     verifier = load_serving_models(tiny_cfg, ("ar",), {HEAD: tmp_path})
     assert drafter.decoder(HEAD).drafter.feature_layers == (0, 2) != tuple(tiny_cfg.peftbd_head.feature_layers)
-    assert verifier.verifier_decoder(HEAD).drafter.feature_layers == (0, 2)
-    replica = ReplicaDecoder(drafter, 4)
-    tokens, resumes = _split(drafter, prompt, HEAD, drafter=replica,
-                             verifier=ReplicaDecoder(verifier, 4))
+    assert verifier.feature_layers[HEAD] == (0, 2)
+    tokens, resumes, _, calls = _split(drafter, prompt, HEAD, verifier=verifier)
     assert tokens == reference and resumes == 0
-    assert set(replica.sessions.get("s").state.forwards.calls) == {"draft"}
+    assert set(calls.session().state.forwards.calls) == {"draft"}
 
 
 def test_a_prefill_block_that_does_not_cover_the_prompt_is_refused(models, prompt):
