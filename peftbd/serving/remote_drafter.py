@@ -152,20 +152,22 @@ class RemoteDrafter:
     def _pre_drafted(self, state: DecodeState, remote: Remote) -> AheadReply | None:
         """The request's pre-draft when the round that verified since accepted exactly the
         guessed tokens (its committed tokens continue the pre-draft's by one bonus token), else
-        None; a lost or empty pre-draft costs the ordinary propose, nothing else. A Drafter that
-        answers it cannot draft ahead for this method is not asked again."""
+        None; a lost or empty pre-draft costs the ordinary propose, nothing else. Its reply is
+        awaited either way (the Drafter answers calls in turn: the next propose would wait
+        behind it there), and a Drafter that answers it cannot draft ahead for this method is
+        not asked again."""
         if remote.ahead is None:
             return None
         waiting, continued, row = remote.ahead
         remote.ahead = None
-        if len(state.tokens) != len(continued) + 1 or state.tokens[: len(continued)] != continued:
-            return None
         try:
             with self.wait():
                 got = waiting()[row]
         except Exception:
             return None
         self.draft_ahead &= got.drafts_ahead
+        if len(state.tokens) != len(continued) + 1 or state.tokens[: len(continued)] != continued:
+            return None
         return got if got.draft else None
 
     def _shipped(self, state: DecodeState) -> Shipped:

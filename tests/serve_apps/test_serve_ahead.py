@@ -1,116 +1,115 @@
-"""Drafting ahead in the split round driver, over in-process replicas (the handles of
+"""Drafting ahead on a split Verifier, over in-process replicas (the handles of
 `test_serve_backends`): a confirmed guess skips the propose and the output stays exact, methods
 that cannot draft ahead are asked once, and only a Drafter that would idle drafts ahead."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from typing import Any
 
 import pytest
+import torch
 
-from peftbd.serving.replica import ReplicaDecoder
-from serve_apps.backends import split_driver
+from peftbd.decoding.state import DecodeState
+from peftbd.serving.messages import AheadReply, ProposeReply
+from peftbd.serving.remote_drafter import RemoteDrafter
 from tests.serve_apps.test_serve_backends import (  # noqa: F401 (setup: a fixture)
-    ThreadedHandle,
     _concurrent,
     _spec,
+    _tokens,
     setup,
+    split_app,
 )
 
 
-@pytest.fixture(scope="module")
-def ahead_apps(tiny_cfg):
-    """A split app's two processes' worth of models drafting ahead, PEFT-BD at controlled
-    acceptance (its accepted lengths vary, so some guesses miss)."""
-    from peftbd.serving.models import load_serving_models
-
-    serving = dataclasses.replace(tiny_cfg.serving, synthetic=("peftbd=2.881",), draft_ahead=True,
-                                  split_groups=1)
-    cfg = dataclasses.replace(tiny_cfg, serving=serving)
-    return cfg, load_serving_models(cfg), load_serving_models(cfg)
-
-
-class CountingHandle(ThreadedHandle):
-    """A `ThreadedHandle` that also records the methods called, in order."""
-
-    def __init__(self, replica: ReplicaDecoder) -> None:
-        super().__init__(replica)
-        self.methods: list[str] = []
-
-    def timed(self, method: str, *args: Any) -> Any:
-        self.methods.append(method)
-        return super().timed(method, *args)
-
-
-def test_a_confirmed_guess_skips_the_propose_and_the_output_stays_exact(setup, ahead_apps,
+def test_a_confirmed_guess_skips_the_propose_and_the_output_stays_exact(tiny_cfg, setup,
                                                                        monkeypatch):
-    """One client: the idle Drafter drafts each next round during the verify; a round whose
-    guess held runs without a propose, the Drafter catches up from the shipped KV only (no
-    forward, no rebuild), and the output is AR's."""
-    _, prompt, expected = setup
-    cfg, drafter_models, verifier_models = ahead_apps
+    """One client, PEFT-BD at controlled acceptance (its accepted lengths vary, so some guesses
+    miss): the idle Drafter drafts each next round during the verify; a round whose guess held
+    runs without a propose, the Drafter catches up from the shipped KV only (no forward, no
+    rebuild), and the output is AR's."""
     import peftbd.serving.replica as replica
 
     forwards: list[int] = []  # the Drafter's catch-up forwards
     monkeypatch.setattr(replica, "advance_rows", lambda *a, **k: forwards.append(1))
-    drafter = CountingHandle(ReplicaDecoder(drafter_models, 16))
-    verifier = ThreadedHandle(ReplicaDecoder(verifier_models, 16))
-    [events] = _concurrent(split_driver(drafter, verifier, cfg.serving), [_spec(prompt, "peftbd")])
-    assert [t for e in events for t in e.tokens] == expected
+    from peftbd.serving.models import load_serving_models
+
+    cfg = dataclasses.replace(tiny_cfg, serving=dataclasses.replace(
+        tiny_cfg.serving, synthetic=("peftbd=2.881",)))
+    drafters = load_serving_models(cfg)
+    backend, drafter, _ = split_app(cfg, (drafters, *setup[1:]), draft_ahead=True, split_groups=1)
+    [events] = _concurrent(backend, [_spec(setup[2], "peftbd")])
+    assert _tokens(events) == setup[3]
     rounds, used = events[1:], [e for e in events if e.pre_drafted]
     assert used and len(used) < len(rounds)
     assert drafter.methods.count("propose_batch") == len(rounds) - len(used)
     assert drafter.methods.count("ahead_batch") >= len(used)
     assert drafter.replica.counters["resumes"] == 0 and not forwards
-    assert len(drafter.replica.sessions) == len(verifier.replica.sessions) == 0
+    assert len(drafter.replica.sessions) == 0
 
 
 @pytest.mark.parametrize("method", ["peftbd", "fastmtp"])
 def test_concurrent_requests_drafting_ahead_stay_exact(tiny_cfg, setup, method):
     """Eight requests with drafting ahead on (real acceptance): exact outputs; a method whose
     drafter cannot draft ahead (FastMTP) is asked once, then never again."""
-    _, prompt, expected = setup
-    from peftbd.serving.models import load_serving_models
-
-    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True, split_groups=1)
-    drafter = CountingHandle(ReplicaDecoder(load_serving_models(tiny_cfg), 16))
-    verifier = ThreadedHandle(ReplicaDecoder(setup[0], 16))
-    driver = split_driver(drafter, verifier, serving)
-    results = _concurrent(driver, [_spec(prompt, method, f"r{i}") for i in range(8)])
-    assert all([t for e in r for t in e.tokens] == expected for r in results)
+    backend, drafter, _ = split_app(tiny_cfg, setup, draft_ahead=True, split_groups=1,
+                                    batch_wait_ms=50.0)
+    results = _concurrent(backend, [_spec(setup[2], method, f"r{i}") for i in range(8)])
+    assert all(_tokens(r) == setup[3] for r in results)
     asked = drafter.methods.count("ahead_batch")
     if method == "fastmtp":
-        assert driver._no_ahead == {"fastmtp"} and asked <= 2
-        assert not any(e.pre_drafted for r in results for e in r)
+        assert asked == 1 and not any(e.pre_drafted for r in results for e in r)
     else:
-        assert not driver._no_ahead and asked > 2
+        assert asked > 2
 
 
-def test_drafting_ahead_only_takes_a_drafter_that_would_idle(tiny_cfg, setup):
-    """No pre-draft while another group has requests (its propose would wait behind it) or this
-    group's propose is under way; one when the Drafter would idle."""
-    from peftbd.serving.messages import AheadReply
-    from peftbd.serving.round_driver import Course, RoundDriver
+class _Calls:
+    """`DrafterCalls` that draft [7, 8] and pre-draft [2], counting the pre-drafts asked."""
 
-    async def send(kind: str, items: list) -> list:
-        return [(AheadReply([2], 0.0), 0.0) for _ in items]
+    def __init__(self) -> None:
+        self.asked = 0
 
-    serving = dataclasses.replace(tiny_cfg.serving, draft_ahead=True, split_groups=2)
-    spec = _spec(setup[1], "peftbd")
+    def propose(self, items):
+        return [ProposeReply([7, 8], 1.0, 0.0, False) for _ in items]
 
-    async def run() -> list:
-        driver = RoundDriver(send, lambda role, sid: None, serving)
-        mine, other = (Course(driver._where, driver._changed, g) for g in (0, 1))
-        mine.move(("to", "verify"))
-        other.move(("in", "verify"))
-        busy = driver._ahead(spec, [5, 6], [7, 8], [], mine, None)
-        other.move(None)
-        free = driver._ahead(spec, [5, 6], [7, 8], [], mine, None)
-        off = RoundDriver(send, lambda role, sid: None,
-                          dataclasses.replace(serving, draft_ahead=False))
-        return [busy, free and await free[0], off._ahead(spec, [5, 6], [7, 8], [], mine, None)]
+    def ahead(self, items):
+        self.asked += 1
+        return lambda: [AheadReply([2], 1.0) for _ in items]
 
-    busy, free, off = asyncio.run(run())
-    assert busy is None and off is None and free[0].draft == [2]
+    def release(self, session_id):
+        pass
+
+
+def _state() -> DecodeState:
+    """A request's state as far as a remote drafter that ships nothing reads it."""
+    return DecodeState([1, 2, 3], 2, 8, frozenset(), None, None, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_drafting_ahead_only_takes_a_drafter_that_would_idle():
+    """No pre-draft while another group of the Verifier has requests (`may_ahead` false: their
+    proposes would wait behind it) or with drafting ahead off; one when the Drafter would idle."""
+    def asked(draft_ahead: bool, idle: bool) -> int:
+        calls = _Calls()
+        drafter = RemoteDrafter("peftbd", calls, None, draft_ahead=draft_ahead,
+                                may_ahead=lambda: idle)
+        state = _state()
+        drafter.start(state)
+        assert drafter.propose([state], [7])[0].tolist() == [[7, 8]]
+        return calls.asked
+
+    assert asked(True, idle=True) == 1
+    assert asked(True, idle=False) == asked(False, idle=True) == 0
+
+
+def test_a_pre_draft_is_taken_only_when_its_guess_held():
+    """The next round takes the pre-draft when the verify accepted the guessed tokens (none yet:
+    the guess is 0, so the committed tokens grew by the bonus alone), else it proposes."""
+    for bonus_only, expected in ((True, [2]), (False, [7, 8])):
+        calls = _Calls()
+        drafter = RemoteDrafter("peftbd", calls, None, draft_ahead=True)
+        state = _state()
+        drafter.start(state)
+        drafter.propose([state], [7])
+        state.tokens += [9] if bonus_only else [7, 9]
+        assert drafter.propose([state], [7])[0].tolist() == [expected]
+        assert state.drafter_state.last.pre_drafted == bonus_only
+        assert isinstance(drafter.propose([state], [7])[0], torch.Tensor)

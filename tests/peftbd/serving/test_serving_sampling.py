@@ -9,12 +9,12 @@ import pytest
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import SamplingParams
 from peftbd.methods import serving_names
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import temperature_band
-from peftbd.serving.sessions import SessionStore
 from peftbd.serving.synthetic import check_sampled
 from peftbd.serving.validation import GenerationSpec, RequestError
+
+from .split_local import LocalCalls, split_decode
 
 MAX_NEW = 24
 SAMPLING = SamplingParams(temperature=1.0, top_p=0.95, seed=5)
@@ -35,20 +35,8 @@ def prompt(tiny_cfg):
 
 
 def _split(models, prompt, method, sampling, lose_verifier_at: int | None = None) -> list[int]:
-    drafter, verifier = ReplicaDecoder(models, 4), ReplicaDecoder(models, 4)
-    reply = verifier.prefill_batch([PrefillItem("s", prompt, MAX_NEW, method, sampling)])[0]
-    committed, done, n = list(prompt) + reply.tokens, reply.done, 0
-    while not done:
-        if n == lose_verifier_at:
-            verifier.sessions = SessionStore(4)
-        draft = []
-        if method != "ar":
-            draft = drafter.propose_batch([ProposeItem("s", committed, len(prompt), MAX_NEW,
-                                                       method, reply.shipped, sampling)])[0].draft
-        reply = verifier.verify_batch([VerifyItem("s", committed, len(prompt), MAX_NEW, draft,
-                                                  method, sampling)])[0]
-        committed, done, n = committed + reply.tokens, reply.done, n + 1
-    return committed[len(prompt):]
+    calls = LocalCalls(ReplicaDecoder(models, 4))
+    return split_decode(models, calls, prompt, method, MAX_NEW, sampling, lose_verifier_at)[0]
 
 
 @pytest.mark.parametrize("method", serving_names())

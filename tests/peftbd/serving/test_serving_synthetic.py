@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import threading
 
 import pytest
 
@@ -13,7 +14,6 @@ from peftbd.config import ConfigError, load_config
 from peftbd.data.chat import encode_prompt
 from peftbd.decoding import decode
 from peftbd.decoding.controlled import GreedyOracle
-from peftbd.serving.messages import PrefillItem, ProposeItem, VerifyItem
 from peftbd.serving.replica import ReplicaDecoder
 from peftbd.serving.rounds import RequestStats
 from peftbd.serving.synthetic import (
@@ -23,6 +23,8 @@ from peftbd.serving.synthetic import (
     synthetic_rates,
     write_references,
 )
+
+from .split_local import LocalCalls
 
 MAX_NEW = 64
 RATES = {"peftbd": 3.5, "fastmtp": 2.0, "peftbd_head": 4.0}
@@ -79,31 +81,30 @@ def test_colocated_synthetic_is_exact_and_accepts_at_its_rate(synthetic_cfg, mod
 
 
 @pytest.mark.parametrize("method", sorted(RATES))
-def test_split_synthetic_batched_is_exact(models, prompts, references, method):
-    """Drafter and Verifier replicas take every request in one batched call a round, as the
-    split ingress sends them; the outputs are AR's and the drafts accept beyond chance."""
-    drafter, verifier = ReplicaDecoder(models, 8), ReplicaDecoder(models, 8)
-    ids = [f"r{i}" for i in range(len(prompts))]
-    replies = verifier.prefill_batch([PrefillItem(i, p, MAX_NEW, method)
-                                      for i, p in zip(ids, prompts)])
-    committed = {i: list(p) + r.tokens for i, p, r in zip(ids, prompts, replies)}
-    features = {i: r.shipped for i, r in zip(ids, replies)}
-    live, accepted = {i for i, r in zip(ids, replies) if not r.done}, 0
-    starts = {i: len(p) for i, p in zip(ids, prompts)}
-    while live:
-        order = sorted(live)
-        drafts = drafter.propose_batch([ProposeItem(i, committed[i], starts[i], MAX_NEW, method,
-                                                    features[i]) for i in order])
-        verified = verifier.verify_batch([VerifyItem(i, committed[i], starts[i], MAX_NEW,
-                                                     d.draft, method)
-                                          for i, d in zip(order, drafts)])
-        for i, v in zip(order, verified):
-            committed[i] += v.tokens
-            features[i], accepted = v.shipped, accepted + v.accepted
-            if v.done:
-                live.discard(i)
-    assert all(committed[i][starts[i]:] == references[tuple(p)] for i, p in zip(ids, prompts))
-    assert accepted > len(prompts) * MAX_NEW / 3  # an untrained drafter alone accepts ~nothing
+def test_split_synthetic_batched_is_exact(synthetic_cfg, models, prompts, references, method):
+    """A split Verifier's step loop (its own verifier, as deployed) batches every request, its
+    Drafter replica drafting each round in one batched call (two groups: one verifies while the
+    other drafts); the outputs are AR's and the drafts accept beyond chance."""
+    from peftbd.serving.models import load_serving_models
+
+    drafter = ReplicaDecoder(models, 8)
+    verifier = ReplicaDecoder(load_serving_models(synthetic_cfg, ("ar",)), 8, 8, 50.0,
+                              drafters=LocalCalls(drafter), groups=2)
+    outputs: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        outputs[i] = list(verifier.rounds(prompts[i], MAX_NEW, method))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, p in enumerate(prompts):
+        assert [t for e in outputs[i] for t in e.tokens] == references[tuple(p)]
+    assert sum(e.accepted for events in outputs.values() for e in events) \
+        > len(prompts) * MAX_NEW / 3  # an untrained drafter alone accepts ~nothing
+    assert max(drafter.batch_sizes) > 1 and max(verifier.batch_sizes) > 1
 
 
 def test_the_oracle_decodes_unknown_prompts_once_and_uses_references(models, prompts, references):
