@@ -12,10 +12,9 @@ round_draft_ms / rounds). A counter only exists once it was incremented by more 
 rule), so a quantity that stayed 0 has no series: the dashboard reads it as 0. Acceptance rate at
 position j = accepted_per_position / proposed_per_position of `position="j"`. Feature bytes (the
 verifier state a split drafter is shipped instead of running the verifier, `Method.ships`; 0, so
-no series, for ar, colocated and unshipped methods): `peftbd_round_feature_bytes` (the rounds') and
-`peftbd_prefill_feature_bytes` (the prefill steps': every prompt position's). Batching:
-`peftbd_batch_size` (the requests a round's batched step, colocated, or verify call, split,
-carried) and its exact sum `peftbd_round_batch_size` (mean batch = sum / rounds).
+no series, for ar, colocated and unshipped methods): `peftbd_round_feature_bytes` (what each round's
+propose carried: a request's first also every prompt position's). Batching:
+`peftbd_batch_size` (the requests a round's batched step carried) and its exact sum `peftbd_round_batch_size` (mean batch = sum / rounds).
 """
 
 from __future__ import annotations
@@ -59,8 +58,6 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "peftbd_session_resumes": ("Request states rebuilt from committed tokens", TAGS),
     "peftbd_round_feature_bytes": (
         "Verifier feature bytes sent to the split drafter by the rounds (exact)", TAGS),
-    "peftbd_prefill_feature_bytes": (
-        "Verifier feature bytes sent to the split drafter by the prefill steps (exact)", TAGS),
     "peftbd_proposed_per_position": (
         "Speculative rounds whose draft had a token at `position` (1-based)", POSITION_TAGS),
     "peftbd_accepted_per_position": (
@@ -89,11 +86,10 @@ class RoundMetrics:
                 "temperature": temperature_band(temperature)}
         if event.resumes:
             self.counters["peftbd_session_resumes"].inc(event.resumes, tags=tags)
-        if event.feature_bytes:  # Ray's counters take increments > 0 only
-            step = "prefill" if event.prefill else "round"
-            self.counters[f"peftbd_{step}_feature_bytes"].inc(event.feature_bytes, tags=tags)
         if event.prefill:
             return
+        if event.feature_bytes:  # Ray's counters take increments > 0 only
+            self.counters["peftbd_round_feature_bytes"].inc(event.feature_bytes, tags=tags)
         values = {
             "peftbd_draft_ms": event.draft_ms, "peftbd_verify_ms": event.verify_ms,
             "peftbd_sync_ms": event.sync_ms, "peftbd_transport_ms": event.transport_ms,

@@ -1,8 +1,8 @@
-"""The `split` app: Ingress -> `Rounds` (one round driver for the app) -> a `Drafter` deployment
-(every registered method's drafter: PEFT-BD adapter on the backbone, the MTP head, the
-block-diffusion head, ...) and a `Verifier` deployment (adapter off; it ships each drafter the
-verifier state its method reads, `Method.ships`), each with its own replicas and resources; a
-request's rounds stick to one replica of each by session id.
+"""The `split` app: Ingress -> a `Verifier` deployment (adapter off; the engine's scheduler runs
+every request's rounds there) -> a `Drafter` deployment (every registered method's drafter:
+PEFT-BD adapter on the backbone, the MTP head, the block-diffusion head, ...), each with its own
+replicas and resources. The Verifier ships each drafter the verifier state its method reads
+(`Method.ships`); a request's proposes stick to one Drafter replica by session id.
 
     serve run serve_apps.split:app_builder preset=tiny
     serve deploy serve_apps/local.yaml            # local, with the colocated app, on /split

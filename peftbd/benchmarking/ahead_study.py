@@ -1,5 +1,5 @@
 """How well a drafter drafts ahead (`peftbd.decoding.ahead`), measured on real acceptance: how
-often the round driver's guess (the request's likeliest accepted length) was the round's, and
+often a split Verifier's guess (the request's likeliest accepted length) was the round's, and
 what the pre-drafts of those rounds then accepted against the ordinary drafts of the same next
 rounds (a pre-draft drafts without the bonus and with adapter-on KV of the guessed tokens, not
 the verifier's: what that costs in acceptance, which controlled acceptance assumes is nothing).
@@ -35,7 +35,7 @@ class GuessStudy:
 def guess_study(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]],
                 max_new_tokens: int) -> GuessStudy:
     """Decode each prompt greedily, one request at a time, drafting each round ahead as the
-    round driver does (module doc); the outputs are the decoder's own."""
+    split Verifier's remote drafter does (module doc); the outputs are the decoder's own."""
     if not drafts_ahead(decoder.drafter):
         raise ValueError(f"{decoder.drafter.name} cannot draft ahead (it has no propose_ahead)")
     rounds = hits = accepted_pre = accepted_ordinary = 0

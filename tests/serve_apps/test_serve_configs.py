@@ -22,18 +22,18 @@ def _config(name: str) -> dict:
 
 
 DEPLOYMENTS = {"colocated": {"Engine", "Ingress"},
-               "split": {"Drafter", "Verifier", "Rounds", "Ingress"}}
+               "split": {"Drafter", "Verifier", "Ingress"}}
 
 
 def test_each_deployment_is_named_by_its_role():
     """One name per role (`peftbd.serving.roles`): the deployments, the apps' YAMLs and the
     placement job's handles all say it."""
     from peftbd.serving.roles import APP_ROLES, MODEL_ROLES, Role
-    from serve_apps.deployments import Drafter, Engine, Rounds, Verifier, deployment_of
+    from serve_apps.deployments import Drafter, Engine, Verifier, deployment_of
     from serve_apps.ingress import Ingress
 
     by_role = {Role.ENGINE: Engine, Role.DRAFTER: Drafter, Role.VERIFIER: Verifier,
-               Role.ROUNDS: Rounds, Role.INGRESS: Ingress}
+               Role.INGRESS: Ingress}
     assert {role: deployment_of(d).name for role, d in by_role.items()} == {
         role: role.deployment for role in Role}
     assert DEPLOYMENTS == {app: {r.deployment for r in roles} for app, roles in APP_ROLES.items()}
@@ -59,7 +59,7 @@ def test_yaml_is_a_valid_serve_config_of_the_apps(name):
         assert args.drafter_dirs == {}  # untrained unless set (any registered method's too)
         assert {d.name for d in app.deployments} == DEPLOYMENTS[app.name]
         for d in app.deployments:
-            if d.name in ("Drafter", "Verifier"):  # session-sticky routing survives `serve deploy`
+            if d.name == "Drafter":  # session-sticky routing survives `serve deploy`
                 assert d.request_router_config == SESSION_ROUTER
             if d.name == "Ingress":  # redundancy: losing one fails only its own requests
                 assert d.num_replicas >= 2

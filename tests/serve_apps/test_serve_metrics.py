@@ -55,13 +55,14 @@ def recorded(monkeypatch):
     Recorder.totals.clear()
     for (placement, method), rounds in ROUNDS.items():
         m = metrics.RoundMetrics(placement)
-        m.observe(RoundEvent(tokens=[7], other_ms=9.0, prefill=True,  # not a round
-                             feature_bytes=_feature_bytes(method, PROMPT)), method)
+        m.observe(RoundEvent(tokens=[7], other_ms=9.0, prefill=True), method)  # not a round
+        shipped = PROMPT  # the first round's propose carries every prompt position's
         for tokens, draft, verify, sync, transport in rounds:
             m.observe(RoundEvent(tokens=[7] * tokens, proposed=3, accepted=tokens - 1,
                                  draft_ms=draft, verify_ms=verify, sync_ms=sync,
                                  transport_ms=transport,
-                                 feature_bytes=_feature_bytes(method, tokens)), method)
+                                 feature_bytes=_feature_bytes(method, shipped)), method)
+            shipped = tokens
     return dict(Recorder.totals)
 
 
@@ -110,9 +111,10 @@ def test_feature_panels_give_bytes_per_round_and_per_token(recorded):
     per_round, per_token = (t["expr"] for t in panel["targets"])
     for (placement, method), rounds in ROUNDS.items():
         tokens = [r[0] for r in rounds]
-        want = _feature_bytes(method, sum(tokens))
+        want = _feature_bytes(method, PROMPT + sum(tokens[:-1]))
         assert _evaluate(per_round, recorded, placement, method) == pytest.approx(want / len(rounds))
         assert _evaluate(per_token, recorded, placement, method) == pytest.approx(want / sum(tokens))
-    assert recorded[("ray_peftbd_prefill_feature_bytes_total", "split", "peftbd_head")] == PROMPT * ROW
+    assert recorded[("ray_peftbd_round_feature_bytes_total", "split", "peftbd_head")] \
+        == (PROMPT + 1) * ROW
     assert not any(name.endswith("feature_bytes_total") and method != "peftbd_head"
                    for name, _, method in recorded)  # other methods: no series (read as 0)

@@ -1,6 +1,6 @@
 """The Serve apps over HTTP when clients or replicas fail (deployed by the `served` fixture,
 loopback only; run after the other Serve tests, since they kill replicas): disconnected clients
-are released at once, a killed Drafter replica or round driver mid-request resumes exactly, a
+are released at once, a killed Drafter replica or Verifier mid-request resumes exactly, a
 killed Ingress replica fails only its own requests, as openai errors."""
 
 from __future__ import annotations
@@ -122,15 +122,16 @@ def test_killed_drafter_replica_mid_request_recovers(served, engine):
     assert rest[-1].usage.model_extra["speculative"]["resumes"] >= 1
 
 
-def test_killed_round_driver_mid_request_recovers(served, engine):
-    """Kill the split app's round driver (`Rounds`, one replica) while a streamed request is
-    mid-way: the Ingress restarts the request's rounds on its replacement from the tokens
-    already sent, and the answer is still the engine's."""
+def test_killed_verifier_mid_request_recovers(served, engine):
+    """Kill the split app's Verifier (one replica: it runs every request's rounds) while a
+    streamed request is mid-way: the Ingress resumes the request on its replacement from the
+    tokens already sent, and the answer is still the engine's."""
     _, greedy = engine
-    [pid] = served.replica_pids("split", "Rounds")
-    text, _ = _killed_mid_stream(served, "peftbd", [pid])
+    [pid] = served.replica_pids("split", "Verifier")
+    text, rest = _killed_mid_stream(served, "peftbd", [pid])
     assert text == greedy(LONG_PROMPT, LONG_TOKENS)
-    assert served.replica_pids("split", "Rounds") != [pid]
+    assert rest[-1].usage.model_extra["speculative"]["resumes"] >= 1
+    assert served.replica_pids("split", "Verifier") != [pid]
 
 
 def test_killed_ingress_fails_only_its_own_requests_as_openai_errors(served, engine):

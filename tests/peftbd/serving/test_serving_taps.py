@@ -1,7 +1,7 @@
-"""A split Verifier's feature taps (`ServingModels.taps`) of the block-diffusion head and DFlash
-keep the feature layers their drafters read, from a saved head's json or from the config section,
-building no drafter of a method the replica does not serve (`Method.feature_layers`); and a method
-that ships features must declare that hook."""
+"""A split Verifier keeps, for the block-diffusion head and DFlash (`ServingModels.feature_layers`,
+what its remote drafters ship), the feature layers their drafters read, from a saved head's json
+or from the config section, building no drafter of a method the replica does not serve
+(`Method.feature_layers`); and a method that ships features must declare that hook."""
 
 from __future__ import annotations
 
@@ -45,35 +45,35 @@ def expected(tiny_cfg, dirs):
 
     models = load_serving_models(tiny_cfg, READERS, dirs)
     layers = {n: models.decoder(n).drafter.feature_layers for n in READERS}
-    assert {n: models.verifier_decoder(n).drafter.feature_layers for n in READERS} == layers
+    assert {n: models.feature_layers[n] for n in READERS} == layers
     if dirs:
         assert layers == SAVED
     return layers
 
 
 @pytest.mark.parametrize("served", [(AR,), (AR, HEAD), (AR, DFLASH)])
-def test_a_split_verifiers_taps_read_the_drafters_layers_building_none_it_does_not_serve(
+def test_a_split_verifier_keeps_the_drafters_layers_building_none_it_does_not_serve(
         tiny_cfg, dirs, expected, served, monkeypatch, caplog):
     from peftbd.serving import models as serving
 
     build = serving._build_drafter
 
     def only_served(m, ctx, path):
-        assert m.serving in served, f"built the {m.serving} drafter for a tap"
+        assert m.serving in served, f"built the {m.serving} drafter for its feature layers"
         return build(m, ctx, path)
 
     def no_head(*args, **kwargs):
-        raise AssertionError("built a head for a tap")
+        raise AssertionError("built a head for its feature layers")
 
     monkeypatch.setattr(serving, "_build_drafter", only_served)
     if not set(served) & set(READERS):
         monkeypatch.setattr(BDHead, "__init__", no_head)  # nor inside `Method.feature_layers`
     with caplog.at_level(logging.INFO, logger="peftbd.serving.models"):
         models = serving.load_serving_models(tiny_cfg, served, dirs)
-    assert {n: models.verifier_decoder(n).drafter.feature_layers for n in READERS} == expected
+    assert models.feature_layers == expected
+    assert {n: models.remote_decoder(n, None).drafter.feature_layers for n in READERS} == expected
     unserved = [by_serving(n).dir_arg for n in READERS if n not in served]
     assert not [line for line in caplog.messages if any(arg in line for arg in unserved)]
-    assert sorted(models.taps) == sorted(READERS)
 
 
 def test_a_saved_head_for_another_verifier_is_refused_by_its_feature_layers(tiny_cfg, saved):

@@ -47,7 +47,7 @@ def test_replica_stats_are_typed_and_survive_pickling_and_json(replica):
 
 def test_every_role_has_one_deployment_name():
     assert set(DEPLOYMENT_NAMES) == set(Role)
-    assert [r.deployment for r in Role] == ["Ingress", "Engine", "Drafter", "Verifier", "Rounds"]
+    assert [r.deployment for r in Role] == ["Ingress", "Engine", "Drafter", "Verifier"]
     assert f"{Role.ENGINE}" == str(Role.ENGINE) == "engine"  # a role reads as its key
     assert {"engine": 1}[Role.ENGINE] == 1  # and looks up its key's entries
     assert MODEL_ROLES == {"colocated": (Role.ENGINE,), "split": (Role.DRAFTER, Role.VERIFIER)}
