@@ -137,7 +137,14 @@ class Scheduler:
         return keys
 
     def step(self) -> list[Stepped]:
-        """Admit, one prefill chunk, one round of the prefilled requests: what each did."""
+        """Admit, one prefill chunk, one round of the prefilled: what each did (`prefill`, then
+        `round`; a caller that streams reports the first's before the second runs)."""
+        return self.prefill() + self.round()
+
+    def prefill(self) -> list[Stepped]:
+        """Admit waiting requests while rows are free, then one packed prefill chunk over the
+        admitted ones not prefilled yet: the requests whose prefill finished (and those of a
+        budget of 0, done at once)."""
         dec = self.decoder
         stepped: list[Stepped] = []
         while self.waiting and len(self.running) < self.max_batch:
@@ -161,17 +168,28 @@ class Scheduler:
                         resumed(req.state, q.tokens, q.prompt_len or 0, q.max_new_tokens)
                     stepped.append(Stepped(q.key, req.state, [] if q.resumed else req.state.new_tokens,
                                            req.state.done, None, len(filling)))
+        self._leave()
+        return stepped
+
+    def round(self) -> list[Stepped]:
+        """One round (one batched propose, one batched verify) of every prefilled request: what
+        each committed."""
+        stepped: list[Stepped] = []
         live = [r for r in self.running if r.prefilled and not r.state.done]
         if live:
-            records = dec.step_many([r.state for r in live])
+            records = self.decoder.step_many([r.state for r in live])
             for req, rec in zip(live, records):
                 state = req.state
                 stepped.append(Stepped(req.queued.key, state, state.tokens[len(state.tokens) - rec.emitted:],
                                        state.done, rec, len(live)))
+        self._leave()
+        return stepped
+
+    def _leave(self) -> None:
+        """Finished requests leave; their rows go back to the pool."""
         for req in [r for r in self.running if r.prefilled and r.state.done]:
             req.state.cache.release()
             self.running.remove(req)
-        return stepped
 
 
 def resumed(state: DecodeState, committed: Sequence[int], prompt_len: int,

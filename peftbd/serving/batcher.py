@@ -52,6 +52,7 @@ class Ticket:
     sampling: SamplingParams = GREEDY
     closed: bool = False
     group: int = 0
+    since: float = field(default_factory=time.perf_counter)  # submitted, or its last event out
 
     @property
     def resumed(self) -> bool:
@@ -152,13 +153,16 @@ class StepLoop:
         return taken
 
     def _step(self, scheduler: Scheduler) -> None:
-        """One step of `scheduler`; each request's event of it."""
+        """One step of `scheduler`: its prefill chunk, whose finished requests' events go out
+        at once, then its round and each request's event of it."""
         try:
             with self.lock:
-                stepped = scheduler.step()
+                self._deliver(scheduler, scheduler.prefill())
+                self._deliver(scheduler, scheduler.round())
         except Exception as exc:  # a bug: fail these requests, keep serving the others
             self._fail(scheduler.abort(), exc)
-            return
+
+    def _deliver(self, scheduler: Scheduler, stepped: list[Stepped]) -> None:
         rounds = [s for s in stepped if not s.prefill]
         if rounds:
             self.counters["rounds"] += len(rounds)
@@ -170,7 +174,9 @@ class StepLoop:
                 self.counters["resumes" if ticket.resumed else "prefills"] += 1
             if s.done:
                 _release(scheduler, s.state)
-            self._send(ticket, step_event(s, int(ticket.resumed)))
+            now = time.perf_counter()
+            since, ticket.since = ticket.since, now
+            self._send(ticket, step_event(s, int(ticket.resumed), (now - since) * 1e3))
 
     def _send(self, ticket: Ticket, item: RoundEvent | BaseException) -> None:
         if ticket.closed:
@@ -219,15 +225,19 @@ def _release(scheduler: Scheduler, state: DecodeState) -> None:
         release(state)
 
 
-def step_event(s: Stepped, resumes: int) -> RoundEvent:
+def step_event(s: Stepped, resumes: int, replica_ms: float | None = None) -> RoundEvent:
     """A request's event of one scheduler step: its prefill (`resumes`: 1 when it rebuilt a
     resumed request), or its round of the batch (the batch's draft and verify times). A round
-    drafted by a remote Drafter takes that replica's draft and sync times and its rebuilds; the
-    call's hops stay out of the event's compute (the ingress counts them as transport)."""
+    drafted by a remote Drafter takes that replica's draft and sync times, its rebuilds, and the
+    call's hops as `transport_ms`. `replica_ms`: this replica's time since the request's
+    previous event (or its arrival); `other_ms` is then the rest of it (waiting for its turn in
+    the step loop, admission included, and the host work), so the event's compute and
+    transport account for all of it."""
     finish = finish_reason(s.state) if s.done else None
     if s.record is None:
-        return RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3, resumes=resumes,
-                          done=s.done, prefill=True, finish_reason=finish, batch_size=s.batch_size)
+        return RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3 if replica_ms is None
+                          else replica_ms, resumes=resumes, done=s.done, prefill=True,
+                          finish_reason=finish, batch_size=s.batch_size)
     rec = s.record
     event = RoundEvent(
         tokens=s.tokens, proposed=rec.proposed, accepted=rec.accepted, draft_ms=rec.draft_ms,
@@ -239,8 +249,11 @@ def step_event(s: Stepped, resumes: int) -> RoundEvent:
         last = remote.last
         event.draft_ms, event.sync_ms = last.draft_ms, last.sync_ms
         event.other_ms += max(last.handler_ms - last.draft_ms - last.sync_ms, 0.0)
+        event.transport_ms = max(last.call_ms - last.handler_ms, 0.0)
         event.resumes, event.feature_bytes = int(last.resumed), last.feature_bytes
         event.pre_drafted = last.pre_drafted
+    if replica_ms is not None:
+        event.other_ms = max(replica_ms - event.compute_ms + event.other_ms - event.transport_ms, 0.0)
     return event
 
 

@@ -121,30 +121,36 @@ class RemoteDrafter:
             items = [ProposeItem(remotes[i].session_id, list(states[i].tokens), states[i].prompt_len,
                                  states[i].max_new_tokens, self.method, remotes[i].pending,
                                  states[i].sampling) for i in calling]
-            start = time.perf_counter()
-            with self.wait():
+            with self.wait():  # (taking the lock back after it is no part of the call)
+                start = time.perf_counter()
                 replies = self.calls.propose(items)
-            call_ms = (time.perf_counter() - start) * 1e3
+                call_ms = (time.perf_counter() - start) * 1e3
             for i, item, reply in zip(calling, items, replies):
                 drafts[i] = reply.draft
                 remotes[i].pending = None
                 remotes[i].last = RemoteRound(reply.draft_ms, reply.sync_ms, reply.handler_ms,
                                               call_ms, reply.resumed, feature_bytes(item.shipped))
-            self._ahead([states[i] for i in calling], [drafts[i] for i in calling])
+        self._ahead(states, [drafts[i] for i in range(len(states))])
         return [torch.tensor([drafts[i]], dtype=torch.long, device=s.device)
                 for i, s in enumerate(states)]
 
     def _ahead(self, states: Sequence[DecodeState], drafts: Sequence[list[int]]) -> None:
         """With `draft_ahead`, start each request's pre-draft for the likeliest accepted length of
-        the round about to verify (no wait; its next propose takes it if the guess holds)."""
+        the round about to verify (no wait; its next propose takes it if the guess holds). A
+        request whose draft was itself drafted ahead sends what its Drafter session has not
+        taken yet with it, so the session reaches the committed tokens without a forward."""
         if not self.draft_ahead or not self.may_ahead():
             return
         rows = [i for i, d in enumerate(drafts) if d]
         if not rows:
             return
         guesses = {i: likeliest([r.accepted for r in states[i].rounds], len(drafts[i])) for i in rows}
-        items = [AheadItem(_remote(states[i]).session_id, list(states[i].tokens), self.method,
-                           drafts[i], guesses[i]) for i in rows]
+        items = []
+        for i in rows:
+            remote = _remote(states[i])
+            items.append(AheadItem(remote.session_id, list(states[i].tokens), self.method,
+                                   drafts[i], guesses[i], remote.pending))
+            remote.pending = None  # the pre-draft's catch-up takes it (lost: a forward there)
         waiting = functools.cache(self.calls.ahead(items))  # one wait for all its rows
         for n, i in enumerate(rows):
             _remote(states[i]).ahead = (waiting, list(states[i].tokens) + drafts[i][: guesses[i]], n)

@@ -14,11 +14,13 @@ streams it to the Ingress as this object, pickled by Ray).
 
     `tokens`: what the step committed (EOS included when it stopped there); `accepted`: the draft
     tokens among them (the engine's count: none past the EOS or budget that ended the output). The prefill step
-    (`prefill=True`) commits the first token and is not a speculative round. Times are what the
-    replicas measured: draft and verify calls, `sync_ms` (a split drafter catching its copy of
-    the verifier state up, or any replica rebuilding a lost state), `other_ms` (the rest of the
-    replica-side work); `transport_ms` is the ingress-side wall time of the step minus all of
-    those. `resumes` counts replicas that had to rebuild the request's state for this step;
+    (`prefill=True`) commits the first token and is not a speculative round; its `other_ms` is
+    the replica's time from the request's arrival to it. Times are what the replicas measured:
+    draft and verify calls, `sync_ms` (a split drafter catching its copy of the verifier state
+    up, or any replica rebuilding a lost state), `other_ms` (the rest of the replica-side time
+    since the request's previous event: host work, waiting for its turn in the step loop);
+    `transport_ms` is the time outside the replicas: the ingress-side wall time of the step
+    minus all of those, plus a split Verifier's hops to its Drafter. `resumes` counts replicas that had to rebuild the request's state for this step;
     `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
     the verifier state the step's propose carried to a split Drafter (the head's features,
     FastMTP's hidden states, PEFT-BD's KV, of the positions cached since its last call: the

@@ -126,15 +126,16 @@ class ChatCompletionRequest(_GenerationRequest):
 class SpecStats(BaseModel):
     """Speculative-decoding stats of one request (inside `usage.speculative`).
 
-    Times are totals in ms measured by the replicas (prefill; draft, verify, state sync and other
-    work over the rounds) and by the ingress (`transport_ms`: wall time of its remote calls minus
-    the replica-side time). `tokens_per_round` = tokens emitted by the rounds / rounds;
+    Times are totals in ms measured by the replicas (prefill: from its arrival at the replica to
+    its first token, waiting for admission included; draft, verify, state sync and other work over
+    the rounds, other including its waits for its turn in the step loop) and outside them
+    (`transport_ms`: the ingress's wall time minus the replica-side time, plus a split
+    Verifier's hops to its Drafter). `tokens_per_round` = tokens emitted by the rounds / rounds;
     `resumes` = times a replica rebuilt this request's state from its committed tokens;
-    `feature_bytes` = verifier features sent to a split drafter (the block-diffusion head reads
-    them instead of running the verifier; prefill included), 0 for other methods and colocated;
-    `mean_batch_size` = requests per batched step (colocated) or verify call (split) over its
-    rounds, `prefill_batch_size` the requests its prefill call carried; `transport_ms` of a
-    batched call is this request's share (the call's / its items).
+    `feature_bytes` = verifier state sent to a split drafter (the heads' features, FastMTP's
+    hidden states, PEFT-BD's KV; the prompt's included), 0 for other methods and colocated;
+    `mean_batch_size` = requests per batched step over its rounds, `prefill_batch_size` the
+    requests its prefill chunk carried.
     `pre_drafted_rounds`: rounds whose draft was drafted ahead (`serving.draft_ahead`).
     `synthetic`: set when the method runs under controlled acceptance (`serving.synthetic`): the
     tokens per round its drafts were forced to (its acceptance is chosen, not measured; the

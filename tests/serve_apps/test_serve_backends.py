@@ -265,6 +265,14 @@ def test_concurrent_split_requests_share_batched_calls_and_stay_exact(tiny_cfg, 
     if method != "ar":
         assert max(drafter.replica.batch_sizes) > 1
     assert len(drafter.replica.sessions) == 0
+    _in_process_transport_is_small(results)
+
+
+def _in_process_transport_is_small(results: list[list[RoundEvent]]) -> None:
+    """With no network between them, nearly all of a request's time is its replicas' (waiting
+    for its turn in a step loop included, admission too), not transport."""
+    transport = sum(e.transport_ms for r in results for e in r)
+    assert transport < 0.1 * sum(e.compute_ms for r in results for e in r), transport
 
 
 @pytest.mark.parametrize("method", ["peftbd", "peftbd_head"])
@@ -282,6 +290,7 @@ def test_an_engine_killed_under_concurrent_load_leaves_every_answer_exact(tiny_c
                           [_spec(prompt, "fastmtp", f"r{i}") for i in range(6)])
     assert all(_tokens(r) == expected for r in results)
     assert sum(e.resumes for r in results for e in r) >= 1 and max(replica.batch_sizes) > 1
+    _in_process_transport_is_small(results)
 
 
 class SpanLock(BusyLock):
