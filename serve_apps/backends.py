@@ -54,8 +54,8 @@ class StreamBackend:
     """Streams a request's steps from one replica of `role` (the colocated `Engine` or the split
     `Verifier`: the replica that runs its rounds); a lost replica's request restarts on another
     from the tokens already committed. Transport per step = the wall time between two events
-    minus the replica's time in it (`RoundEvent.compute_ms`), plus a split Verifier's hops to
-    its Drafter."""
+    minus the replica's time in it (`RoundEvent.replica_ms`: its compute and its waits), plus a
+    split Verifier's hops to its Drafter."""
 
     def __init__(self, handle: DeploymentHandle, serving: ServingConfig, role: Role) -> None:
         self.handle = handle.options(stream=True)
@@ -76,7 +76,7 @@ class StreamBackend:
                 async for event in stream:
                     now = time.perf_counter()
                     # the hop here; a split Verifier's hops to its Drafter came filled in
-                    event.transport_ms += max((now - last) * 1e3 - event.compute_ms
+                    event.transport_ms += max((now - last) * 1e3 - event.replica_ms
                                               - event.transport_ms, 0.0)
                     last = now
                     committed.extend(event.tokens)

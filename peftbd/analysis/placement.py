@@ -49,7 +49,7 @@ class Devices:
     verifiers: int
 
 
-TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "transport_ms")
+TIMES = ("prefill_ms", "draft_ms", "verify_ms", "sync_ms", "other_ms", "queued_ms", "transport_ms")
 """The `SpecStats` time fields (ms totals) a summary adds up."""
 
 
@@ -74,6 +74,7 @@ class PlacementRun:
     ingress_http_ms_per_request: float | None
     resumes: int
     feature_bytes_per_token: float | None
+    queued_ms_per_round: float | None = None
 
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, dict[str, PlacementRun]]:
@@ -107,6 +108,7 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, dict[str, Placement
             ingress_http_ms_per_request=_div(wall_s * 1e3 - replica_ms, len(group)),
             resumes=sum(r.spec.resumes for r in group),
             feature_bytes_per_token=_div(sum(r.spec.feature_bytes for r in group), tokens),
+            queued_ms_per_round=_div(totals["queued_ms"], rounds),
         )
     return out
 
@@ -223,7 +225,8 @@ COLUMNS = [
     ("tokens/s", "tokens_per_s"), ("tokens/round", "tokens_per_round"),
     ("draft ms", "draft_ms_per_round"), ("sync ms", "sync_ms_per_round"),
     ("verify ms", "verify_ms_per_round"), ("other ms", "other_ms_per_round"),
-    ("transport ms", "transport_ms_per_round"), ("draft/verify cost", "draft_over_verify"),
+    ("queued ms", "queued_ms_per_round"), ("transport ms", "transport_ms_per_round"),
+    ("draft/verify cost", "draft_over_verify"),
     ("transport share", "transport_share"), ("shipped bytes/token", "feature_bytes_per_token"),
 ]
 
@@ -248,8 +251,10 @@ def markdown(summary: dict[str, dict[str, PlacementRun]], skipped: dict[str, str
     lines = ["# Placement: colocated vs split draft/verify", "", table, "",
              "Per-round times: draft / verify = the replicas' draft and verify calls; sync = a "
              "split drafter catching its copy of the verifier KV up with the committed tokens "
-             "(plus any state rebuild); other = the rest of the replica-side work; transport = "
-             "the ingress's wall time of its remote calls minus all replica-side time. "
+             "(plus any state rebuild); other = the rest of the replica-side work; queued = a "
+             "replica's time waiting (for admission, other requests' prefill chunks, its turn "
+             "in the step loop); transport = the ingress's wall time minus all replica-side "
+             "time, plus a split Verifier's hops to its Drafter. "
              "draft/verify cost = (draft + sync) / verify. tokens/s uses the client's wall time "
              "(HTTP and ingress included). shipped bytes/token = the verifier state a split "
              "drafter received instead of running a catch-up forward (the head's features, "

@@ -230,30 +230,29 @@ def step_event(s: Stepped, resumes: int, replica_ms: float | None = None) -> Rou
     resumed request), or its round of the batch (the batch's draft and verify times). A round
     drafted by a remote Drafter takes that replica's draft and sync times, its rebuilds, and the
     call's hops as `transport_ms`. `replica_ms`: this replica's time since the request's
-    previous event (or its arrival); `other_ms` is then the rest of it (waiting for its turn in
-    the step loop, admission included, and the host work), so the event's compute and
-    transport account for all of it."""
+    previous event (or its arrival); what no part of the step took of it is `queued_ms`."""
     finish = finish_reason(s.state) if s.done else None
     if s.record is None:
-        return RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3 if replica_ms is None
-                          else replica_ms, resumes=resumes, done=s.done, prefill=True,
-                          finish_reason=finish, batch_size=s.batch_size)
-    rec = s.record
-    event = RoundEvent(
-        tokens=s.tokens, proposed=rec.proposed, accepted=rec.accepted, draft_ms=rec.draft_ms,
-        verify_ms=rec.verify_ms, other_ms=rec.other_ms, done=s.done, finish_reason=finish,
-        batch_size=s.batch_size,
-    )
-    remote = s.state.drafter_state
-    if isinstance(remote, Remote):
-        last = remote.last
-        event.draft_ms, event.sync_ms = last.draft_ms, last.sync_ms
-        event.other_ms += max(last.handler_ms - last.draft_ms - last.sync_ms, 0.0)
-        event.transport_ms = max(last.call_ms - last.handler_ms, 0.0)
-        event.resumes, event.feature_bytes = int(last.resumed), last.feature_bytes
-        event.pre_drafted = last.pre_drafted
+        event = RoundEvent(tokens=s.tokens, other_ms=s.state.prefill_s * 1e3, resumes=resumes,
+                           done=s.done, prefill=True, finish_reason=finish,
+                           batch_size=s.batch_size)
+    else:
+        rec = s.record
+        event = RoundEvent(
+            tokens=s.tokens, proposed=rec.proposed, accepted=rec.accepted, draft_ms=rec.draft_ms,
+            verify_ms=rec.verify_ms, other_ms=rec.other_ms, done=s.done, finish_reason=finish,
+            batch_size=s.batch_size,
+        )
+        remote = s.state.drafter_state
+        if isinstance(remote, Remote):
+            last = remote.last
+            event.draft_ms, event.sync_ms = last.draft_ms, last.sync_ms
+            event.other_ms += max(last.handler_ms - last.draft_ms - last.sync_ms, 0.0)
+            event.transport_ms = max(last.call_ms - last.handler_ms, 0.0)
+            event.resumes, event.feature_bytes = int(last.resumed), last.feature_bytes
+            event.pre_drafted = last.pre_drafted
     if replica_ms is not None:
-        event.other_ms = max(replica_ms - event.compute_ms + event.other_ms - event.transport_ms, 0.0)
+        event.queued_ms = max(replica_ms - event.compute_ms - event.transport_ms, 0.0)
     return event
 
 

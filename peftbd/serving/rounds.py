@@ -14,13 +14,14 @@ streams it to the Ingress as this object, pickled by Ray).
 
     `tokens`: what the step committed (EOS included when it stopped there); `accepted`: the draft
     tokens among them (the engine's count: none past the EOS or budget that ended the output). The prefill step
-    (`prefill=True`) commits the first token and is not a speculative round; its `other_ms` is
-    the replica's time from the request's arrival to it. Times are what the replicas measured:
-    draft and verify calls, `sync_ms` (a split drafter catching its copy of the verifier state
-    up, or any replica rebuilding a lost state), `other_ms` (the rest of the replica-side time
-    since the request's previous event: host work, waiting for its turn in the step loop);
-    `transport_ms` is the time outside the replicas: the ingress-side wall time of the step
-    minus all of those, plus a split Verifier's hops to its Drafter. `resumes` counts replicas that had to rebuild the request's state for this step;
+    (`prefill=True`) commits the first token and is not a speculative round. Times are what the
+    replicas measured: draft and verify calls, `sync_ms` (a split drafter catching its copy of
+    the verifier state up, or any replica rebuilding a lost state), `other_ms` (the rest of the
+    replica-side work; a prefill step's: its prefill), `queued_ms` (the replica's time since the
+    request's previous step that none of those took: waiting for admission, for other requests'
+    prefill chunks, for its turn in the step loop); `transport_ms` is the time outside the
+    replicas: the ingress-side wall time of the step minus all of those, plus a split
+    Verifier's hops to its Drafter. `resumes` counts replicas that had to rebuild the request's state for this step;
     `finish_reason` (`stop` on EOS, else `length`) is set on the last step. `feature_bytes`:
     the verifier state the step's propose carried to a split Drafter (the head's features,
     FastMTP's hidden states, PEFT-BD's KV, of the positions cached since its last call: the
@@ -35,6 +36,7 @@ streams it to the Ingress as this object, pickled by Ray).
     verify_ms: float = 0.0
     sync_ms: float = 0.0
     other_ms: float = 0.0
+    queued_ms: float = 0.0
     transport_ms: float = 0.0
     resumes: int = 0
     feature_bytes: int = 0
@@ -48,6 +50,11 @@ streams it to the Ingress as this object, pickled by Ray).
     def compute_ms(self) -> float:
         """Replica-side milliseconds of this step."""
         return self.draft_ms + self.verify_ms + self.sync_ms + self.other_ms
+
+    @property
+    def replica_ms(self) -> float:
+        """All the replica-side milliseconds of this step: its compute and its waits."""
+        return self.compute_ms + self.queued_ms
 
     def positions(self) -> tuple[range, range]:
         """The draft positions (1-based) this step proposed, and those it accepted (its accepted
@@ -89,13 +96,14 @@ class RequestStats:
     prefill_batch_size: int = 0
     times_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
-            ("prefill", "draft", "verify", "sync", "other", "transport"), 0.0
+            ("prefill", "draft", "verify", "sync", "other", "queued", "transport"), 0.0
         )
     )
 
     def add(self, event: RoundEvent) -> None:
         """Count one step."""
         self.times_ms["transport"] += event.transport_ms
+        self.times_ms["queued"] += event.queued_ms
         self.resumes += event.resumes
         self.feature_bytes += event.feature_bytes
         if event.prefill:
@@ -124,7 +132,8 @@ class RequestStats:
             acceptance_rate=round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
             prefill_ms=round(t["prefill"], 3), draft_ms=round(t["draft"], 3),
             verify_ms=round(t["verify"], 3), sync_ms=round(t["sync"], 3),
-            other_ms=round(t["other"], 3), transport_ms=round(t["transport"], 3),
+            other_ms=round(t["other"], 3), queued_ms=round(t["queued"], 3),
+            transport_ms=round(t["transport"], 3),
             resumes=self.resumes, feature_bytes=self.feature_bytes,
             mean_batch_size=round(self.batch_size_sum / self.rounds, 4) if self.rounds else 0.0,
             prefill_batch_size=self.prefill_batch_size,

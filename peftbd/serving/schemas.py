@@ -126,11 +126,10 @@ class ChatCompletionRequest(_GenerationRequest):
 class SpecStats(BaseModel):
     """Speculative-decoding stats of one request (inside `usage.speculative`).
 
-    Times are totals in ms measured by the replicas (prefill: from its arrival at the replica to
-    its first token, waiting for admission included; draft, verify, state sync and other work over
-    the rounds, other including its waits for its turn in the step loop) and outside them
-    (`transport_ms`: the ingress's wall time minus the replica-side time, plus a split
-    Verifier's hops to its Drafter). `tokens_per_round` = tokens emitted by the rounds / rounds;
+    Times are totals in ms measured by the replicas (prefill; draft, verify, state sync and other
+    work over the rounds; `queued_ms`: waiting there for admission, for other requests' prefill
+    chunks, for its turn in the step loop) and outside them (`transport_ms`: the ingress's wall
+    time minus the replica-side time, plus a split Verifier's hops to its Drafter). `tokens_per_round` = tokens emitted by the rounds / rounds;
     `resumes` = times a replica rebuilt this request's state from its committed tokens;
     `feature_bytes` = verifier state sent to a split drafter (the heads' features, FastMTP's
     hidden states, PEFT-BD's KV; the prompt's included), 0 for other methods and colocated;
@@ -157,6 +156,7 @@ class SpecStats(BaseModel):
     verify_ms: float = 0.0
     sync_ms: float = 0.0
     other_ms: float = 0.0
+    queued_ms: float = 0.0
     transport_ms: float = 0.0
     resumes: int = 0
     feature_bytes: int = 0
