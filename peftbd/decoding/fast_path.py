@@ -54,11 +54,37 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               attention_mask: torch.Tensor, scaling: float | None = None, **kwargs: object
               ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention (inference, a mask given) with grouped KV heads read as they
-    are: its compiled form otherwise copies every KV head group out of the whole buffer."""
+    are: its compiled form otherwise copies every KV head group out of the whole buffer. A few
+    queries in half precision (a decode or verify step) run `_grouped_attention` instead."""
     groups: int = getattr(module, "num_key_value_groups")
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=groups > 1)
+    if query.dtype in _HALF and query.shape[2] <= _FEW_QUERIES:
+        out = _grouped_attention(query, key, value, attention_mask, scaling, groups)
+    else:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                             scale=scaling, enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+_HALF = (torch.bfloat16, torch.float16)
+_FEW_QUERIES = 32
+
+
+def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       mask: torch.Tensor | None, scaling: float | None, groups: int) -> torch.Tensor:
+    """Attention (B, H, Q, d) as transformers' eager attention computes it (the products in the
+    KV's dtype, mask and softmax in float32), each KV head's `groups` query heads stacked as its
+    queries: two batched matmuls over the KV as it lies. For a few queries in half precision the
+    CPU's fused SDPA kernel costs several times as much, more so the more rows a batch has."""
+    batch, heads, width, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    q = query.reshape(batch, kv_heads, groups * width, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)).view(batch, kv_heads, groups, width, slots)
+    scores = scores.float() * (dim ** -0.5 if scaling is None else scaling)
+    if mask is not None:
+        scores = scores + mask.unsqueeze(1)
+    weights = scores.softmax(-1).to(value.dtype)
+    out = torch.matmul(weights.view(batch, kv_heads, groups * width, slots), value)
+    return out.view(batch, heads, width, dim)
 
 
 AttentionInterface.register(_ATTENTION, _gqa_sdpa)

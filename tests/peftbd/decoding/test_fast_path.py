@@ -151,3 +151,34 @@ def test_the_presets_default_to_auto_and_the_switch_takes_true_false_or_auto():
         assert load_config("tiny", overrides=[f"decoding.fast_path={value}"]).decoding.fast_path == want
     with pytest.raises(ValueError, match="decoding.fast_path"):
         load_config("tiny", overrides=["decoding.fast_path=sometimes"])
+
+
+def test_few_half_precision_queries_attend_by_grouped_matmuls_equal_to_sdpa():
+    """A decode or verify step in bfloat16 attends by two batched matmuls over the KV as it lies
+    in the pool (each KV head's query heads stacked), not the CPU's fused SDPA kernel: the same
+    attention up to bfloat16 rounding, masked slots included; float32 and many queries keep
+    SDPA, exactly."""
+    from torch.nn import functional as F
+
+    from peftbd.decoding.fast_path import _FEW_QUERIES, _gqa_sdpa
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 2
+
+    torch.manual_seed(0)
+    pool = torch.randn(2, 5, 2, 40, 16)  # K/V: (rows, KV heads, capacity, d), the first rows'
+    key, value = pool[0, :3, :, :24], pool[1, :3, :, :24]  # first 24 slots, as the graph reads
+    for width in (1, 7, _FEW_QUERIES + 1):
+        query = torch.randn(3, 4, width, 16)
+        allowed = torch.rand(3, width, 24) < 0.7
+        allowed[..., 0] = True
+        mask = torch.zeros(3, 1, width, 24).masked_fill(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
+        want = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+        got, _ = _gqa_sdpa(Attention(), query, key, value, mask)
+        assert torch.equal(got, want.transpose(1, 2).contiguous())  # float32: SDPA itself
+        half = [t.bfloat16() for t in (query, key, value)]
+        half_mask = torch.zeros_like(mask, dtype=torch.bfloat16).masked_fill(
+            ~allowed.unsqueeze(1), torch.finfo(torch.bfloat16).min)
+        got, _ = _gqa_sdpa(Attention(), *half, half_mask)
+        assert got.dtype == torch.bfloat16
+        assert torch.allclose(got.float(), want.transpose(1, 2), atol=3e-2, rtol=3e-2)
