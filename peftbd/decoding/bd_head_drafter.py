@@ -24,7 +24,7 @@ from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.fast_path import Chunk
 from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
-from peftbd.decoding.state import DecodeState, present, timed
+from peftbd.decoding.state import DecodeState, drafter_cache, present, timed
 from peftbd.models.bd_head import BDHead, DraftVocabulary
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility
 
@@ -79,7 +79,7 @@ class BDHeadDrafter:
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
-        caches = [present(s.drafter_state, "the head's cache") for s in states]
+        caches = [drafter_cache(s, "the head's cache") for s in states]
         new = [present(s.features, "state.features")[0] for s in states]  # (n_i, m*d) each
         for state, cache, f in zip(states, caches, new):
             n, cached = f.shape[0], cache.get_seq_length()

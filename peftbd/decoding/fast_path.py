@@ -78,7 +78,9 @@ def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     batch, heads, width, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     q = query.reshape(batch, kv_heads, groups * width, dim)
-    scores = torch.matmul(q, key.transpose(-1, -2)).view(batch, kv_heads, groups, width, slots)
+    # K as the left operand, as it lies (slots x d): a transposed K would be copied out first
+    scores = torch.matmul(key, q.transpose(-1, -2)).transpose(-1, -2)
+    scores = scores.reshape(batch, kv_heads, groups, width, slots)
     scores = scores.float() * (dim ** -0.5 if scaling is None else scaling)
     if mask is not None:
         scores = scores + mask.unsqueeze(1)

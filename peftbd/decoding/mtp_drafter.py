@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.fast_path import Chunk
 from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
-from peftbd.decoding.state import DecodeState, present, timed
+from peftbd.decoding.state import DecodeState, drafter_cache, present, timed
 from peftbd.models.mtp_head import MTPHead
 
 
@@ -63,7 +63,7 @@ class MTPDrafter:
 
     @torch.inference_mode()
     def propose(self, states: Sequence[DecodeState], max_tokens: Sequence[int]) -> list[torch.Tensor]:
-        caches = [present(s.drafter_state, "the MTP head's cache") for s in states]
+        caches = [drafter_cache(s, "the MTP head's cache") for s in states]
         hiddens = [present(s.hidden, "state.hidden")[0] for s in states]
         for state, cache, h in zip(states, caches, hiddens):
             n, length = h.shape[0], len(state.tokens)

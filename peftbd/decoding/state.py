@@ -63,9 +63,9 @@ class DecodeState:
     the last n committed tokens (set by prefill and by every verify; drafters such as FastMTP read
     it). `features` (1, n, m*d), when `feature_layers` names m verifier hidden states (indices
     into transformers' `hidden_states`), holds them concatenated for the same n positions (the
-    block-diffusion head reads them). `drafter_state` is the drafter's own per-request cache (the
-    MTP head's, the block-diffusion head's; None for a drafter that keeps none), set by its
-    `start`. `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
+    block-diffusion head reads them). `drafter_state` is the drafter's own per-request state (the
+    MTP head's and the block-diffusion head's KV cache, `drafter_cache`; a split Verifier's
+    remote drafter's session; None for a drafter that keeps none), set by its `start`. `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
     `peftbd.decoding.sampling`). `path`: the path its forwards run on, the verifier's and the
     drafter's (`peftbd.decoding.fast_path`: eager, or its decoder's compiled graphs).
     """
@@ -84,7 +84,7 @@ class DecodeState:
     rounds: list[RoundMetrics] = field(default_factory=list)
     prefill_s: float = 0.0
     mark: float = 0.0  # clock reading at the end of the last prefill/round (for `other_ms`)
-    drafter_state: RowCache | None = None
+    drafter_state: object = None
     sampling: SamplingParams = GREEDY
     path: ForwardPath = EAGER
 
@@ -126,6 +126,16 @@ def with_feature_layers(state: DecodeState, layers: Sequence[int]) -> DecodeStat
 def timed(states: Sequence[DecodeState], mode: str) -> contextlib.AbstractContextManager[None]:
     """Time one (batched) forward of `mode` over `states`: it counts, whole, for every row."""
     return states[0].forwards.timed(mode, *(s.forwards for s in states[1:]))
+
+
+def drafter_cache(state: DecodeState, what: str) -> RowCache:
+    """The drafter's own KV cache of `state` (a head's, set by its `start`); a clear error
+    naming `what` when it has none."""
+    cache = present(state.drafter_state, what)
+    if not isinstance(cache, RowCache):
+        raise TypeError(f"{what} is a {type(cache).__name__}, not a RowCache: a state started by "
+                        "another drafter")
+    return cache
 
 
 def present(value: T | None, what: str) -> T:
