@@ -164,7 +164,7 @@ def record(check: Check, cache_dir: str | None = None) -> Path:
 
 
 def budget_line(budget: Budget, entry: Entry | None) -> str:
-    """`main job   9:41 (budget 10:00) ok, measured 2026-12-05 on <host>`, or how to measure it."""
+    """`main job   9:41 (budget 10:00) ok, measured <date> on <host>`, or how to measure it."""
     if entry is not None and entry.measured is not None:
         m = entry.measured
         text = f"{Check(budget, m.seconds).describe()}, measured {m.date:%Y-%m-%d} on {m.host}"

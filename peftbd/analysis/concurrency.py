@@ -1,6 +1,6 @@
 """The concurrency sweep in the report: aggregate tok/s and speedup vs AR per arm and batch
 size (Table 8), where each speculative arm's speedup crosses 1.0 as the batch grows, and the
-engine's goal (issue 17: AR at batch 16 >= 8x its batch-1 aggregate tok/s), all computed from
+engine's goal (AR at batch 16 >= 8x its batch-1 aggregate tok/s), all computed from
 results.json `concurrency`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Does the block-diffusion head pay for itself? Its goals (issue 16), judged from results.json.
+"""Does the block-diffusion head pay for itself? Its goals, judged from results.json.
 
 Per head arm: speedup vs AR (tok/s over AR's), a round's draft / verify time, accepted tokens
 per round (the bonus included, the paper's measure) on this run, and the draft / verify per round

@@ -17,7 +17,7 @@ AHEAD = "split-ahead"
 """The placement that drafts ahead; the verdicts of `placement_verdict` leave it out."""
 
 GOAL_AHEAD_CLIENTS = 1
-"""Issue 49's goal: drafting ahead lowers split's p50 latency at this many clients."""
+"""The goal: drafting ahead lowers split's p50 latency at this many clients."""
 
 
 @dataclass(frozen=True)

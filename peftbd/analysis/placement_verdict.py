@@ -28,7 +28,7 @@ from peftbd.analysis.placement_ledger import Ledger, ledger, ledger_words, level
 from peftbd.analysis.tables import fmt_or_dash, markdown_table
 
 GOAL_CLIENTS, GOAL_BUSY, GOAL_PER_DEVICE, GOAL_CAPACITY = 16, 0.8, 0.9, 1.5
-"""Issue 35's goals at GOAL_CLIENTS clients: both split replicas busy >= GOAL_BUSY; split tok/s
+"""The placement goals at GOAL_CLIENTS clients: both split replicas busy >= GOAL_BUSY; split tok/s
 per device >= GOAL_PER_DEVICE x colocated's; capacity per verifier device >= GOAL_CAPACITY x."""
 
 

@@ -65,7 +65,8 @@ class DecodeState:
     into transformers' `hidden_states`), holds them concatenated for the same n positions (the
     block-diffusion head reads them). `drafter_state` is the drafter's own per-request state (the
     MTP head's and the block-diffusion head's KV cache, `drafter_cache`; a split Verifier's
-    remote drafter's session; None for a drafter that keeps none), set by its `start`. `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
+    remote drafter's session; None for a drafter that keeps none), set by its `start`.
+    `sampling`: how the verifier picks tokens (greedy, or sampled with a seed:
     `peftbd.decoding.sampling`). `path`: the path its forwards run on, the verifier's and the
     drafter's (`peftbd.decoding.fast_path`: eager, or its decoder's compiled graphs).
     """

@@ -63,18 +63,21 @@ class ReplicaDecoder:
         self.counters = {"prefills": 0, "resumes": 0, "rounds": 0}
         self.batch_sizes: collections.Counter = collections.Counter()
         """Rows of each batched step (Engine, Verifier) or call (Drafter): `batch_sizes[n]` = how many."""
+        self._drafters, self._draft_ahead = drafters, draft_ahead
         self._remote: dict[str, SpeculativeDecoder] = {}
-        decoder = models.decoder
-        if drafters is not None:
-            calls = drafters
+        self.loop = StepLoop(models.decoder if drafters is None else self._remote_decoder,
+                             max_batch, batch_wait_ms, self.lock, self.counters, self.batch_sizes,
+                             groups)
 
-            def decoder(method: str) -> SpeculativeDecoder:
-                if method not in self._remote:
-                    self._remote[method] = models.remote_decoder(
-                        method, calls, draft_ahead, lambda: self.loop.solo, self.lock.released)
-                return self._remote[method]
-        self.loop = StepLoop(decoder, max_batch, batch_wait_ms, self.lock, self.counters,
-                             self.batch_sizes, groups)
+    def _remote_decoder(self, method: str) -> SpeculativeDecoder:
+        """A split Verifier's decoder of `method` (built once): its drafter proposes through the
+        Drafter deployment, drafting ahead only while one group has requests."""
+        if method not in self._remote:
+            assert self._drafters is not None
+            self._remote[method] = self.models.remote_decoder(
+                method, self._drafters, self._draft_ahead, lambda: self.loop.solo,
+                self.lock.released)
+        return self._remote[method]
 
     @property
     def streams(self) -> int:
@@ -131,7 +134,7 @@ class ReplicaDecoder:
         return self.loop.submit(Ticket(list(prompt_ids), max_new_tokens, method, committed,
                                        deliver, sampling.resolved()))
 
-    # split Drafter -------------------------------------------------------------------
+    # split Drafter -------------------------------------------------------------------------
 
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[ProposeReply]:
         """Catch each request up with its `committed` (taking what the verifier shipped, or one
