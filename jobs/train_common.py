@@ -67,6 +67,7 @@ from peftbd.training.deepspeed_config import (
 from peftbd.training.distill_task import parameter_summary
 from peftbd.training.evaluate import rank_rows
 from peftbd.training.examples import SequenceBatch, collate_sequences, load_training_split
+from peftbd.training.length_groups import length_grouped
 from peftbd.training.memory import log_step_memory, peaks_over_ranks
 from peftbd.training.outputs import training_sections
 from peftbd.training.recipe import TrainingRecipe
@@ -156,8 +157,9 @@ def _worker_data(args: WorkerArgs, plan: BatchPlan, rank: int, world: int,
     def train_pass() -> Iterable[Rows]:
         if train_shard is None:  # a schedule without steps: the driver passed no train split
             return ()
-        return train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy",
-                                        drop_last=True)
+        return length_grouped(
+            train_shard.iter_batches(batch_size=plan.micro_batch, batch_format="numpy", drop_last=True),
+            args.cfg.training.length_grouping, args.cfg.training.seed)
 
     val_rows = [  # every worker reads the whole val split and keeps its own rows
         rank_rows(rows, rank, world) for rows in ray.train.get_dataset_shard("val").iter_batches(

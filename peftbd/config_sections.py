@@ -195,6 +195,10 @@ class TrainingConfig:
     # positions whose logits one LM-head call computes in the loss (peftbd.training.chunked_loss);
     # a step never holds more than one chunk of vocabulary-wide logits. 0 = all at once
     logits_chunk_rows: NonNegativeInt
+    # micro-batches per window whose rows are sorted by length before they are batched, so a
+    # micro-batch pads little (peftbd.training.length_groups; transformers' group_by_length);
+    # 0 = the split's own order
+    length_grouping: NonNegativeInt
     storage_path: str  # Ray Train checkpoints; "" = a ray_train/ dir beside --out
     # publish a drafter that settings leave untrained (*.optim.max_steps=0, *.optim.lr=0,
     # fastmtp.loss_weights all 0, no train rows): refused unless true; its manifest says untrained
