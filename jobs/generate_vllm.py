@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from pathlib import Path
@@ -34,7 +35,7 @@ from peftbd.config import RANDOM_WEIGHTS, Config, ConfigError
 from peftbd.data.parts import WORK_SCHEMA
 from peftbd.models.loading import stop_ids
 from peftbd.models.sources import model_dirs
-from peftbd.peers.vllm_env import cpu_memory_share, vllm_environment, vllm_python
+from peftbd.peers.vllm_env import VllmAbsent, cpu_memory_share, vllm_environment, vllm_python
 
 ACTOR = "vllm"
 """The `actor` of every vLLM row: its engines are not told apart."""
@@ -94,13 +95,45 @@ def vllm_generate(ds: ray.data.Dataset, cfg: Config) -> ray.data.Dataset:
     config = vLLMEngineProcessorConfig(
         model_source=model_dir, engine_kwargs=engine, batch_size=g.batch_size, concurrency=g.num_actors,
         placement_group_config={"bundles": [bundle]},
-        runtime_env={"py_executable": str(vllm_python()),
-                     "env_vars": vllm_environment(max(1, int(g.num_cpus_per_actor)))},
+        runtime_env=engine_runtime_env(bundle, max(1, int(g.num_cpus_per_actor))),
         chat_template_stage=False, tokenize_stage=False, detokenize_stage=False, log_engine_metrics=False)
     processor = build_processor(
         config, preprocess=functools.partial(_request, max_new_tokens=d.max_new_tokens, stop=stop),
         postprocess=functools.partial(_reply, stop=stop, dtype=cfg.model.dtype))
     return processor(ds).map_batches(_batch_span, batch_format="pyarrow", batch_size=None)
+
+
+@dataclass(frozen=True)
+class NodeVllm:
+    """vLLM's Python and engine environment as one node sees them, or why it has none."""
+
+    node: str
+    python: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    absent: str = ""
+
+
+def vllm_on_this_node(threads: int) -> NodeVllm:
+    """`NodeVllm` of the node this runs on (a Ray task's: `engine_runtime_env`)."""
+    node = ray.util.get_node_ip_address()
+    try:
+        return NodeVllm(node, str(vllm_python()), vllm_environment(threads))
+    except VllmAbsent as exc:
+        return NodeVllm(node, absent=str(exc))
+
+
+def engine_runtime_env(bundle: dict[str, float], threads: int) -> dict[str, Any]:
+    """The engine actors' runtime env (`py_executable`, env vars), resolved where they run: by a
+    task with an engine's resources, so on a node that hosts engines, not the driver's (under
+    `ray job submit` the driver runs on the head, in an uploaded copy of the code); VllmAbsent,
+    naming that node, where it has no vLLM."""
+    probe = ray.remote(vllm_on_this_node).options(
+        num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0))
+    found: NodeVllm = ray.get(probe.remote(threads))
+    if found.absent:
+        raise VllmAbsent(f"generate.backend=vllm: node {found.node}, where the vLLM engines run, "
+                         f"has no vLLM: {found.absent}")
+    return {"py_executable": found.python, "env_vars": found.env}
 
 
 def _weight_bytes(model_dir: str) -> int:

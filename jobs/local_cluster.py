@@ -38,6 +38,8 @@ STARTED = "Ray runtime started."  # `ray start` prints it once the node is regis
 RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
 """`ray`, from this interpreter's own environment (no activated venv, no `ray` on PATH needed)."""
 _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None
+NO_VLLM = "/nonexistent/peftbd-head-has-no-vllm"
+"""The head's `PEFTBD_VLLM_VENV` where it is to have no vLLM (`local_cluster(head_vllm=False)`)."""
 
 
 class NodeError(RuntimeError):
@@ -75,21 +77,27 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(num_cpus: int = 3, dashboard: bool = True, timeout_s: float = 180,
-                  attempts: int = 3) -> Iterator[LocalCluster]:
+                  attempts: int = 3, head_cpus: int | None = None,
+                  head_vllm: bool = True) -> Iterator[LocalCluster]:
     """Start the head, then the worker, each with `num_cpus` logical CPUs (3 fit two one-CPU
-    replicas and the Ingress on one node, as split-same-node and split-fractional-gpu ask);
-    yield it with RAY_ADDRESS pointing at it (so `jobs.ray_env.init_ray` joins it); stop the
-    worker, then the head. A node not up within `timeout_s` is stopped and the start retried
-    (`attempts` in all: on a busy machine a raylet can give up on its agents). The logs of a
-    failed start, and of a cluster whose body raised, are kept (and named); otherwise removed."""
+    replicas and the Ingress on one node, as split-same-node and split-fractional-gpu ask; the
+    head `head_cpus` if given: 0 as cluster.yaml's, which only schedules); with `head_vllm`
+    false the head's processes find no vLLM (as cluster.yaml's head, which never installs it:
+    its `PEFTBD_VLLM_VENV` names a directory that does not exist). Yield it with RAY_ADDRESS
+    pointing at it (so `jobs.ray_env.init_ray` joins it); stop the worker, then the head. A node
+    not up within `timeout_s` is stopped and the start retried (`attempts` in all: on a busy
+    machine a raylet can give up on its agents). The logs of a failed start, and of a cluster
+    whose body raised, are kept (and named); otherwise removed."""
     env = _node_env()
+    head_env = env if head_vllm else {**env, "PEFTBD_VLLM_VENV": NO_VLLM}
+    cpus = {"head": num_cpus if head_cpus is None else head_cpus, "worker": num_cpus}
     for attempt in range(1, attempts + 1):
         nodes: list[_Node] = []
         try:
             head_port, dashboard_port = _free_port(), _free_port() if dashboard else None
-            nodes.append(_start("head", env, num_cpus, _head_args(head_port, dashboard_port)))
+            nodes.append(_start("head", head_env, cpus["head"], _head_args(head_port, dashboard_port)))
             _wait_started(nodes[-1], timeout_s)
-            nodes.append(_start("worker", env, num_cpus, [f"--address=127.0.0.1:{head_port}"]))
+            nodes.append(_start("worker", env, cpus["worker"], [f"--address=127.0.0.1:{head_port}"]))
             _wait_started(nodes[-1], timeout_s)
             break
         except BaseException as exc:

