@@ -211,6 +211,9 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, limit: int | None) -> di
     new_parts: list[Path] = []
     gen_start = time.perf_counter()
     rows = len(done)
+    if done:  # an interrupted run's parts (a stopped job, a crash): said where the user looks
+        progress.report(rows, len(plan.splits),
+                        note=f"resuming: {len(done)} of {len(plan.splits)} rows already done")
     progress.report(rows, len(plan.splits))
     if todo:
         for batch in generate(prepared, todo, cfg).iter_batches(batch_size=None,

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,6 +23,8 @@ from tqdm import tqdm
 from peftbd.progress import listening
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+PIPE_EVERY_S = 30.0
+"""Seconds between a stage's count lines where no terminal shows a bar (`ray job logs`)."""
 
 
 class Console:
@@ -98,10 +101,16 @@ class Console:
         path = self.log_path(name)
         if path is not None:
             self._point_at(path)
-        # A live bar on a terminal; elsewhere (a pipe, CI) one line with the final count.
+        # A live bar on a terminal; elsewhere (a pipe, `ray job logs`, CI) a count line at most
+        # every PIPE_EVERY_S seconds, and one with the final count.
         live = self._terminal.isatty()
         bars: list[tqdm] = []  # made on the first report, when the total is known
         last: dict[str, Any] = {}
+        said = [time.monotonic()]
+
+        def count_line() -> str:
+            info = ", ".join(f"{k}={v}" for k, v in last["info"].items())
+            return f"  {title}: {last['done']}/{last['total']}" + (f" ({info})" if info else "")
 
         def update(done: int, total: int, **info: Any) -> None:
             if "note" in info:  # a line to say now (e.g. what the stage waits for), not a count
@@ -110,6 +119,9 @@ class Console:
             shown = {k: f"{v:.3g}" if isinstance(v, float) else v for k, v in info.items()}
             last.update(done=done, total=total, info=shown)
             if not live:
+                if time.monotonic() - said[0] >= PIPE_EVERY_S and done < total:
+                    said[0] = time.monotonic()
+                    self.line(count_line())
                 return
             if not bars:
                 bars.append(tqdm(desc=f"  {title}", total=total, file=self._terminal,
@@ -125,7 +137,6 @@ class Console:
             for bar in bars:
                 bar.close()
             if last and not live:
-                info = ", ".join(f"{k}={v}" for k, v in last["info"].items())
-                self.line(f"  {title}: {last['done']}/{last['total']}" + (f" ({info})" if info else ""))
+                self.line(count_line())
             if path is not None:
                 self._point_at(self.log_dir / "job.log")

@@ -4,6 +4,8 @@ cluster shaped as cluster.yaml's: a head that only schedules and has no vLLM, a 
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -42,25 +44,61 @@ def _finish(client, job: str, timeout_s: float) -> str:
     return status
 
 
-@pytest.mark.integration
-@pytest.mark.slow  # two nodes, a job's driver and a vLLM engine actor (~1.5 min)
-@pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason()))
-def test_generate_with_vllm_submitted_from_a_head_without_it_runs_its_engines_on_the_worker(
-        tmp_path, tiny_world):
-    from ray.job_submission import JobSubmissionClient
-
+@pytest.fixture(scope="module")
+def cluster(tiny_world):
+    """The two-node local cluster with cluster.yaml's head: no CPU slots, no vLLM."""
     from jobs.local_cluster import local_cluster
 
-    out = tmp_path / "continuations"
-    sets = [*GENERATE_OVERRIDES, "generate.backend=vllm", "generate.num_actors=1"]
-    entrypoint = " ".join(["python -m jobs.generate", f"--out {out}", f"--limit {GENERATE_LIMIT}",
+    with local_cluster(dashboard=True, head_cpus=0, head_vllm=False) as running:
+        yield running
+
+
+def _submit(cluster, out: Path, *sets: str, limit: int = GENERATE_LIMIT) -> tuple[object, str]:
+    """`ray job submit --working-dir . -- python -m jobs.generate ...`: (client, job id)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard_url)
+    entrypoint = " ".join(["python -m jobs.generate", f"--out {out}", f"--limit {limit}",
                            *(f"--set '{s}'" for s in sets)])
-    with local_cluster(dashboard=True, head_cpus=0, head_vllm=False) as cluster:
-        client = JobSubmissionClient(cluster.dashboard_url)
-        job = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO)})
-        status = _finish(client, job, 600)
-        logs = client.get_job_logs(job)
+    return client, client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO)})
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # two nodes, a job's driver and a vLLM engine actor (~1 min)
+@pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason()))
+def test_generate_with_vllm_submitted_from_a_head_without_it_runs_its_engines_on_the_worker(
+        cluster, tmp_path):
+    out = tmp_path / "continuations"
+    client, job = _submit(cluster, out, *GENERATE_OVERRIDES, "generate.backend=vllm",
+                          "generate.num_actors=1")
+    status = _finish(client, job, 600)
+    logs = client.get_job_logs(job)
     assert status == "SUCCEEDED", logs[-4000:]
-    assert "[generate" in logs or "generate" in logs  # the job's own lines reach `ray job logs`
+    assert "generate continuations: 32/32" in logs  # the job's own lines reach `ray job logs`
     rows = {s: read_split(out, s).num_rows for s in SPLITS}
     assert rows == {"train": 24, "val": 4, "test": 4}, rows
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # two submissions of a generate run (~1 min)
+def test_a_job_stopped_mid_stage_resumes_when_submitted_again(cluster, tmp_path):
+    out = tmp_path / "continuations"
+    sets = [*GENERATE_OVERRIDES, "data.max_new_tokens=128", "generate.batch_size=1",
+            "generate.num_actors=1"]
+    client, job = _submit(cluster, out, *sets)
+    work = out.with_name(out.name + ".work")
+    deadline = time.monotonic() + 300
+    while len(list(work.glob("part-*.parquet"))) < 2:
+        assert time.monotonic() < deadline and str(client.get_job_status(job).value) not in TERMINAL, \
+            client.get_job_logs(job)[-3000:]
+        time.sleep(0.2)
+    client.stop_job(job)  # `ray job stop`
+    assert _finish(client, job, 120) == "STOPPED"
+    assert not (out / "manifest.json").exists()
+    kept = len(list(work.glob("part-*.parquet")))
+    again, job = _submit(cluster, out, *sets)
+    assert _finish(again, job, 600) == "SUCCEEDED", again.get_job_logs(job)[-4000:]
+    said = re.search(r"resuming: (\d+) of 32 rows already done", again.get_job_logs(job))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert said and int(said[1]) == manifest["counts"]["resumed_rows"] >= kept >= 2
+    assert {s: read_split(out, s).num_rows for s in SPLITS} == {"train": 24, "val": 4, "test": 4}

@@ -70,3 +70,15 @@ def test_a_tally_counts_items_finished_on_other_threads_for_the_listener_that_ma
     assert sorted(d for d, _, info in seen if "note" not in info) == list(range(1, 41))
     assert seen[-1] == (40, 40, {"note": "a level done"})
     progress.Tally(3).tick()  # nobody listening: nothing happens
+
+
+def test_without_a_terminal_a_long_stage_says_its_count_every_so_often(tmp_path, capfd, monkeypatch):
+    """`ray job logs` and CI have no terminal: a count line at most every PIPE_EVERY_S seconds
+    (here every report), never for the last count twice."""
+    monkeypatch.setattr("peftbd.console.PIPE_EVERY_S", 0.0)
+    with Console(tmp_path / "logs") as console:
+        with console.stage("train", "train"):
+            for step in range(1, 4):
+                progress.report(step, 3)
+    sys.stdout.flush()
+    assert capfd.readouterr().out.splitlines() == ["  train: 1/3", "  train: 2/3", "  train: 3/3"]
