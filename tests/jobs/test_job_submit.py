@@ -33,6 +33,24 @@ def test_a_node_without_vllm_names_itself_and_the_install_command(monkeypatch, t
     assert found.node and not found.python and INSTALL in found.absent
 
 
+def test_the_uploaded_working_dir_is_the_code_alone_far_below_rays_limit(tmp_path):
+    """What `ray job submit --working-dir .` packs (Ray's own packaging: .git and what
+    .gitignore names left out): no outputs, caches or virtual environments, under 5% of Ray's
+    limit (512 MiB; the checkout packs ~9 MiB, most of it the shipped tiny world)."""
+    import zipfile
+
+    from ray._private.runtime_env import packaging
+
+    package = tmp_path / "pkg.zip"
+    packaging.create_package(str(REPO), package, include_parent_dir=False, excludes=[".git"],
+                             include_gitignore=True)
+    names = zipfile.ZipFile(package).namelist()
+    assert not [n for n in names if n.split("/")[0] in ("outputs", ".venv", ".venv-vllm")
+                or "__pycache__" in n or ".egg-info" in n]
+    assert "peftbd/decoding/loop.py" in names
+    assert package.stat().st_size < 0.05 * packaging.GCS_STORAGE_MAX_SIZE
+
+
 def _finish(client, job: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while (status := str(client.get_job_status(job).value)) not in TERMINAL:

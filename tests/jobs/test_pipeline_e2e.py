@@ -2,13 +2,16 @@
 plugin method beside the built-in ones: `tests/plugins/toy_bigram_drafter.py`, outside the
 project's packages, named only by `--set methods.plugins=[...]` and importable through PYTHONPATH
 (the job's Ray workers inherit it): it is trained, benchmarked, audited and reported with no
-edit to the project."""
+edit to the project. Its first run is submitted as users submit it to a cluster (`ray job
+submit`, on the local two-node one); the reruns that follow run it here."""
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,30 @@ def _pipeline(out: Path, *extra: str, job: str = "jobs.pipeline") -> str:
     return proc.stdout
 
 
+def _submitted(out: Path) -> str:
+    """The same main job as users run it on a cluster: `ray job submit --working-dir . -- python
+    -m jobs.pipeline ...` (the Jobs API's `submit_job` with that runtime env) to the local
+    two-node cluster with cluster.yaml's head (no CPU slots: every stage's work runs on the
+    worker); the job's own output, as `ray job logs` shows it after the job manager's lines."""
+    from ray.job_submission import JobSubmissionClient
+
+    from jobs.local_cluster import local_cluster
+
+    entrypoint = shlex.join(["python", "-m", "jobs.pipeline", "--out", str(out),
+                             *(a for item in TRIM for a in ("--set", item))])
+    with local_cluster(dashboard=True, head_cpus=0) as cluster:
+        client = JobSubmissionClient(cluster.dashboard_url)
+        job = client.submit_job(entrypoint=entrypoint, runtime_env={
+            "working_dir": str(REPO), "env_vars": {"PYTHONPATH": str(PLUGINS)}})
+        deadline = time.monotonic() + 1500
+        while (status := str(client.get_job_status(job).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            assert time.monotonic() < deadline, client.get_job_logs(job)[-3000:]
+            time.sleep(3)
+        logs = client.get_job_logs(job)
+    assert status == "SUCCEEDED", logs[-5000:]
+    return logs.split("Running entrypoint for job", 1)[1].split("\n", 1)[1]
+
+
 def _plan(stdout: str) -> dict[str, str]:
     """{stage: RUN | skip} from the plan the job prints before it starts."""
     plan = stdout.split("[pipeline] plan for", 1)[1].split("\n[pipeline 1/", 1)[0]
@@ -63,7 +90,7 @@ def _plan(stdout: str) -> dict[str, str]:
 @pytest.mark.integration
 def test_main_job_runs_every_stage_then_reruns_exactly_what_a_change_touches(tmp_path):
     out = tmp_path / "run"
-    first = _pipeline(out)
+    first = _submitted(out)
     assert {n for n, v in _plan(first).items() if v == "RUN"} >= set(NAMES[1:])  # world: maybe cached
     for stage in STAGES:
         assert (out / stage / "manifest.json").is_file(), stage
