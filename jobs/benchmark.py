@@ -58,6 +58,7 @@ from peftbd.benchmarking.arms import DrafterDirs, arm_specs
 from peftbd.benchmarking.cost_profile_schema import PROFILE_FILE, CostProfile
 from peftbd.benchmarking.schema import DrafterInfo, Results
 from peftbd.benchmarking.prompts import PromptSet, load_prompts
+from peftbd.benchmarking.forward_paths import cuda_graph_fallbacks
 from peftbd.benchmarking.results import build_results, stage_stats
 from peftbd.benchmarking.runner import ShardResult, run_shard
 from peftbd.benchmarking.sampled import sampled_prompts, sampled_temperatures
@@ -195,6 +196,7 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
                                            vocab if spec.name in vocab_stages else None)
                 for spec in training_stages(cfg)}
     results = build_results(cfg, prompt_set, shards, repeats, drafters, TIMING_PLACEMENT)
+    cuda_graph_fallbacks(results.arms, cfg.decoding.fast_path)  # true: an error; auto: the report
     profile = cost_profile_stage().name
     if profile in upstream:
         results.cost_at_scale = CostProfile.read(upstream[profile] / PROFILE_FILE)

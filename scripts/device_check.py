@@ -123,10 +123,10 @@ def cuda_graphs(graphs: GraphAudit, device: torch.device, compiled: bool) -> dic
     `fell_back`: a compiled arm on CUDA that did not replay CUDA graphs, or skipped one."""
     out = {"graphs_compiled": len(graphs.graphs),
            "non_static_mutations": [list(g.non_static_mutations) for g in graphs.skipped],
-           "cudagraph_skips": graphs.cudagraph_skips,
-           "recordings": graphs.cuda_graph_recordings, "replays": graphs.cuda_graph_replays}
+           "cudagraph_skips": graphs.cuda.skips,
+           "recordings": graphs.cuda.recordings, "replays": graphs.cuda.replays}
     out["fell_back"] = bool(compiled and device.type == "cuda" and (
-        graphs.skipped or graphs.cudagraph_skips or not graphs.cuda_graph_replays))
+        graphs.skipped or graphs.cuda.fell_back))
     return out
 
 

@@ -36,6 +36,7 @@ from peftbd.benchmarking.schema import (
 from peftbd.cost_model import draft_cost_oracle
 from peftbd.decoding import DecodeResult, audit_summary, summarize
 from peftbd.decoding.audit import Mismatch
+from peftbd.decoding.graph_audit import CudaGraphUse
 from peftbd.methods.arm import AR
 
 
@@ -132,7 +133,16 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         paths=paths or {},
         compile_s=round(sum(c.seconds for c in compiles), 1),
         timed_compiles=sum(c.timed for c in compiles),
+        **_cuda_graphs([c.cuda_graphs for c in compiles if c.cuda_graphs is not None]),
     )
+
+
+def _cuda_graphs(uses: Sequence[CudaGraphUse]) -> dict[str, int | None]:
+    """The arm's CUDA-graph replays and skips summed over the workers (None: none on CUDA)."""
+    if not uses:
+        return {"cuda_graph_replays": None, "cuda_graph_skips": None}
+    return {"cuda_graph_replays": sum(u.replays for u in uses),
+            "cuda_graph_skips": sum(u.skips for u in uses)}
 
 
 def _over_floor(floor: RoundFloor, draft_ms_round: float,

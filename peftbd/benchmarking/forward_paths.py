@@ -9,6 +9,7 @@ only when all of them run on the path of AR's own step.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from peftbd.errors import UserError
 
@@ -42,3 +43,33 @@ def path_words(paths: Paths) -> str:
         return f"every forward {found.pop()}"
     return "; ".join(f"{arm}: " + ", ".join(f"{f} {p}" for f, p in forwards.items())
                      for arm, forwards in paths.items())
+
+
+class CudaGraphArm(Protocol):
+    """What `cuda_graph_fallbacks` reads of an arm (`peftbd.benchmarking.schema.Arm`)."""
+
+    cuda_graph_replays: int | None
+    cuda_graph_skips: int | None
+
+    @property
+    def cuda_graphs_fell_back(self) -> bool: ...
+
+
+class CudaGraphsFellBack(UserError, RuntimeError):
+    """decoding.fast_path=true on CUDA, and some arm's compiled forwards ran without CUDA graphs."""
+
+
+def cuda_graph_fallbacks(arms: Mapping[str, CudaGraphArm], setting: bool | str) -> list[str]:
+    """The arms whose compiled forwards ran without CUDA graphs on CUDA (a graph skipped, or none
+    replayed): their tok/s are not the fast path's. With `decoding.fast_path` true that is an
+    error (`CudaGraphsFellBack`); with auto the caller says it loudly (the report)."""
+    fell = [arm_id for arm_id, arm in arms.items() if arm.cuda_graphs_fell_back]
+    if fell and setting is True:
+        raise CudaGraphsFellBack(
+            "decoding.fast_path=true, but on CUDA these arms ran compiled forwards without CUDA "
+            "graphs: " + ", ".join(f"{a} ({arms[a].cuda_graph_replays} replays, "
+                                   f"{arms[a].cuda_graph_skips} skips)" for a in fell)
+            + "; a skip means a graph mutated an input that is not static (see "
+            "peftbd.decoding.graph_audit; scripts/device_check.py names the inputs), or set "
+            "decoding.fast_path=false to time every arm eager")
+    return fell

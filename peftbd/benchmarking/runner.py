@@ -17,6 +17,7 @@ round per arm is counted forward by forward and priced at the device's floor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from peftbd.config import Config
 from peftbd.decoding import DecodeResult, Mismatch, SpeculativeDecoder, compare
 from peftbd.decoding.clock import Clock
 from peftbd.decoding.fast_path import FastPathSetting
+from peftbd.decoding.graph_audit import CudaGraphUse, cuda_graph_use
 from peftbd.decoding.packed import PREFILL_CHUNK
 from peftbd.decoding.controlled import Oracle, reference_oracle
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
@@ -58,10 +60,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Compiles:
     """An arm's fast-path compiles on one worker: `seconds` of compiling in all (its warm-ups'),
-    and how many graphs compiled inside its timed passes instead (0: steady state throughout)."""
+    how many graphs compiled inside its timed passes instead (0: steady state throughout), and
+    on CUDA what the CUDA-graph trees did over its passes (None elsewhere)."""
 
     seconds: float
     timed: int
+    cuda_graphs: CudaGraphUse | None = None
 
 
 @dataclass
@@ -137,8 +141,16 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     check_like_for_like(paths)  # before any compile or timing
     batched = [b for b in batch_sizes if b > 1]
     in_sweep = [s for s in specs if swept(s, sweep_variants)]
+    graphs = {arm: CudaGraphUse() for arm, d in decoders.items()
+              if d.path.compiled and models.device.type == "cuda"}
+
+    def counted(arm: str) -> contextlib.AbstractContextManager[object]:
+        """Count the arm's CUDA-graph use inside (on CUDA, compiled; else nothing)."""
+        return cuda_graph_use(graphs[arm]) if arm in graphs else contextlib.nullcontext()
+
     for s in specs:
-        _warm_up(decoders[s.id], ids, batched if s in in_sweep else [], max_new_tokens)
+        with counted(s.id):
+            _warm_up(decoders[s.id], ids, batched if s in in_sweep else [], max_new_tokens)
     warm = {arm: d.path.compiles for arm, d in decoders.items()}
     clock = Clock(models.device)
     results: dict[str, list[list[DecodeResult]]] = {s.id: [] for s in specs}
@@ -151,10 +163,11 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
         for s in specs:
             run: list[DecodeResult] = []
             start = clock.now()
-            for p in prompts:
-                run.append(decoders[s.id].decode(p.prompt_ids))
-                done += 1
-                progress.report(done, total, arm=s.id)
+            with counted(s.id):
+                for p in prompts:
+                    run.append(decoders[s.id].decode(p.prompt_ids))
+                    done += 1
+                    progress.report(done, total, arm=s.id)
             wall = clock.now() - start
             results[s.id].append(run)
             if 1 in batch_sizes:
@@ -164,7 +177,8 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
         for b in batched if r < sweeps else ():
             for s in in_sweep:
                 start = clock.now()
-                run = decoders[s.id].decode_many(ids, b)
+                with counted(s.id):
+                    run = decoders[s.id].decode_many(ids, b)
                 wall = clock.now() - start
                 runs.append(batch_run(s.id, b, r, wall, run, [x.tokens for x in results["ar"][0]]))
                 done += len(prompts)
@@ -175,7 +189,7 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
         done += len(sampling.prompts)
         progress.report(done, total, arm=arm, temperature=temperature)
 
-    compiles = {arm: Compiles(round(d.path.compile_s, 2), d.path.compiles - warm[arm])
+    compiles = {arm: Compiles(round(d.path.compile_s, 2), d.path.compiles - warm[arm], graphs.get(arm))
                 for arm, d in decoders.items() if d.path.compiled}
     vocab = models.verifier.config.vocab_size
     return Timings(results, runs, sample_arms(decoders, specs, sampling, vocab, on_pass), paths,

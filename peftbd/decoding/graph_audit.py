@@ -36,13 +36,51 @@ class GraphRecord:
 
 
 @dataclass
+class CudaGraphUse:
+    """What the CUDA-graph trees did while `cuda_graph_use` was open (summed over its blocks)."""
+
+    recordings: int = 0
+    replays: int = 0
+    skips: int = 0  # graphs inductor ran without CUDA graphs (any reason)
+
+    @property
+    def fell_back(self) -> bool:
+        """A compiled forward ran without CUDA graphs: a graph skipped, or none replayed."""
+        return bool(self.skips or not self.replays)
+
+
+@contextmanager
+def cuda_graph_use(into: CudaGraphUse | None = None) -> Iterator[CudaGraphUse]:
+    """Count the CUDA-graph trees' recordings, replays and inductor's skips inside the block,
+    into `into` (a new one if None); the compile caches stay as they are."""
+    found = into if into is not None else CudaGraphUse()
+    manager = cudagraph_trees.CUDAGraphTreeManager
+    record, execute = manager.record_function, manager.execute_node
+    skips = counters["inductor"]["cudagraph_skips"]
+
+    def recorded(self: Any, *args: Any) -> Any:
+        found.recordings += 1
+        return record(self, *args)
+
+    def replayed(self: Any, *args: Any) -> Any:
+        found.replays += 1
+        return execute(self, *args)
+
+    manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign,assignment]
+    try:
+        yield found
+    finally:
+        manager.record_function, manager.execute_node = record, execute  # type: ignore[method-assign]
+        found.skips += counters["inductor"]["cudagraph_skips"] - skips
+
+
+@dataclass
 class GraphAudit:
-    """The records of the graphs compiled while `audit()` was open."""
+    """The records of the graphs compiled while `audit()` was open, and what the CUDA-graph
+    trees did meanwhile."""
 
     graphs: list[GraphRecord] = field(default_factory=list)
-    cuda_graph_recordings: int = 0
-    cuda_graph_replays: int = 0
-    cudagraph_skips: int = 0  # graphs inductor ran without CUDA graphs (any reason)
+    cuda: CudaGraphUse = field(default_factory=CudaGraphUse)
 
     @property
     def skipped(self) -> list[GraphRecord]:
@@ -55,9 +93,6 @@ def audit() -> Iterator[GraphAudit]:
     """Record every graph inductor compiles (or loads from its cache) inside the block."""
     found = GraphAudit()
     inner = compile_fx._compile_fx_inner
-    manager = cudagraph_trees.CUDAGraphTreeManager
-    record, execute = manager.record_function, manager.execute_node
-    skips = counters["inductor"]["cudagraph_skips"]
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out = inner(*args, **kwargs)
@@ -65,21 +100,10 @@ def audit() -> Iterator[GraphAudit]:
                                         tuple(sorted(kwargs.get("static_input_idxs", ())))))
         return out
 
-    def recorded(self: Any, *args: Any) -> Any:
-        found.cuda_graph_recordings += 1
-        return record(self, *args)
-
-    def replayed(self: Any, *args: Any) -> Any:
-        found.cuda_graph_replays += 1
-        return execute(self, *args)
-
     compile_fx._compile_fx_inner = recording
-    manager.record_function, manager.execute_node = recorded, replayed  # type: ignore[method-assign,assignment]
     try:
         with (inductor_config.patch(fx_graph_cache=False),
-              functorch_config.patch(enable_autograd_cache=False)):
+              functorch_config.patch(enable_autograd_cache=False), cuda_graph_use(found.cuda)):
             yield found
     finally:
         compile_fx._compile_fx_inner = inner
-        manager.record_function, manager.execute_node = record, execute  # type: ignore[method-assign]
-        found.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftbd.decoding.graph_audit import GraphAudit, GraphRecord
+from peftbd.decoding.graph_audit import CudaGraphUse, GraphAudit, GraphRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,9 +23,9 @@ def _script():
 
 def test_a_compiled_cuda_arm_that_replays_no_cuda_graph_fell_back():
     check, cuda, cpu = _script(), torch.device("cuda"), torch.device("cpu")
-    replayed = GraphAudit([GraphRecord((3,), (3,))], cuda_graph_recordings=1, cuda_graph_replays=9)
+    replayed = GraphAudit([GraphRecord((3,), (3,))], CudaGraphUse(recordings=1, replays=9))
     assert not check.cuda_graphs(replayed, cuda, True)["fell_back"]
-    skipped = GraphAudit([GraphRecord((3,), ())], cuda_graph_replays=9)
+    skipped = GraphAudit([GraphRecord((3,), ())], CudaGraphUse(replays=9))
     assert check.cuda_graphs(skipped, cuda, True)["non_static_mutations"] == [[3]]
     assert check.cuda_graphs(skipped, cuda, True)["fell_back"]
     assert check.cuda_graphs(GraphAudit(), cuda, True)["fell_back"]  # never replayed
