@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from pathlib import Path
@@ -31,11 +30,12 @@ import ray
 from huggingface_hub import snapshot_download
 from transformers import AutoTokenizer, GenerationConfig
 
+from jobs.vllm_node import vllm_where
 from peftbd.config import RANDOM_WEIGHTS, Config, ConfigError
 from peftbd.data.parts import WORK_SCHEMA
 from peftbd.models.loading import stop_ids
 from peftbd.models.sources import model_dirs
-from peftbd.peers.vllm_env import VllmAbsent, cpu_memory_share, vllm_environment, vllm_python
+from peftbd.peers.vllm_env import cpu_memory_share
 
 ACTOR = "vllm"
 """The `actor` of every vLLM row: its engines are not told apart."""
@@ -103,36 +103,10 @@ def vllm_generate(ds: ray.data.Dataset, cfg: Config) -> ray.data.Dataset:
     return processor(ds).map_batches(_batch_span, batch_format="pyarrow", batch_size=None)
 
 
-@dataclass(frozen=True)
-class NodeVllm:
-    """vLLM's Python and engine environment as one node sees them, or why it has none."""
-
-    node: str
-    python: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    absent: str = ""
-
-
-def vllm_on_this_node(threads: int) -> NodeVllm:
-    """`NodeVllm` of the node this runs on (a Ray task's: `engine_runtime_env`)."""
-    node = ray.util.get_node_ip_address()
-    try:
-        return NodeVllm(node, str(vllm_python()), vllm_environment(threads))
-    except VllmAbsent as exc:
-        return NodeVllm(node, absent=str(exc))
-
-
 def engine_runtime_env(bundle: dict[str, float], threads: int) -> dict[str, Any]:
-    """The engine actors' runtime env (`py_executable`, env vars), resolved where they run: by a
-    task with an engine's resources, so on a node that hosts engines, not the driver's (under
-    `ray job submit` the driver runs on the head, in an uploaded copy of the code); VllmAbsent,
-    naming that node, where it has no vLLM."""
-    probe = ray.remote(vllm_on_this_node).options(
-        num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0))
-    found: NodeVllm = ray.get(probe.remote(threads))
-    if found.absent:
-        raise VllmAbsent(f"generate.backend=vllm: node {found.node}, where the vLLM engines run, "
-                         f"has no vLLM: {found.absent}")
+    """The engine actors' runtime env (`py_executable`, env vars), resolved where they run (by a
+    task with an engine's resources: `jobs.vllm_node`), not where the driver does."""
+    found = vllm_where(bundle, threads, "generate.backend=vllm")
     return {"py_executable": found.python, "env_vars": found.env}
 
 

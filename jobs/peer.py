@@ -1,8 +1,9 @@
 """The peer table: our engine beside vLLM in one run, `python -m jobs.peer` (vLLM from
-`bash scripts/install.sh --with-vllm`; no Ray). What it measures: `peftbd.benchmarking.peer`.
-Writes `<out>/peer.json`, `peer.md` and `manifest.json` (default `outputs/<preset>/peer`, where the
-benchmark's report finds it) and, given the main job's trained DFlash head, its vLLM export in
-`<out>/dflash_vllm/`."""
+`bash scripts/install.sh --with-vllm`). What it measures: `peftbd.benchmarking.peer`, in one Ray
+task of `PEER_CPUS` CPUs, so on a node with vLLM and the cores to itself (a submitted job's
+driver runs on the head, which has neither: `jobs.vllm_node`). Writes `<out>/peer.json`,
+`peer.md` and `manifest.json` (default `outputs/<preset>/peer`, where the benchmark's report
+finds it) and, given the main job's trained DFlash head, its vLLM export in `<out>/dflash_vllm/`."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
+import ray
+
+from jobs.ray_env import init_ray
+from jobs.resources import wait_for_resources
+from jobs.vllm_node import vllm_where
 from peftbd.analysis.peer import PEER_KEY, markdown
 from peftbd.benchmarking.peer import PeerSettings, ShapeDtype, run
-from peftbd.benchmarking.peer_schema import PeerPath
+from peftbd.benchmarking.peer_schema import PeerPath, PeerTable
 from peftbd.cli import add_config_args, add_stage_args, config_from_args, output_root, run_stage_job, stage_out
 from peftbd.config import Config
 from peftbd.data.sources import source_identity
@@ -21,11 +27,13 @@ from peftbd.layout import peer_stage
 from peftbd.manifest import is_complete
 from peftbd.methods.dflash import TRAIN_DFLASH
 from peftbd.peers.vllm_client import VllmError
-from peftbd.peers.vllm_env import vllm_python
 from peftbd.stage import StageCall, StageInputs
 
 
 EXPORT_SUBDIR = "dflash_vllm"
+PEER_CPUS = 2
+"""The peer task's CPUs: each engine times on one thread, the two take turns, and nothing else
+lands beside them on a 2-core box."""
 
 
 def trained_dflash(root: Path) -> tuple[Path | None, str | None]:
@@ -45,16 +53,23 @@ def peer_call(cfg: Config, settings: PeerSettings, out_dir: Path, root: Path) ->
 
     def build(tmp: Path, _inputs: StageInputs) -> dict[str, Any]:
         head = None if dflash is None else (dflash, tmp / EXPORT_SUBDIR)
-        table = run(cfg, settings, out_dir.parent / "logs", head)
+        wait_for_resources("the peer run", [{"CPU": PEER_CPUS}])
+        task = ray.remote(run).options(num_cpus=PEER_CPUS)
+        try:  # Ray's overloads type `run` (one argument defaulted) as three-ary
+            table: PeerTable = ray.get(task.remote(cfg, settings, out_dir.parent / "logs", head))  # type: ignore[call-arg]
+        except ray.exceptions.RayTaskError as exc:  # the measurement's own error, not Ray's wrapper
+            raise exc.cause from None
         table.dflash_absent = absent
         (tmp / "peer.json").write_text(table.model_dump_json(indent=2))
         (tmp / "peer.md").write_text(markdown(table))
         return {PEER_KEY: table.model_dump()}
 
     upstream = {} if dflash is None else {TRAIN_DFLASH.name: dflash}
+    init_ray()
+    vllm = vllm_where({"CPU": PEER_CPUS}, 1, "the peer table").python
     return StageCall(peer_stage(), cfg.to_dict(), out_dir, upstream, build,
                      extra={"source": source_identity(cfg), "peer": settings.model_dump(),
-                            "vllm": str(vllm_python())})
+                            "vllm": vllm})
 
 
 def _paths(text: str) -> tuple[str, ...]:

@@ -28,6 +28,8 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
 - `BenchmarkInputError` (jobs.benchmark): a benchmark option or setting it cannot run with.
 - `MixedPaths` (peftbd.benchmarking.forward_paths): arms whose forwards would be timed on
   different paths (`decoding.fast_path` while some draft stays eager).
+- `CudaGraphsFellBack` (peftbd.benchmarking.forward_paths): `decoding.fast_path=true` on CUDA,
+  and some arm's compiled forwards ran without CUDA graphs.
 - `ResourcesUnavailable` (jobs.resources): the Ray cluster lacks what the job asks for.
 - `ReadmeTableError` (peftbd.analysis.readme_table): no results to tabulate, or a README without
   its results markers.
@@ -58,6 +60,7 @@ USER_ERRORS: dict[str, str] = {
     "CheckpointMismatch": "peftbd.training.checkpoint",
     "BenchmarkInputError": "jobs.benchmark",
     "MixedPaths": "peftbd.benchmarking.forward_paths",
+    "CudaGraphsFellBack": "peftbd.benchmarking.forward_paths",
     "ResourcesUnavailable": "jobs.resources",
     "ReadmeTableError": "peftbd.analysis.readme_table",
 }

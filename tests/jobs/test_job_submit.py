@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 def test_a_node_without_vllm_names_itself_and_the_install_command(monkeypatch, tmp_path):
-    from jobs.generate_vllm import vllm_on_this_node
+    from jobs.vllm_node import vllm_on_this_node
     from peftbd.peers.vllm_env import INSTALL, vllm_python
 
     monkeypatch.setenv("PEFTBD_VLLM_VENV", str(tmp_path / "none"))
@@ -73,11 +74,16 @@ def cluster(tiny_world):
 
 def _submit(cluster, out: Path, *sets: str, limit: int = GENERATE_LIMIT) -> tuple[object, str]:
     """`ray job submit --working-dir . -- python -m jobs.generate ...`: (client, job id)."""
+    return _job(cluster, "jobs.generate", "--out", str(out), "--limit", str(limit),
+                *(a for s in sets for a in ("--set", s)))
+
+
+def _job(cluster, module: str, *args: str) -> tuple[object, str]:
+    """`ray job submit --working-dir . -- python -m <module> <args>`: (client, job id)."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(cluster.dashboard_url)
-    entrypoint = " ".join(["python -m jobs.generate", f"--out {out}", f"--limit {limit}",
-                           *(f"--set '{s}'" for s in sets)])
+    entrypoint = shlex.join(["python", "-m", module, *args])
     return client, client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO)})
 
 
@@ -120,3 +126,29 @@ def test_a_job_stopped_mid_stage_resumes_when_submitted_again(cluster, tmp_path)
     manifest = json.loads((out / "manifest.json").read_text())
     assert said and int(said[1]) == manifest["counts"]["resumed_rows"] >= kept >= 2
     assert {s: read_split(out, s).num_rows for s in SPLITS} == {"train": 24, "val": 4, "test": 4}
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # our engine and vLLM's, eager, on the tiny world (~1 min)
+@pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason()))
+def test_the_peer_job_submitted_from_a_head_without_vllm_writes_its_table(cluster, tmp_path):
+    from peftbd.benchmarking.peer_schema import PeerTable
+
+    out = tmp_path / "peer"
+    client, job = _job(cluster, "jobs.peer", "--out", str(out), "--no-shape", "--prompts", "3",
+                       "--max-new-tokens", "12", "--batch-size", "2", "--paths", "eager",
+                       "--artifacts", str(tmp_path / "no-main-job"))
+    status = _finish(client, job, 600)
+    logs = client.get_job_logs(job)
+    assert status == "SUCCEEDED", logs[-4000:]
+    table = PeerTable.model_validate(json.loads((out / "peer.json").read_text()))
+    (row,) = table.rows
+    assert (row.path, row.ours_compiled, row.vllm_compiled) == ("eager", False, False)
+    assert set(row.arms) == {"ours_ar_b1", "vllm_ar_b1", "ours_ar_b2", "vllm_ar_b2",
+                             "ours_prompt_lookup", "vllm_ngram"}
+    assert row.identical == 3 and row.ngram_identical == 3
+    assert "| greedy AR, batch 2 |" in (out / "peer.md").read_text()
+    assert "| prompt lookup / ngram, batch 1 |" in logs
+    # no main job under --artifacts: no DFlash pair, and the table says why
+    assert table.dflash is None and "no finished DFlash training in" in str(table.dflash_absent)
+    assert "**DFlash in both engines**: not run (no finished DFlash training in" in logs

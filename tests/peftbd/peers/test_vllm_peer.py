@@ -91,29 +91,3 @@ def test_the_benchmark_reference_check_runs_vllm(tiny_cfg, world):
                               ours, 16)
     assert [(c.engine, c.checked, c.absent) for c in checks] == [("hf_generate", 2, None), ("vllm", 2, None)]
     assert checks[1].version and checks[0].identical == 2
-
-
-def test_the_peer_job_writes_its_table(tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from peftbd.benchmarking.peer_schema import PeerTable
-
-    out = tmp_path / "peer"
-    run = subprocess.run([sys.executable, "-m", "jobs.peer", "--out", str(out), "--no-shape",
-                          "--prompts", "3", "--max-new-tokens", "12", "--batch-size", "2",
-                          "--paths", "eager", "--artifacts", str(tmp_path / "no-main-job")],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    table = PeerTable.model_validate(json.loads((out / "peer.json").read_text()))
-    (row,) = table.rows
-    assert (row.path, row.ours_compiled, row.vllm_compiled) == ("eager", False, False)
-    assert set(row.arms) == {"ours_ar_b1", "vllm_ar_b1", "ours_ar_b2", "vllm_ar_b2",
-                             "ours_prompt_lookup", "vllm_ngram"}
-    assert row.identical == 3 and row.ngram_identical == 3
-    assert "| greedy AR, batch 2 |" in (out / "peer.md").read_text()
-    assert "| prompt lookup / ngram, batch 1 |" in run.stdout
-    # no main job under --artifacts: no DFlash pair, and the table says why
-    assert table.dflash is None and "no finished DFlash training in" in str(table.dflash_absent)
-    assert "**DFlash in both engines**: not run (no finished DFlash training in" in run.stdout
