@@ -137,6 +137,9 @@ def time_arms(models: ArmModels, specs: Sequence[ArmSpec], prompts: Sequence[Pro
     decoders = {s.id: SpeculativeDecoder(models.verifier_for(s), models.drafter_for(s, oracle, seed),
                                          models.eos_ids, max_new_tokens, fast_path, prefill_chunk)
                 for s in specs}
+    rows = min(max(batch_sizes, default=1), len(ids))
+    for decoder in decoders.values():  # every pass's KV in one allocation: no growth, no recompile
+        decoder.reserve(rows, max(map(len, ids), default=0) + max_new_tokens)
     paths = {arm: decoder.forward_paths() for arm, decoder in decoders.items()}
     check_like_for_like(paths)  # before any compile or timing
     batched = [b for b in batch_sizes if b > 1]

@@ -20,6 +20,11 @@ from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import EAGER, FastPath, FastPathSetting, ForwardPath, fast_path_on
 from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
 
+POOL_ROOM = 128
+"""Slots per pool row past a request's tokens that `SpeculativeDecoder.reserve` adds: a round's
+draft and verify chunks (a D=16 block each) and the fast path's 64-slot bucket of what a graph
+reads, with a spare."""
+
 
 class SpeculativeDecoder:
     """Speculative decoding of one verifier with one drafter (None = AR), over any number of
@@ -141,6 +146,13 @@ class SpeculativeDecoder:
             records.append(record)
         return records
 
+    def reserve(self, rows: int, tokens: int) -> None:
+        """Size the KV pool for `rows` requests of up to `tokens` tokens each (prompt and new
+        tokens; a round's chunks and the fast path's slot buckets ride on top: `POOL_ROOM`), so
+        what follows grows it no more (`RaggedKV.size_for`); a run that knows what it will
+        decode (the benchmark) calls it once for all of it."""
+        self.pool.size_for(rows, tokens + POOL_ROOM)
+
     @torch.inference_mode()
     def decode(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
                sampling: SamplingParams | None = None) -> DecodeResult:
@@ -160,6 +172,8 @@ class SpeculativeDecoder:
         its own sample (a seeded row's: whatever its batch company)."""
         scheduler = Scheduler(self, batch_size)
         budgets = self._budgets(len(prompts), max_new_tokens)
+        self.reserve(min(batch_size, len(prompts)),
+                     max((len(p) + b for p, b in zip(prompts, budgets)), default=0))
         params = per_request(sampling, len(prompts), GREEDY, SamplingParams, "sampling")
         for i, (prompt, budget, param) in enumerate(zip(prompts, budgets, params)):
             scheduler.add(i, prompt, budget, param)

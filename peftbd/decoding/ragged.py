@@ -4,9 +4,10 @@
 place and marked static for the compiler (`torch._dynamo.mark_static_address`, as gpt-fast's
 static cache and transformers' `StaticCache` do), so a compiled graph that writes it mutates no
 input but static ones and CUDA-graph trees replay it. A request takes a row when admitted
-(`RowCache.empty`) and gives it back when its `RowCache` is dropped (or `release`d); the buffers
-grow (doubling rows or capacity, a new static address) only when the pool is full, which the
-warm-up of a run meets before any timed step (`allocations` counts them).
+(`RowCache.empty`) and gives it back when its `RowCache` is dropped (or `release`d). A run that
+knows what it will decode sizes the pool once (`size_for`: the benchmark, for all its passes;
+`decode_many`, for its requests); otherwise the buffers grow (doubling rows or capacity, a new
+static address) only when the pool is full (`allocations` counts allocations and growths).
 
 A batched forward steps the pool's first `size` rows: `pack` makes the requests of a step rows
 0..B-1 of their pool, in order, swapping rows in place when the batch changed (vLLM's persistent
@@ -49,6 +50,7 @@ class RaggedKV:
         self._owners: list[weakref.ref[RowCache] | None] = [None] * len(self._length)
         self.size = len(self._length)  # the batch: rows 0..size-1
         self.allocations = 0  # times the buffers were allocated or grown (a new static address)
+        self._planned = 0  # slots per row `size_for` asked for
         self._offset = 0  # slots appended after each row's committed ones, the open chunk's included
         self._chunks: list[tuple[int, torch.Tensor | None]] = []  # appended since commit: width, valid
         self._lengths_t: torch.Tensor | None = None
@@ -188,6 +190,16 @@ class RaggedKV:
         if self.keys and end > self.capacity:
             self._reallocate(self.rows, 2 * end)
 
+    def size_for(self, rows: int, end: int) -> None:
+        """Room for `rows` requests of up to `end` slots each, in one allocation made now (or at
+        the first write, which sizes the layers): a run that sizes the pool for what it will
+        decode meets no growth, so no new static address (each compiles new graphs and records
+        new CUDA graphs). Past what is held, the pool grows at least twofold (fewer growths)."""
+        self._planned = max(self._planned, end)
+        if rows > self.rows or (self.keys and end > self.capacity):
+            self._reallocate(max(rows, self.rows),
+                             max(end, 2 * self.capacity) if end > self.capacity else self.capacity)
+
     def to(self, dtype: torch.dtype) -> None:
         """Cast every layer to `dtype` (the cost profiler's bf16 arms): new static buffers."""
         self.keys = [_static(k.to(dtype)) for k in self.keys]
@@ -203,7 +215,8 @@ class RaggedKV:
         if end > self.capacity:
             self._reallocate(self.rows, max(_MIN_CAPACITY, 2 * end))
         if layer_idx == len(self.keys):
-            shape = (self.rows, like.shape[1], max(self.capacity, _MIN_CAPACITY, 2 * end), like.shape[3])
+            shape = (self.rows, like.shape[1], max(self.capacity, _MIN_CAPACITY, 2 * end, self._planned),
+                     like.shape[3])
             self.keys.append(_static(like.new_zeros(shape)))
             self.values.append(_static(like.new_zeros(shape)))
             self.allocations += 1

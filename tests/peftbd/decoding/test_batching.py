@@ -191,3 +191,23 @@ def test_a_forward_writes_the_open_chunk_only():
     kv.drop()
     kv.open_chunk(None, 2)
     assert kv.write(key, key, 0)[0].shape == (1, 1, 4, 4) and kv.extent() == (2, 4)
+
+
+def test_a_pool_sized_for_a_run_is_allocated_once_and_grows_no_more(drafters, rows, eos):
+    """`reserve` (the benchmark's: every pass's rows and longest request) sizes the verifier's
+    KV pool once: batch-1 decodes of prompts of every length and a batched pass after them meet
+    no growth, so no new static address (which would compile new graphs, record new CUDA graphs)."""
+    model, _ = drafters
+    dec = SpeculativeDecoder(model, None, eos, 12)
+    dec.reserve(3, max(map(len, rows)) + 12)
+    dec.decode(rows[0])
+    pool, held = dec.pool, (dec.pool.keys[0], dec.pool.allocations, dec.pool.rows)
+    for row in sorted(rows, key=len):  # longer and longer prompts
+        dec.decode(row)
+    dec.decode_many(rows, 3)
+    assert (pool.keys[0], pool.allocations, pool.rows) == held and held[2] == 3
+    unreserved = SpeculativeDecoder(model, None, eos, 12)
+    for row in sorted(rows, key=len):
+        unreserved.decode(row)
+    unreserved.decode_many(rows, 3)
+    assert unreserved.pool.allocations > len(unreserved.pool.keys)  # grew after its first write
