@@ -35,6 +35,7 @@ against `UserError.__subclasses__()` and sends each through every job's `main`):
   its results markers.
 - `VllmAbsent` (peftbd.peers.vllm_env): vLLM is not installed where the project looks for it.
 - `DflashExportError` (peftbd.peers.dflash_export): a head vLLM's dflash format cannot hold.
+- `PeerDeviceMismatch` (peftbd.benchmarking.peer_runs): vLLM's engine on another device than ours.
 
 Not user errors: `serve_apps.backends.BackendUnavailable` (a replica that keeps dying: an HTTP
 503 of the running server, no command line), `peftbd.serving.validation.RequestError` (a bad
@@ -57,6 +58,7 @@ USER_ERRORS: dict[str, str] = {
     "ArtifactError": "peftbd.data.artifact",
     "VllmAbsent": "peftbd.peers.vllm_env",
     "DflashExportError": "peftbd.peers.dflash_export",
+    "PeerDeviceMismatch": "peftbd.benchmarking.peer_runs",
     "CheckpointMismatch": "peftbd.training.checkpoint",
     "BenchmarkInputError": "jobs.benchmark",
     "MixedPaths": "peftbd.benchmarking.forward_paths",

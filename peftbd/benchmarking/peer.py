@@ -39,7 +39,8 @@ from transformers import PreTrainedModel
 
 from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.peer_dflash import dflash_pair
-from peftbd.benchmarking.peer_runs import arm_run, best, ours_steps, tokens_per_step, vllm_tokens_per_step
+from peftbd.benchmarking.peer_runs import (
+    OURS_DEVICE, arm_run, best, ours_steps, same_device, tokens_per_step, vllm_tokens_per_step)
 from peftbd.benchmarking.peer_schema import ArmRun, PeerPath, PeerTable, ShapeRow
 from peftbd.config import EMBEDDED_TINY, Config
 from peftbd.data.sources import first_prompts, resolve_source
@@ -107,8 +108,9 @@ def compare_shape(name: str, label: str, model: PreTrainedModel, model_dir: str,
     with (VllmPeer(log_dir / f"vllm_ar_{name}_{path}.log") as peer_ar,
           VllmPeer(log_dir / f"vllm_ngram_{name}_{path}.log") as peer_ngram):
         ready = peer_ar.load(load.model_copy(update={"max_num_seqs": settings.batch_size}))
-        peer_ngram.load(load.model_copy(update={"ngram": ngram}))
-        clock = Clock(torch.device("cpu"))
+        same_device(ready.device)
+        same_device(peer_ngram.load(load.model_copy(update={"ngram": ngram})).device)
+        clock = Clock(torch.device(OURS_DEVICE))
         fast = path == "fast"
         ours_ar = SpeculativeDecoder(model, None, eos, max_new_tokens, fast_path=fast)
         drafter = PromptLookupDrafter(pl.num_tokens, pl.min_ngram, pl.max_ngram, occurrence="earliest")
@@ -176,7 +178,7 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
     (`peer_dflash`)."""
     vllm_python()  # VllmAbsent, with the install command, before anything is loaded
     torch.set_num_threads(1)
-    cpu = torch.device("cpu")
+    cpu = torch.device(OURS_DEVICE)
     tokenizer = load_tokenizer(cfg)
     prompts = first_prompts(tokenizer, resolve_source(cfg, EMBEDDED_TINY), settings.prompts,
                             cfg.data.max_prompt_len)
@@ -212,6 +214,6 @@ def run(cfg: Config, settings: PeerSettings, log_dir: Path,
                     settings.shape_max_new_tokens, settings, cfg, path, log_dir)
                 rows.append(row)
     pl = cfg.prompt_lookup
-    return PeerTable(vllm_version=version, device="cpu", hardware=hardware_description(cpu), threads=1,
+    return PeerTable(vllm_version=version, device=OURS_DEVICE, hardware=hardware_description(cpu), threads=1,
                      ngram=NgramSpec(num_tokens=pl.num_tokens, min_ngram=pl.min_ngram,
                                      max_ngram=pl.max_ngram), rows=rows, dflash=pair)

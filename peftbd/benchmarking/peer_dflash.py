@@ -19,7 +19,8 @@ import torch
 
 from peftbd.benchmarking.interleaved import interleaved_timing
 from peftbd.benchmarking.noise import acceptance_interval
-from peftbd.benchmarking.peer_runs import arm_run, best, ours_steps, tokens_per_step, vllm_tokens_per_step
+from peftbd.benchmarking.peer_runs import (
+    arm_run, best, ours_steps, same_device, tokens_per_step, vllm_tokens_per_step)
 from peftbd.benchmarking.peer_schema import ArmRun, DflashPair, PeerPath
 from peftbd.decoding import DecodeResult, SpeculativeDecoder
 from peftbd.decoding.clock import Clock
@@ -42,7 +43,7 @@ def dflash_pair(ctx: DraftContext, head_dir: Path, export_dir: Path, load: Load,
     assert isinstance(head, BDHead)
     exported = export_dflash(head, ctx.cfg.dflash.block_size, export_dir, DFLASH.id)
     drafter = DflashSpec(model_dir=str(exported.model_dir), num_tokens=exported.num_speculative_tokens)
-    peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter}))
+    same_device(peer.load(load.model_copy(update={"max_num_seqs": 1, "dflash_drafter": drafter})).device)
     [arm] = DFLASH.arms(ctx.cfg)
     ours = SpeculativeDecoder(ctx.verifier, DFLASH.drafter(head, ctx, arm), eos, max_new_tokens,
                               fast_path=path == "fast")

