@@ -31,7 +31,7 @@ GENERATE = StageSpec(
     ignores=("data.source",),  # where the prompts lie: their content is in extra["source"]
     inputs=(WORLD,), code=("peftbd.data", "peftbd.models.loading", "peftbd.models.sources",
                            "peftbd.models.architecture", "peftbd.peers.vllm_env", "jobs.generate",
-                           "jobs.generate_vllm", *_GREEDY_ENGINE),
+                           "jobs.generate_vllm", "jobs.vllm_node", *_GREEDY_ENGINE),
     command="python -m jobs.generate",
 )
 _TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
@@ -205,6 +205,6 @@ def peer_stage() -> StageSpec:
               "peftbd.benchmarking.noise", "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_dflash",
               "peftbd.benchmarking.environment",
               "peftbd.benchmarking.peer_runs", "peftbd.benchmarking.peer_schema",
-              "peftbd.analysis.peer", "jobs.peer"),
+              "peftbd.analysis.peer", "jobs.peer", "jobs.vllm_node"),
         command="python -m jobs.peer",
     )

@@ -11,6 +11,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from peftbd.config import PRESETS, cache_root
 from peftbd.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def venv_dir() -> Path:
     if os.environ.get("PEFTBD_VLLM_VENV"):
         return Path(os.environ["PEFTBD_VLLM_VENV"])
     local = REPO / ".venv-vllm"
-    record = Path(os.environ.get("PEFTBD_CACHE") or Path.home() / ".cache" / "peftbd") / RECORD
+    record = cache_root(PRESETS["tiny"]["paths"]["cache_dir"]) / RECORD  # install.sh's default too
     if not local.is_dir() and record.is_file():
         recorded = Path(record.read_text().strip())
         if recorded.is_dir():
