@@ -1,5 +1,6 @@
-"""The main job: tiny world -> generate -> train the drafters (PEFT-BD whole-backbone, early-exit
-and the offsets ablation; FastMTP; the block-diffusion head) -> cost profile -> benchmark -> report.
+"""The main job: tiny world -> generate -> train the drafters (PEFT-BD, FastMTP, the block-diffusion
+head, DFlash; --preset tiny-full adds PEFT-BD's early-exit and offsets ablations) -> cost profile
+-> benchmark -> report.
 
     python -m jobs.pipeline                      # the embedded tiny world, CPU, no network
     python -m jobs.pipeline --set peftbd.lora_r=4 --dry-run   # what would rerun, and why
