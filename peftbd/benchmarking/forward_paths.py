@@ -51,9 +51,6 @@ class CudaGraphArm(Protocol):
     cuda_graph_replays: int | None
     cuda_graph_skips: int | None
 
-    @property
-    def cuda_graphs_fell_back(self) -> bool: ...
-
 
 class CudaGraphsFellBack(UserError, RuntimeError):
     """decoding.fast_path=true on CUDA, and some arm's compiled forwards ran without CUDA graphs."""
@@ -63,7 +60,8 @@ def cuda_graph_fallbacks(arms: Mapping[str, CudaGraphArm], setting: bool | str) 
     """The arms whose compiled forwards ran without CUDA graphs on CUDA (a graph skipped, or none
     replayed): their tok/s are not the fast path's. With `decoding.fast_path` true that is an
     error (`CudaGraphsFellBack`); with auto the caller says it loudly (the report)."""
-    fell = [arm_id for arm_id, arm in arms.items() if arm.cuda_graphs_fell_back]
+    fell = [arm_id for arm_id, arm in arms.items()  # graph_audit.CudaGraphUse.fell_back's rule
+            if arm.cuda_graph_replays is not None and (arm.cuda_graph_skips or not arm.cuda_graph_replays)]
     if fell and setting is True:
         raise CudaGraphsFellBack(
             "decoding.fast_path=true, but on CUDA these arms ran compiled forwards without CUDA "

@@ -263,14 +263,9 @@ class Arm(Record):
     compile_s: float = 0.0  # fast path: seconds compiling its graphs, summed over the workers
     timed_compiles: int = 0  # fast path: graphs that compiled inside a timed pass (0: none)
     # fast path on CUDA: what the CUDA-graph trees did over its passes, summed over the workers
-    # (None: not compiled on CUDA); `cuda_graphs_fell_back`: a compiled forward ran without them
+    # (None: not compiled on CUDA; `forward_paths.cuda_graph_fallbacks` reads them)
     cuda_graph_replays: int | None = None
     cuda_graph_skips: int | None = None
-
-    @property
-    def cuda_graphs_fell_back(self) -> bool:
-        return self.cuda_graph_replays is not None and bool(
-            self.cuda_graph_skips or not self.cuda_graph_replays)
 
     @property
     def speculative(self) -> bool:

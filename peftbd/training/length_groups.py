@@ -14,7 +14,7 @@ micro-batches it consumed lands on the same batches.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import islice
+from itertools import count, islice
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ def length_grouped(micro_batches: Iterable[Rows], window: int, seed: int) -> Ite
         yield from micro_batches
         return
     batches = iter(micro_batches)
-    for index in range(np.iinfo(np.int64).max):
+    for index in count():
         group = list(islice(batches, window))
         if not group:
             return
