@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from peftbd.peers.vllm_env import venv_dir
+
 log = logging.getLogger(__name__)
 NODE_RESOURCES = {"head": {"verifier": 1}, "worker": {"drafter": 1}}
 """Custom resources per node: cluster.yaml's `gpu_verifier` and `gpu_drafter` node types."""
@@ -94,7 +96,7 @@ def local_cluster(num_cpus: int = 3, dashboard: bool = True, timeout_s: float = 
     for attempt in range(1, attempts + 1):
         nodes: list[_Node] = []
         try:
-            head_port, dashboard_port = _free_port(), _free_port() if dashboard else None
+            head_port, dashboard_port = free_port(), free_port() if dashboard else None
             nodes.append(_start("head", head_env, cpus["head"], _head_args(head_port, dashboard_port)))
             _wait_started(nodes[-1], timeout_s)
             nodes.append(_start("worker", env, cpus["worker"], [f"--address=127.0.0.1:{head_port}"]))
@@ -120,10 +122,13 @@ def local_cluster(num_cpus: int = 3, dashboard: bool = True, timeout_s: float = 
 
 
 def _node_env() -> dict[str, str]:
-    """The nodes' environment: this one without RAY_ADDRESS, no drain on stop, and the auth mode
+    """The nodes' environment: this one without RAY_ADDRESS, no drain on stop, vLLM where this
+    checkout finds it (a job's uploaded working dir has no `.venv-vllm`, and this machine's
+    install record may name another checkout's), and the auth mode
     that a driver in this process connects with: RAY_AUTH_MODE (which Ray reads at import),
     unset meaning disabled; with token, Ray's token (`ray get-auth-token --generate` if none)."""
-    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+           "PEFTBD_VLLM_VENV": str(venv_dir())}
     env.pop("RAY_ADDRESS", None)
     env.setdefault("RAY_AUTH_MODE", "disabled")
     if env["RAY_AUTH_MODE"] == "token":
@@ -133,7 +138,7 @@ def _node_env() -> dict[str, str]:
 
 
 def _head_args(port: int, dashboard_port: int | None) -> list[str]:
-    args = ["--head", f"--port={port}", f"--ray-client-server-port={_free_port()}",
+    args = ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}",
             f"--include-dashboard={str(bool(dashboard_port)).lower()}", "--disable-usage-stats"]
     if dashboard_port:
         args += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
@@ -142,7 +147,7 @@ def _head_args(port: int, dashboard_port: int | None) -> list[str]:
 
 def _start(name: str, env: dict[str, str], num_cpus: int, args: list[str]) -> _Node:
     temp = Path(tempfile.mkdtemp(prefix="rlc", dir="/tmp"))  # short: Ray's socket paths must fit
-    ports = [f"--{k}={_free_port()}" for k in (  # two nodes on one machine: none of the defaults
+    ports = [f"--{k}={free_port()}" for k in (  # two nodes on one machine: none of the defaults
         "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
         "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
     cmd = [*RAY_CLI, "start", "--block", *args, f"--temp-dir={temp}", f"--num-cpus={num_cpus}",
@@ -189,7 +194,7 @@ def _stop(nodes: list[_Node], keep_logs: bool) -> None:
             shutil.rmtree(node.temp, ignore_errors=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -32,14 +32,13 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from jobs.local_cluster import NodeError, local_cluster
+from jobs.local_cluster import NodeError, free_port, local_cluster
 from jobs.placement_options import (
     CONFIG_CHANGES,
     placement_levels,
@@ -89,12 +88,6 @@ from peftbd.serving.validation import check_serving_config, placement_methods
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _measure(base_url: str, placement: str, prompts: list[list[int]], cfg: Config,
              model: str, replicas: dict[str, tuple[Any, int]], tally: Tally,
              levels: dict[int, list[int]]) -> tuple[list[RequestRecord], list[Window]]:
@@ -217,7 +210,7 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         write_references(references, greedy_references(cfg, prompts))
     args = AppArgs(preset=cfg.preset, overrides=_overrides(cfg), drafter_dirs=dirs,
                    references=str(references) if references else None)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     builders = {"colocated": colocated.build, "split": split.build}
     records: list[RequestRecord] = []

@@ -1,5 +1,6 @@
-"""The benchmark on the tiny world with untrained drafters: every arm's greedy output equals AR's,
-the counts add up, and the job writes results, report, figure and manifest."""
+"""The benchmark on the tiny world with untrained drafters (tests/jobs/conftest.py's `artifacts`):
+every arm's greedy output equals AR's and the counts add up; the job as users submit it, writing
+results, report, figure and manifest: tests/jobs/test_job_submit.py."""
 
 from __future__ import annotations
 
@@ -7,78 +8,27 @@ import json
 import shutil
 from pathlib import Path
 
-import matplotlib.image as mpimg
-import pyarrow as pa
 import pytest
-import torch
 
-from jobs.benchmark import RESULTS, drafter_dirs, layout_inputs, main, run_benchmark
-from peftbd.peers.vllm_env import absent_reason
-from peftbd.analysis.report import FIGURE_1, FIGURE_3, FIGURE_5, REPORT
+from jobs.benchmark import drafter_dirs, layout_inputs, main, run_benchmark
 from peftbd.benchmarking.aggregate import add_oracles, arm_entries
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.concurrency import concurrency_rows
 from peftbd.benchmarking.prompts import Prompt, held_out_prompts, load_prompts
 from peftbd.benchmarking.runner import run_shard
 from peftbd.benchmarking.sampled import SamplingPlan, sample_arms, samples
-from peftbd.benchmarking.schema import Results
 from peftbd.config import Config, apply_override, load_config
-from peftbd.data.artifact import write_split
-from peftbd.data.chat import encode_prompt, prompt_messages
+from peftbd.data.chat import encode_prompt
 from peftbd.decoding import SpeculativeDecoder
-from peftbd.manifest import read_manifest, write_manifest
+from peftbd.manifest import write_manifest
 from peftbd.models.loading import load_tokenizer
 from peftbd.stage import StageError
-from peftbd.methods import methods
+
+from .conftest import N_PROMPTS
 
 REAL_ARMS = tuple(s.id for s in arm_specs(load_config("tiny-full")) if s.synthetic is None)
 SYNTHETIC = ("peftbd_synthetic", "fastmtp_synthetic", "peftbd_head_synthetic")  # tiny's
 ARMS = (*REAL_ARMS, *SYNTHETIC)
-N_PROMPTS = 3
-
-
-@pytest.fixture(scope="module")
-def small_cfg() -> Config:
-    """The full study's arms (tiny-full: the ablations too) on a few short prompts, every arm in
-    the concurrency sweep at batch 1 and 2 (a batch below N_PROMPTS: requests join as others end)."""
-    cfg = load_config("tiny-full")
-    for item in (f"decoding.num_prompts={N_PROMPTS}", "decoding.max_new_tokens=12",
-                 "decoding.repeats=2", "decoding.torch_threads=1", "decoding.batch_sizes=[1,2]",
-                 "decoding.sweep_variants=true"):
-        cfg = apply_override(cfg, item)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def artifacts(small_cfg: Config, tiny_world, tmp_path_factory, make_artifact) -> Path:
-    """A pipeline output root: a test split of corpus prompts and untrained drafters exported by
-    the training tasks (as the training jobs export them)."""
-    root = tmp_path_factory.mktemp("artifacts")
-    tok = load_tokenizer(small_cfg)
-    rows = []
-    with open(tiny_world.corpus_path) as f:
-        for line in f:
-            rec = json.loads(line)
-            ids = encode_prompt(tok, prompt_messages(rec["messages"]))
-            rows.append({"id": rec["id"], "source": "test", "split": "test", "prompt_ids": ids,
-                         "continuation_ids": [], "prompt_len": len(ids), "continuation_len": 0,
-                         "finish_reason": "length", "category": None})
-            if len(rows) == N_PROMPTS + 2:
-                break
-    train = [{**r, "id": f"train-{r['id']}", "split": "train", "continuation_ids": r["prompt_ids"],
-              "continuation_len": r["prompt_len"]} for r in rows]  # counted for the draft vocabulary
-    make_artifact(root / "continuations",
-                  lambda tmp: (write_split(tmp, "test", pa.Table.from_pylist(rows)),
-                               write_split(tmp, "train", pa.Table.from_pylist(train))),
-                  wall_seconds=11.5, peak_rss_mib=512.0, peak_gpu_mib=None)
-    torch.manual_seed(0)
-    for method in methods():  # every registered method's training stages, as the main job runs them
-        for spec, cfg in method.training_stages(small_cfg):
-            task = method.task(cfg)
-            module = task.build(torch.device("cpu"))
-            make_artifact(root / spec.subdir, lambda tmp, t=task, m=module: t.export(m, tmp),
-                          stage=spec.name, untrained=True, wall_seconds=0.5, peak_rss_mib=400.0)
-    return root
 
 
 def test_untrained_drafters_are_exact_and_counts_add_up(small_cfg: Config, artifacts: Path) -> None:
@@ -191,56 +141,6 @@ def test_sampled_passes_repeat_with_their_seeds(small_cfg: Config, artifacts: Pa
     first = tokens(0)
     assert tokens(0) == first and tokens(1) != first
     assert first[0] != [decoders["ar"].decode(p.prompt_ids).tokens for p in prompts]  # not greedy
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_benchmark_job_writes_results_report_and_manifest(small_cfg: Config, artifacts: Path,
-                                                          tmp_path: Path) -> None:
-    import ray
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    out = run_benchmark(small_cfg, artifacts, tmp_path / "benchmark", repeats=1)
-    written = json.loads((out / RESULTS).read_text())
-    results = Results.from_dict(written)  # the file reads back as what was written
-    assert json.loads(results.to_json()) == written
-    # the tiny preset's two timing workers: each times its share, results.json merges them
-    assert results.prompts.count == N_PROMPTS and results.timing.workers == 2
-    assert all(len(arm.repeats) == 1 for arm in results.arms.values())
-    assert all(arm.audit is not None and arm.audit.exact_pct == 100.0
-               for arm in results.arms.values() if arm.speculative)
-    assert results.drafters["peftbd"].untrained is True
-    vocab = results.drafters["peftbd_head"].draft_vocab
-    assert vocab is not None
-    assert vocab["size"] == small_cfg.peftbd_head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
-    report = (out / REPORT).read_text()
-    assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
-    assert mpimg.imread(out / FIGURE_1).shape[0] > 200
-    sizes = list(small_cfg.decoding.batch_sizes)
-    rows = results.concurrency
-    assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in ARMS for b in sizes]
-    assert all(r.exact for r in rows) and results.timing.batch_sizes == sizes
-    assert "Table 8" in report and "Engine goal: AR at batch 16" in report
-    assert mpimg.imread(out / FIGURE_3).shape[0] > 200
-    sampling = results.sampling  # both workers' sampled passes, merged
-    assert sampling is not None
-    assert sampling.temperatures == [0.0, 1.0] and sampling.prompts == N_PROMPTS
-    assert all(e.check is not None and e.check.valid == N_PROMPTS
-               for arm in sampling.arms.values() for e in arm.by_temperature if e.temperature > 0)
-    assert "Table 11" in report and mpimg.imread(out / FIGURE_5).shape[0] > 200
-    manifest = read_manifest(out)
-    assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
-    assert manifest["workers"]["workers"] == 2 and manifest["workers"]["peak_rss_mib"] > 0
-    assert manifest["workers"]["dtype"] == "float32"
-    assert len(manifest["summary"]) == len(ARMS) + 1  # each arm, then AR vs independent engines
-    assert manifest["summary"][-1].startswith("AR vs independent engines: HF generate: ")
-    # one shard checks AR against HF generate and vLLM (run from its Ray worker where installed:
-    # CI installs it; else said absent with the install command)
-    refs = {r.engine: r for r in results.references}
-    assert refs["hf_generate"].identical == refs["hf_generate"].checked > 0
-    vllm = refs["vllm"]
-    assert (vllm.identical == vllm.checked > 0 if absent_reason() is None
-            else "install.sh --with-vllm" in str(vllm.absent)), vllm
 
 
 def test_spec_bench_prompts_are_balanced_over_categories(small_cfg: Config, spec_bench_path: Path,

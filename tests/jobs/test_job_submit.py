@@ -1,21 +1,37 @@
 """Jobs submitted as users submit them (`ray job submit --working-dir . -- python -m jobs.<job>`:
 the Jobs API's `JobSubmissionClient.submit_job` with that runtime env) to the local two-node
-cluster shaped as cluster.yaml's: a head that only schedules and has no vLLM, a worker with it."""
+cluster shaped as cluster.yaml's: a head that only schedules and has no vLLM, a worker with it.
+Generate with each backend, a stop and resubmit, one training, the benchmark, placement and the
+peer; then `serve deploy` of both shipped apps on the same cluster (the main job's submission:
+tests/jobs/test_pipeline_e2e.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import subprocess
 import time
 from pathlib import Path
 
+import matplotlib.image as mpimg
+import openai
 import pytest
+import yaml
 
+from jobs.local_cluster import free_port
+from peftbd.analysis.placement import Devices
+from peftbd.analysis.placement_verdict import PlacementReport
+from peftbd.analysis.report import FIGURE_1, FIGURE_3, FIGURE_5, REPORT
+from peftbd.benchmarking.arms import arm_specs
+from peftbd.benchmarking.schema import Results
 from peftbd.data.artifact import SPLITS, read_split
+from peftbd.manifest import read_manifest
+from peftbd.methods import serving_names
 from peftbd.peers.vllm_env import absent_reason
+from tests.prometheus import COUNTED_ON_EVENTS, dashboard_metrics, scraped_once_exported
 
-from .conftest import GENERATE_LIMIT, GENERATE_OVERRIDES
+from .conftest import BENCHMARK_SETS, GENERATE_LIMIT, GENERATE_OVERRIDES, N_PROMPTS
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -87,6 +103,20 @@ def _job(cluster, module: str, *args: str) -> tuple[object, str]:
     return client, client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO)})
 
 
+def _succeeded(cluster, module: str, *args: str, timeout_s: float = 600) -> str:
+    """Submit `python -m <module> <args>`, wait, and return the job's logs (`ray job logs`),
+    failing with their tail unless it SUCCEEDED."""
+    client, job = _job(cluster, module, *args)
+    status = _finish(client, job, timeout_s)
+    logs = client.get_job_logs(job)
+    assert status == "SUCCEEDED", logs[-4000:]
+    return logs
+
+
+def _sets(items) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # two nodes, a job's driver and a vLLM engine actor (~1 min)
 @pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason()))
@@ -152,3 +182,171 @@ def test_the_peer_job_submitted_from_a_head_without_vllm_writes_its_table(cluste
     # no main job under --artifacts: no DFlash pair, and the table says why
     assert table.dflash is None and "no finished DFlash training in" in str(table.dflash_absent)
     assert "**DFlash in both engines**: not run (no finished DFlash training in" in logs
+
+
+@pytest.fixture(scope="module")
+def continuations(cluster, tmp_path_factory) -> Path:
+    """A generate run with the engine backend, submitted: 24 / 4 / 4 rows."""
+    out = tmp_path_factory.mktemp("submitted") / "continuations"
+    logs = _succeeded(cluster, "jobs.generate", "--out", str(out), "--limit", str(GENERATE_LIMIT),
+                      *_sets([*GENERATE_OVERRIDES, "generate.backend=engine", "generate.num_actors=1"]))
+    assert "generate continuations: 32/32" in logs
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # a generate run and one short training, both submitted (~1 min)
+def test_generate_with_the_engine_then_a_training_submitted_write_their_artifacts(
+        cluster, continuations, tmp_path):
+    assert {s: read_split(continuations, s).num_rows for s in SPLITS} == {
+        "train": 24, "val": 4, "test": 4}
+    out = tmp_path / "fastmtp"
+    optim = ["global_batch_size=8", "max_steps=3", "eval_every=3", "checkpoint_every=3",
+             "eval_batches=1"]
+    logs = _succeeded(cluster, "jobs.train", "--method", "fastmtp", "--data", str(continuations),
+                      "--out", str(out), *_sets([*GENERATE_OVERRIDES, "training.num_workers=1",
+                                                 *(f"fastmtp.optim.{o}" for o in optim)]))
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "train_fastmtp" and (out / "mtp_head" / "mtp_head.json").is_file()
+    assert f"train_fastmtp: {out} (" in logs and "eval loss" in logs  # the job's own summary line
+    assert manifest["metrics"]["eval_loss"] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # the benchmark's every arm on 3 prompts, two timing workers, vLLM's reference
+def test_the_benchmark_submitted_writes_results_report_and_manifest_and_runs_vllm_on_the_worker(
+        cluster, small_cfg, artifacts, tmp_path):
+    out = tmp_path / "benchmark"
+    logs = _succeeded(cluster, "jobs.benchmark", "--preset", "tiny-full", "--artifacts",
+                      str(artifacts), "--out", str(out), "--repeats", "1", *_sets(BENCHMARK_SETS))
+    written = json.loads((out / "results.json").read_text())
+    results = Results.from_dict(written)  # the file reads back as what was written
+    assert json.loads(results.to_json()) == written
+    arms = [s.id for s in arm_specs(small_cfg)]
+    assert list(results.arms) == arms
+    # the tiny preset's two timing workers: each times its share, results.json merges them
+    assert results.prompts.count == N_PROMPTS and results.timing.workers == 2
+    assert all(len(arm.repeats) == 1 for arm in results.arms.values())
+    assert all(arm.audit is not None and arm.audit.exact_pct == 100.0
+               for arm in results.arms.values() if arm.speculative)
+    assert results.drafters["peftbd"].untrained is True
+    vocab = results.drafters["peftbd_head"].draft_vocab
+    assert vocab is not None
+    assert vocab["size"] == small_cfg.peftbd_head.draft_vocab and 0 < vocab["train_token_coverage"] <= 1
+    report = (out / REPORT).read_text()
+    assert "Table 3" in report and "| generate continuations | 11.5 | 512 |" in report
+    assert mpimg.imread(out / FIGURE_1).shape[0] > 200
+    sizes = list(small_cfg.decoding.batch_sizes)
+    rows = results.concurrency
+    assert [(r.arm, r.batch_size) for r in rows] == [(a, b) for a in arms for b in sizes]
+    assert all(r.exact for r in rows) and results.timing.batch_sizes == sizes
+    assert "Table 8" in report and "Engine goal: AR at batch 16" in report
+    assert mpimg.imread(out / FIGURE_3).shape[0] > 200
+    sampling = results.sampling  # both workers' sampled passes, merged
+    assert sampling is not None
+    assert sampling.temperatures == [0.0, 1.0] and sampling.prompts == N_PROMPTS
+    assert all(e.check is not None and e.check.valid == N_PROMPTS
+               for arm in sampling.arms.values() for e in arm.by_temperature if e.temperature > 0)
+    assert "Table 11" in report and mpimg.imread(out / FIGURE_5).shape[0] > 200
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "benchmark" and manifest["wall_seconds"] > 0
+    assert manifest["workers"]["workers"] == 2 and manifest["workers"]["peak_rss_mib"] > 0
+    assert manifest["workers"]["dtype"] == "float32"
+    assert len(manifest["summary"]) == len(arms) + 1  # each arm, then AR vs independent engines
+    assert manifest["summary"][-1].startswith("AR vs independent engines: HF generate: ")
+    assert manifest["summary"][-1] in logs  # the job's summary reaches `ray job logs`
+    # one shard checks AR against HF generate and vLLM, run on the node of its Ray worker (the
+    # worker: the head has no vLLM); without vLLM said absent with the node and install command
+    refs = {r.engine: r for r in results.references}
+    assert refs["hf_generate"].identical == refs["hf_generate"].checked > 0
+    vllm = refs["vllm"]
+    assert (vllm.identical == vllm.checked > 0 if absent_reason() is None
+            else "install.sh --with-vllm" in str(vllm.absent)), vllm
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # Serve on the cluster: colocated and split, two methods' levels (~1 min)
+def test_the_placement_job_submitted_measures_colocated_and_split(cluster, tmp_path):
+    out = tmp_path / "placement"
+    logs = _succeeded(cluster, "jobs.placement", "--out", str(out), *_sets([
+        "decoding.num_prompts=1", "decoding.max_new_tokens=6", "decoding.repeats=1",
+        "serving.client_concurrency=[1, 2]", "serving.level_requests=2",
+        "serving.synthetic=[peftbd=3]", "serving.placements=[colocated, split]",
+        "serving.placement_methods=[ar, peftbd, fastmtp, peftbd_head]"]))
+    result = PlacementReport.read(out / "placement.json")
+    assert set(result.summary) == {"colocated", "split"} and result.skipped == {}
+    synthetic = "peftbd [synthetic: 3/round]"
+    for methods in result.summary.values():
+        assert set(methods) == {"ar", synthetic, "fastmtp", "peftbd_head"}
+        assert all(m.requests == 2 and m.transport_ms_per_round is not None  # 1 prompt, twice
+                   for m in methods.values())
+    # a split drafter is shipped what it reads (KV, hidden states, features); colocated: nothing
+    split, colocated = result.summary["split"], result.summary["colocated"]
+    assert all((split[m].feature_bytes_per_token or 0) > 0
+               for m in (synthetic, "fastmtp", "peftbd_head"))
+    assert all(m.feature_bytes_per_token == 0 for m in colocated.values())
+    assert result.devices == {"colocated": Devices(total=2, verifiers=2),
+                              "split": Devices(total=2, verifiers=1)}
+    for row in result.concurrency:  # every replica's load was read
+        assert set(row.busy) == ({"engine"} if row.placement == "colocated"
+                                 else {"drafter", "verifier"})
+        assert all(f is not None and 0 <= f <= 1.05 for f in row.busy.values()), row  # AR: an idle drafter
+        assert (row.busy.get("engine", row.busy.get("verifier")) or 0) > 0, row
+    assert {(v.method, v.placement) for v in result.verdicts} == {
+        (synthetic, "split"), ("fastmtp", "split"), ("peftbd_head", "split")}
+    assert all(r.spec.synthetic == 3.0 for r in result.requests if r.method == synthetic)
+    assert result.outputs_identical is True
+    md = (out / "placement.md").read_text()
+    assert md.startswith("# Placement") and "## Verdict" in md and "largest split-only cost" in md
+    assert all(None not in v.ledgers for v in result.verdicts) and "split lost most to" in md
+    assert (out / "manifest.json").is_file() and "## Verdict" in logs  # the report, in the logs
+
+
+def _serve(cluster, *args: str) -> subprocess.CompletedProcess:
+    """`serve <args> --address <dashboard>` against the cluster."""
+    return subprocess.run(["serve", *args, "--address", cluster.dashboard_url], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # both shipped apps deployed on the two nodes (~1.5 min)
+def test_serve_deploy_on_the_cluster_streams_from_both_apps_and_prometheus_scrapes_the_dashboards_metrics(
+        cluster, tmp_path):
+    """serve_apps/local.yaml as shipped but for two lines a two-node cluster on one machine needs
+    (a real cluster has one node per machine): a free HTTP port, and the proxy on the head only
+    (two proxies on one machine cannot both bind it)."""
+    conf = yaml.safe_load((REPO / "serve_apps" / "local.yaml").read_text())
+    conf["http_options"]["port"], conf["proxy_location"] = free_port(), "HeadOnly"
+    (path := tmp_path / "apps.yaml").write_text(yaml.safe_dump(conf))
+    deployed = _serve(cluster, "deploy", str(path))
+    assert deployed.returncode == 0, deployed.stderr[-2000:]
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            apps = (yaml.safe_load(_serve(cluster, "status").stdout or "{}") or {}).get("applications") or {}
+            assert not [a for a in apps.values() if a.get("status") == "DEPLOY_FAILED"], apps
+            if {"colocated", "split"} <= set(apps) and all(a["status"] == "RUNNING" for a in apps.values()):
+                break
+            assert time.monotonic() < deadline, apps
+            time.sleep(3)
+        base = f"http://127.0.0.1:{conf['http_options']['port']}"
+        for app in ("colocated", "split"):
+            client = openai.OpenAI(base_url=f"{base}/{app}/v1", api_key="unused", max_retries=0,
+                                   timeout=300)
+            messages = [{"role": "user", "content": "Name a list method."}]
+            for name in serving_names():  # every method once: every dashboard series is fed
+                client.chat.completions.create(model=f"peftbd-tiny:{name}", messages=messages,
+                                               max_tokens=8)
+            whole = client.chat.completions.create(model="peftbd-tiny:peftbd", messages=messages,
+                                                   max_tokens=16).choices[0].message.content
+            chunks = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="peftbd-tiny:peftbd", messages=messages, max_tokens=16, stream=True)
+                if c.choices]
+            assert len([c for c in chunks if c]) > 1 and "".join(chunks) == whole, (app, chunks)
+        # what Prometheus scrapes (every node's endpoint, from the head's discovery file): the
+        # replicas run on the worker, so their series come from the worker's endpoint
+        names = dashboard_metrics()
+        text = scraped_once_exported(cluster.temp_dirs["head"], names - COUNTED_ON_EVENTS)
+        assert re.search(r'ray_peftbd_draft_ms_bucket\{[^}]*placement="split"', text)
+    finally:
+        _serve(cluster, "shutdown", "-y")

@@ -1,4 +1,5 @@
-"""The placement job: its placement options (no Ray), then one small local run."""
+"""The placement job: its placement options and its pieces (no Ray); the job as users submit it:
+tests/jobs/test_job_submit.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from jobs.placement import _busy, _overrides, _skipped_some
 from jobs.placement_options import placement_options, replica_counts, skip_reason
-from peftbd.analysis.placement import Devices
 from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.config import load_config
 from peftbd.serving.messages import ReplicaStats
@@ -136,50 +136,3 @@ def test_split_ahead_runs_only_its_levels():
 def test_overrides_rebuild_the_config_from_its_preset():
     cfg = load_config("tiny", overrides=["decoding.num_prompts=3", "serving.placements=[split]"])
     assert load_config("tiny", overrides=_overrides(cfg)) == cfg
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_placement_job_on_this_machine(tmp_path):
-    from jobs.placement import run_placement
-
-    cfg = load_config("tiny", overrides=[
-        "decoding.num_prompts=1", "decoding.max_new_tokens=6", "decoding.repeats=1",
-        "serving.client_concurrency=[1, 2]", "serving.level_requests=2",
-        "serving.synthetic=[peftbd=3]",
-        "serving.placements=[colocated, split, split-cross-node]",
-        "serving.placement_methods=[ar, peftbd, fastmtp, peftbd_head]"])
-    import ray
-
-    try:
-        out = run_placement(cfg, tmp_path / "placement")
-    finally:
-        ray.shutdown()  # leave no Ray (and no Serve) behind for later test modules
-    result = PlacementReport.read(out / "placement.json")
-    assert set(result.summary) == {"colocated", "split"}
-    synthetic = "peftbd [synthetic: 3/round]"
-    for methods in result.summary.values():
-        assert set(methods) == {"ar", synthetic, "fastmtp", "peftbd_head"}
-        assert all(m.requests == 2 and m.transport_ms_per_round is not None  # 1 prompt, twice
-                   for m in methods.values())
-    # a split drafter is shipped what it reads (KV, hidden states, features); colocated: nothing
-    split, colocated = result.summary["split"], result.summary["colocated"]
-    assert all((split[m].feature_bytes_per_token or 0) > 0
-               for m in (synthetic, "fastmtp", "peftbd_head"))
-    assert all(m.feature_bytes_per_token == 0 for m in colocated.values())
-    assert result.devices == {"colocated": Devices(total=2, verifiers=2),
-                              "split": Devices(total=2, verifiers=1)}
-    for row in result.concurrency:  # every replica's load was read
-        assert set(row.busy) == ({"engine"} if row.placement == "colocated"
-                                 else {"drafter", "verifier"})
-        assert all(f is not None and 0 <= f <= 1.05 for f in row.busy.values()), row  # AR: an idle drafter
-        assert (row.busy.get("engine", row.busy.get("verifier")) or 0) > 0, row
-    assert {(v.method, v.placement) for v in result.verdicts} == {
-        (synthetic, "split"), ("fastmtp", "split"), ("peftbd_head", "split")}
-    assert all(r.spec.synthetic == 3.0 for r in result.requests if r.method == synthetic)
-    assert "split-cross-node" in result.skipped
-    assert result.outputs_identical is True
-    md = (out / "placement.md").read_text()
-    assert md.startswith("# Placement") and "## Verdict" in md and "largest split-only cost" in md
-    assert all(None not in v.ledgers for v in result.verdicts) and "split lost most to" in md
-    assert (out / "manifest.json").is_file()

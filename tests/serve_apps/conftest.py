@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,17 +25,12 @@ import openai
 import pytest
 import yaml
 
+from jobs.local_cluster import free_port
 from tests.schedule_plugin import SERVE_GROUP, at_group_end
 
 APPS = Path(__file__).resolve().parents[2] / "serve_apps"
 PROXY_CALLBACK = "serve_apps.proxy_errors:middlewares"
 ATTEMPTS = 5  # `ray start` tries: Ray 2.60 waits a fixed 15 s for its dashboard agent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

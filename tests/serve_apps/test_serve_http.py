@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from peftbd.methods import by_serving, serving_names
+from tests.prometheus import COUNTED_ON_EVENTS, DISCOVERY, dashboard_metrics, scraped_once_exported
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +32,6 @@ PROMPTS = [
 ]
 
 MAX_TOKENS = 16
-DASHBOARD = Path(__file__).resolve().parents[2] / "serve_apps" / "grafana_dashboard.json"
 
 
 @pytest.mark.parametrize("app", ["colocated", "split"])
@@ -123,25 +123,15 @@ def test_seeded_sampling_is_the_same_answer_on_both_apps(served):
 
 
 def test_round_metrics_are_exported_under_the_dashboard_names(served):
-    names = set(re.findall(r"ray_peftbd_\w+?(?=_bucket|_sum|_count|_total|\{|\[)",
-                           DASHBOARD.read_text()))
+    names = dashboard_metrics()
     assert {"ray_peftbd_draft_ms", "ray_peftbd_verify_ms", "ray_peftbd_transport_ms",
             "ray_peftbd_tokens_per_round"} <= names
-    # counted only when a state is rebuilt / a draft token is accepted (untrained drafters here)
-    wanted = names - {"ray_peftbd_session_resumes", "ray_peftbd_accepted_per_position"}
     for app in ("colocated", "split"):  # every method once on each app, whatever ran before
         for name in serving_names():
             served.client(app).chat.completions.create(
                 model=f"{served.model}:{name}", max_tokens=8,
                 messages=[{"role": "user", "content": "Name a list method."}])
-    url = f"http://127.0.0.1:{served.metrics_port}/metrics"
-    deadline, text = time.time() + 90, ""
-    while time.time() < deadline:
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        if all(n in text for n in wanted):
-            break
-        time.sleep(5)
-    assert not [n for n in wanted if n not in text], "not exported yet"
+    text = scraped_once_exported(Path(served.temp), names - COUNTED_ON_EVENTS)
     assert re.search(r'ray_peftbd_draft_ms_bucket\{[^}]*placement="split"', text)
     assert re.search(r'ray_peftbd_proposed_per_position_total\{[^}]*position="1"', text)
 
@@ -275,5 +265,5 @@ def test_exported_means_are_exact(served):
     sync = _metric_totals(text, "ray_peftbd_round_sync_ms_total")
     assert not [k for k in sync if k[0] == "colocated"]  # never grew: the dashboard reads 0
     # where the README says to look up a random metrics port: <temp dir>/prom_metrics_...json
-    found = Path(served.temp, "prom_metrics_service_discovery.json").read_text()
+    found = Path(served.temp, DISCOVERY).read_text()
     assert f":{served.metrics_port}" in found, found
