@@ -83,10 +83,11 @@ def cost_profile_stage() -> StageSpec:
     return StageSpec(
         "cost_profile", "cost profile at the paper's architecture", "cost_profile",
         reads=("cost_profile", "model.attn_implementation", *_cost_reads(), "training.seed",
-               "decoding.synthetic", "decoding.synthetic_seed"),
+               "decoding.synthetic", "decoding.synthetic_seed", "decoding.fast_path"),
         ignores=tuple(f"{m.id}.optim" for m in entries() if m.cost_reads is None),
         code=("peftbd.benchmarking.cost_profile", "peftbd.benchmarking.cost_profile_models",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.misfit",
+              "peftbd.benchmarking.forward_paths",
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
               "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
               "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",

@@ -2,7 +2,8 @@
 
 1. the cost profile (`peftbd.benchmarking.cost_profile`) at Qwen3-0.6B's architecture in bf16 on
    CUDA, with the `qwen3-0.6b` preset's drafters (D=16, LoRA r16/alpha32, early exit at 14 of 28
-   layers, FastMTP 3 steps);
+   layers, FastMTP 3 steps), on `decoding.fast_path` (auto: compiled, CUDA graphs), each arm's
+   device, dtype, paths and CUDA-graph replays and skips recorded;
 2. the generate stage's batched-vs-single exactness in bf16: `greedy_continuations` (the
    engine's greedy AR) over a whole batch of tiny-world prompts, as an actor runs its block,
    against each prompt alone, with the verifier's top-2 margin at every divergence (bf16
@@ -14,7 +15,7 @@
    aggregate tok/s, speedup vs AR, exactness vs AR, verify ms per forward against the roofline's,
    and per arm what the CUDA-graph trees did (`peftbd.decoding.graph_audit`: graphs recorded,
    replayed, skipped); the script fails loudly, after writing its JSON, when a compiled arm on
-   CUDA fell back (a graph skipped, or none replayed).
+   CUDA fell back (a graph skipped, or none replayed), the profile's arms included.
 
 Prepare here (the device gets the working tree only; `.device/` is git-ignored):
 
@@ -40,6 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from peftbd.benchmarking.cost_profile import run_profile, summary_lines
 from peftbd.benchmarking.cost_profile_schema import CostProfile
 from peftbd.benchmarking.cost_profile_models import activate, preflight, profile_models, profiled_specs
+from peftbd.benchmarking.forward_paths import cuda_graph_fallbacks
 from peftbd.config import Config, load_config
 from peftbd.decoding.controlled import reference_oracle
 from peftbd.data.chat import encode_prompt, prompt_messages
@@ -214,9 +216,11 @@ def main(argv: list[str] | None = None) -> None:
             args.world, args.device, args.dtype, 8 if args.quick else 64, 16 if args.quick else 128)
     (args.out / "device_check.json").write_text(json.dumps(result, indent=2, default=str))
     fell_back = [k for k, v in result["synthetic_decodes"].items() if v["cuda_graphs"]["fell_back"]]
+    fell_back += [f"cost profile {a}" for a in cuda_graph_fallbacks(prof.timed_arms(), "auto")]
     if fell_back:
         raise SystemExit(f"FAILED: these compiled arms ran without CUDA graphs (skipped or never "
-                         f"replayed; see cuda_graphs in device_check.json): {', '.join(fell_back)}")
+                         f"replayed; see cuda_graphs and cost_profile in device_check.json): "
+                         f"{', '.join(fell_back)}")
     print(f"wrote {args.out / 'device_check.json'}")
 
 

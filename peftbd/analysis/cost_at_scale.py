@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peftbd.analysis.tables import fmt, markdown_table
+from peftbd.benchmarking.forward_paths import fell_back_line, ran_words
 from peftbd.benchmarking.schema import Results
 from peftbd.methods.arm import AR
 
@@ -78,7 +79,8 @@ def projected(results: Results, arm: str) -> Projection | None:
 
 
 def describe(results: Results) -> str:
-    """The paragraph above the table: what was profiled, where and how."""
+    """The paragraph above the table: what was profiled, where and how (what ran: the dtypes,
+    device and forward paths, loudly any arm that ran without CUDA graphs)."""
     prof = results.cost_at_scale
     if prof is None:
         return ("Not profiled: this benchmark ran without a cost profile (run "
@@ -87,7 +89,8 @@ def describe(results: Results) -> str:
     return (f"One round of every arm timed by the engine at **{a.name}** ({a.layers} layers, "
             f"hidden {a.hidden_size}, vocabulary {a.vocab_size}, {a.parameters / 1e6:.1f}M "
             f"parameters, {a.origin}, weights {a.weights}), {prof.kv_len} tokens of KV, "
-            f"{prof.hardware}, median of {prof.repeats} rounds per arm, drafters untrained "
+            f"{prof.hardware} ({ran_words(prof.timed_arms())}), median of {prof.repeats} "
+            f"rounds per arm, drafters untrained "
             f"(cost does not depend on weights). Draft/verify = a round's draft ms over its "
             f"verify ms (AR: its step). Projected tok/s and speedup vs AR = **{LABEL}**: accepted "
             f"tokens per round measured on this run over the round time at scale "
@@ -97,7 +100,8 @@ def describe(results: Results) -> str:
             f"forwards. Mask row (adapter-on embedding + LM head over one draft chunk): "
             + "; ".join(f"{d}: peft's wrappers {p.mask_row.peft_wrappers_ms:.1f} ms vs the "
                         f"engine's copy-free path {p.mask_row.engine_ms:.1f} ms"
-                        for d, p in prof.profiles.items()) + ".")
+                        for d, p in prof.profiles.items()) + "."
+            + (f" **{line}**." if (line := fell_back_line(prof.timed_arms(), "times")) else ""))
 
 
 def cost_table(results: Results) -> str | None:
@@ -134,8 +138,8 @@ def describe_decode(results: Results) -> str | None:
     if prof is None or prof.decode is None:
         return None
     dec, floor = prof.decode, prof.decode.floor
-    return (f"Whole requests decoded at **{prof.architecture.name}**'s shape ({dec.dtype}, "
-            f"{prof.hardware}, random weights): {dec.prompts} random prompts of "
+    return (f"Whole requests decoded at **{prof.architecture.name}**'s shape "
+            f"({ran_words(dec.arms)}, {prof.hardware}, random weights): {dec.prompts} random prompts of "
             f"{dec.prompt_len} tokens, {dec.max_new_tokens} new tokens each, AR and every "
             f"**SYNTHETIC** arm (its drafter's real forwards, the accepted length forced to the "
             f"target per round with greedy AR's tokens, seed {dec.seed}; verification real, "

@@ -32,7 +32,7 @@ from peftbd.analysis.placement_verdict import PlacementSections
 from peftbd.analysis.recipe_ablation import ablation_section
 from peftbd.analysis.references import describe, reference_sentence
 from peftbd.analysis.peer import section as peer_section
-from peftbd.benchmarking.forward_paths import cuda_graph_fallbacks, path_words
+from peftbd.benchmarking.forward_paths import fell_back_line, path_words
 from peftbd.benchmarking.schema import Results, draft_verify_per_call, draft_verify_per_round
 from peftbd.layout import (
     acceptance_study_stage,
@@ -137,14 +137,10 @@ def _cuda_graph_words(results: Results) -> str:
     on_cuda = {a: arm for a, arm in results.arms.items() if arm.cuda_graph_replays is not None}
     if not on_cuda:
         return ""
-    fell = cuda_graph_fallbacks(on_cuda, "auto")
-    if not fell:
-        return (f" CUDA graphs replayed in every compiled arm "
-                f"({sum(a.cuda_graph_replays or 0 for a in on_cuda.values())} replays, no skips).")
-    return (" **CUDA GRAPHS FELL BACK** in " + ", ".join(
-        f"{a} ({on_cuda[a].cuda_graph_replays} replays, {on_cuda[a].cuda_graph_skips} skips)"
-        for a in fell) + ": those arms' compiled forwards ran without CUDA graphs, so their "
-        "tok/s are not the fast path's (decoding.fast_path=true makes this an error).")
+    if line := fell_back_line(on_cuda, "tok/s"):
+        return f" **{line}**."
+    return (f" CUDA graphs replayed in every compiled arm "
+            f"({sum(a.cuda_graph_replays or 0 for a in on_cuda.values())} replays, no skips).")
 
 
 def _runs_words(repeats: int) -> str:
@@ -342,6 +338,6 @@ def summary_lines(results: Results) -> list[str]:
         lines.append(line)
     if results.references:
         lines.append("AR vs independent engines: " + "; ".join(map(describe, results.references)))
-    if fell := cuda_graph_fallbacks(results.arms, "auto"):
-        lines.append("CUDA GRAPHS FELL BACK (compiled forwards ran without them): " + ", ".join(fell))
+    if fell := fell_back_line(results.arms, "tok/s"):
+        lines.append(fell)
     return lines

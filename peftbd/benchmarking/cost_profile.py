@@ -20,6 +20,12 @@ drafter joins by joining the benchmark) and times their rounds with the engine's
   round, then every timed round starts from a copy of that state, so all rounds see the same KV
   length; arms take turns per repeat; medians (and minima) over `repeats`; arms that draft with
   the same settings (`cost_key`: the offsets ablation and `peftbd`) are timed once;
+- every engine runs on `decoding.fast_path` (auto: compiled on CUDA, eager elsewhere), every
+  state's KV in one pool sized once (copies take its free rows); compiled, each arm runs two
+  more untimed rounds before its timed ones at each dtype (`_Arm.warm`); each arm records its
+  device, dtype, forward paths and, compiled on CUDA, what the CUDA-graph trees did over its
+  timed rounds (`ArmRun`): with `decoding.fast_path: true` an arm that ran without CUDA graphs
+  is an error (`cuda_graph_fallbacks`), with auto a loud line in the summary and the report;
 - dtypes in `cost_profile.dtypes` are timed in turn, the model and state cast between them;
 - one more (untimed) round per arm is counted by `ForwardCounter`: FLOPs and bytes per forward,
   the basis of the roofline bound (`peftbd.benchmarking.roofline`), and the largest tensor a
@@ -59,9 +65,12 @@ from peftbd.benchmarking.cost_profile_schema import (
 )
 from peftbd.benchmarking.cost_profile_models import (
     activate,
+    arm_run,
     backbone_parameters,
     cost_key,
+    counting,
     draft_parameters,
+    graph_use,
     preflight,
     profile_models,
     profiled_specs,
@@ -69,15 +78,17 @@ from peftbd.benchmarking.cost_profile_models import (
 from peftbd.benchmarking.device_floor import measure_floor
 from peftbd.benchmarking.environment import hardware_description, native_dtype
 from peftbd.benchmarking.forward_counter import ForwardCounter, RoundCount
+from peftbd.benchmarking.forward_paths import cuda_graph_fallbacks, fell_back_line, ran_words
 from peftbd.benchmarking.roofline import BF16_BYTES, GPUS, phase_ms
 from peftbd.benchmarking.shape_decode import decode_at_shape
-from peftbd.config import Config
+from peftbd.config import Config, ConfigError
 from peftbd.decoding import SpeculativeDecoder
 from peftbd.decoding.clock import Clock
-from peftbd.decoding.ragged import RowCache
+from peftbd.decoding.fast_path import EAGER, FastPathSetting
+from peftbd.decoding.loop import POOL_ROOM
+from peftbd.decoding.ragged import RaggedKV, RowCache
 from peftbd.decoding.state import DecodeState, all_feature_layers, with_feature_layers
-from peftbd.decoding.verify import prefill, unwrap
-
+from peftbd.decoding.verify import prefill_rows, unwrap
 from peftbd.manifest import peak_gpu_mib, peak_rss_mib
 from peftbd.methods import ArmSpec
 from peftbd.methods.peft_bd import TRAIN_PEFTBD, WHOLE_ADAPTER
@@ -93,6 +104,18 @@ from peftbd.process_setup import ready
 log = logging.getLogger(__name__)
 
 _BUDGET = 1 << 20  # new tokens a profiled request may take: never the reason a round stops
+
+
+def profile_device(name: str) -> torch.device:
+    """`cost_profile.device` resolved; a CUDA device this process does not see is an error naming
+    the field (not torch's assertion half-way through building the models)."""
+    device = resolve_device(name)
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= seen:
+        raise ConfigError(f"cost_profile.device={name}: this process sees {seen} CUDA device(s) "
+                          "(a CPU-only torch, no GPU, or a Ray task without cost_profile.num_gpus); "
+                          "set cost_profile.device=auto or cpu, or run it where the GPU is")
+    return device
 
 
 def _cast_state(state: DecodeState, dtype: torch.dtype) -> None:
@@ -134,18 +157,21 @@ def mask_row_cost(models: ArmModels, clock: Clock, repeats: int) -> MaskRowCost:
 
 
 class _Arm:
-    """One arm's engine, its drafter and the state its timed rounds start from."""
+    """One arm's engine (on `decoding.fast_path`), its drafter and the state its timed rounds
+    start from (on the engine's path)."""
 
     def __init__(self, models: ArmModels, spec: ArmSpec,
-                 start: Callable[[tuple[int, ...]], DecodeState]) -> None:
+                 start: Callable[[tuple[int, ...]], DecodeState], fast_path: FastPathSetting) -> None:
         self.spec = spec
         activate(models, spec)
         self.engine = SpeculativeDecoder(models.verifier_for(spec), models.drafter_for(spec), (),
-                                         _BUDGET)
+                                         _BUDGET, fast_path=fast_path)
         self.state = copy.deepcopy(start(self.engine.drafter.feature_layers))
+        self.state.path = self.engine.path  # the prefill's is eager
         self.engine.drafter.start(self.state)
         self.engine.step(self.state)  # warm-up: lazy inits; FastMTP's head catches up with the prompt
         self.rounds: list[tuple[float, float, int, int]] = []  # (draft ms, verify ms, calls, k)
+        self.graphs = graph_use(self.engine)  # over the timed rounds at the current dtype
 
     def cast(self, models: ArmModels, dtype: torch.dtype) -> None:
         """Move this arm to `dtype` (the models are cast already): its state, and a drafter
@@ -153,18 +179,31 @@ class _Arm:
         _cast_state(self.state, dtype)
         self.engine.drafter = models.drafter_for(self.spec) or self.engine.drafter
         self.rounds.clear()  # medians absorb the first rounds' allocations at this dtype
+        self.graphs = graph_use(self.engine)
+
+    def warm(self, models: ArmModels) -> None:
+        """On the compiled path, two untimed rounds from copies of the state right before the
+        timed ones, once every pool holds the rows those use (no new static address): its graphs
+        compile at this dtype, and CUDA-graph trees run each once, then record it, so the timed
+        rounds replay. Eager: nothing (its warm-up was at construction)."""
+        if self.engine.path.compiled:
+            activate(models, self.spec)
+            for _ in range(2):
+                self.engine.step(copy.deepcopy(self.state))
 
     def timed_round(self, models: ArmModels) -> None:
         activate(models, self.spec)
         state = copy.deepcopy(self.state)
         calls = state.forwards.calls.get("draft", 0)
-        record = self.engine.step(state)
+        with counting(self.graphs):
+            record = self.engine.step(state)
         self.rounds.append((record.draft_ms, record.verify_ms,
                             state.forwards.calls.get("draft", 0) - calls, record.proposed))
 
     def counted_round(self, models: ArmModels) -> RoundCount:
         activate(models, self.spec)
         state = copy.deepcopy(self.state)
+        state.path = EAGER  # the counter sees aten ops: a compiled graph runs them out of its sight
         counter = ForwardCounter()
         state.forwards.observer = counter.forward
         self.engine.step(state)
@@ -174,6 +213,7 @@ class _Arm:
         draft, verify = [r[0] for r in self.rounds], [r[1] for r in self.rounds]
         d, v = statistics.median(draft), statistics.median(verify)
         return ArmCost(
+            **arm_run(self.engine, self.graphs),
             label=self.spec.label, method=self.spec.method, proposed=self.rounds[-1][3],
             kv_len=self.state.cache.get_seq_length(), draft_calls=self.rounds[-1][2],
             draft_ms_round=round(d, 3), verify_ms_round=round(v, 3),
@@ -198,7 +238,10 @@ def _work(count: RoundCount, gpu_name: str) -> ArmWork:
 
 
 def _time_arms(arms: Sequence[_Arm], models: ArmModels, repeats: int) -> None:
-    """`repeats` timed rounds per arm, the arms taking turns (the order rotating per repeat)."""
+    """`repeats` timed rounds per arm, the arms taking turns (the order rotating per repeat),
+    after each arm's `warm`."""
+    for arm in arms:
+        arm.warm(models)
     for rep in range(repeats):
         for i in range(len(arms)):
             arms[(rep + i) % len(arms)].timed_round(models)
@@ -211,7 +254,7 @@ def run_profile(cfg: Config) -> CostProfile:
     cp, started = cfg.cost_profile, time.perf_counter()
     if cp.threads > 0:
         torch.set_num_threads(cp.threads)
-    device = resolve_device(cp.device)
+    device = profile_device(cp.device)
     arch = preflight(cfg)
     dtypes = list(dict.fromkeys(native_dtype(device) if d == "native" else d for d in cp.dtypes))
     models = profile_models(cfg, arch, DTYPES[dtypes[0]], device)
@@ -222,13 +265,17 @@ def run_profile(cfg: Config) -> CostProfile:
     generator = torch.Generator().manual_seed(cfg.training.seed)
     prompt = torch.randint(0, models.verifier.config.vocab_size, (cp.kv_len,), generator=generator)
     depth = models.verifier.config.num_hidden_layers
-    everything = prefill(models.verifier, prompt.tolist(), _BUDGET,
-                         feature_layers=all_feature_layers(depth))  # one prefill for every arm
+    # every state's KV in one pool sized once (one static address for the compiled graphs):
+    # rows for the prefill, each timed arm's state and a round's copy of it
+    pool = RaggedKV([], device)
+    pool.size_for(len({cost_key(models, s) for s in specs}) + 2, cp.kv_len + POOL_ROOM)
+    everything = prefill_rows(models.verifier, [prompt.tolist()], [_BUDGET],  # for every arm
+                              feature_layers=all_feature_layers(depth), pool=pool)[0]
     start = functools.partial(with_feature_layers, everything)
     timed: dict[tuple[Any, ...], _Arm] = {}
     for spec in specs:
         if cost_key(models, spec) not in timed:
-            timed[cost_key(models, spec)] = _Arm(models, spec, start)
+            timed[cost_key(models, spec)] = _Arm(models, spec, start, cfg.decoding.fast_path)
     arms = list(timed.values())
     counted = {a.spec.id: a.counted_round(models) for a in arms}
     work = {arm: _work(count, cp.roofline_gpu) for arm, count in counted.items()}
@@ -269,20 +316,22 @@ def run_profile(cfg: Config) -> CostProfile:
                                               mask_row_cost(models, clock, min(cp.repeats, 2)))
         log.info("cost profile %s: %s", name, ", ".join(
             f"{k} {v.draft_over_verify_round:.2f}" for k, v in profile.profiles[name].arms.items()))
+    cuda_graph_fallbacks(profile.timed_arms(), cfg.decoding.fast_path)  # true: an error
     profile.seconds = round(time.perf_counter() - started, 1)
     profile.peak_rss_mib, profile.peak_gpu_mib = round(peak_rss_mib(), 1), peak_gpu_mib()
     return profile
 
 
 def summary_lines(profile: CostProfile) -> list[str]:
-    """One line per dtype: each arm's draft/verify per round, plus the roofline's."""
+    """One line per dtype (what ran: its device and paths): each arm's draft/verify per round,
+    plus the roofline's; a loud line for arms that ran without CUDA graphs."""
     arch = profile.architecture
     lines = [f"cost profile at {arch.name} ({arch.layers} layers, weights "
              f"{arch.weights}), KV {profile.kv_len}, {profile.hardware}:"]
-    for dtype, run in profile.profiles.items():
+    for run in profile.profiles.values():
         ratios = ", ".join(f"{arm} {cost.draft_over_verify_round:.2f}"
                            for arm, cost in run.arms.items() if cost.method != "ar")
-        lines.append(f"  {dtype}: AR step {run.arms['ar'].verify_ms_round:.1f} ms; "
+        lines.append(f"  {ran_words(run.arms)}: AR step {run.arms['ar'].verify_ms_round:.1f} ms; "
                      f"draft/verify per round {ratios}")
     roof = profile.roofline
     ratios = ", ".join(f"{arm} {w.roofline_draft_over_verify:.2f}"
@@ -295,6 +344,8 @@ def summary_lines(profile: CostProfile) -> list[str]:
             + (f" ({a.speedup_vs_ar:.2f}x AR at {a.mean_accepted:.2f}/round)" if a.synthetic else "")
             + f", verify {a.verify_x_over_floor:.1f}x floor"
             for arm, a in dec.arms.items())
-        lines.append(f"  measured decode, SYNTHETIC acceptance ({dec.dtype}, {dec.prompts} "
-                     f"prompts x {dec.max_new_tokens} tokens): {arms}")
+        lines.append(f"  measured decode, SYNTHETIC acceptance ({ran_words(dec.arms)}, "
+                     f"{dec.prompts} prompts x {dec.max_new_tokens} tokens): {arms}")
+    if line := fell_back_line(profile.timed_arms(), "times"):
+        lines.append(f"  {line}")
     return lines

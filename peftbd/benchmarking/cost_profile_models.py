@@ -7,12 +7,16 @@ local (`peftbd.models.architecture`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 from peftbd.benchmarking.arms import ArmModels, synthetic_specs
 from peftbd.config import Config, ConfigError
+from peftbd.decoding import SpeculativeDecoder
+from peftbd.decoding.graph_audit import CudaGraphUse, cuda_graph_use
+from peftbd.decoding.verify import model_device
 from peftbd.methods import AR, AR_ARM, ArmSpec, DraftContext, method, methods
 from peftbd.models.architecture import Architecture, build_model, resolve_architecture
 from peftbd.models.peft_bd import count_parameters
@@ -82,3 +86,24 @@ def activate(models: ArmModels, spec: ArmSpec) -> None:
     """Make `spec`'s module ready to draft where one module serves several arms (`Method.activate`)."""
     if spec.method != AR:
         method(spec.method).activate(models.module_for(spec), spec)
+
+
+def graph_use(engine: SpeculativeDecoder) -> CudaGraphUse | None:
+    """A count of the CUDA-graph trees' work for an engine compiled on CUDA; None elsewhere."""
+    on_cuda = engine.path.compiled and model_device(engine.model).type == "cuda"
+    return CudaGraphUse() if on_cuda else None
+
+
+def counting(use: CudaGraphUse | None) -> contextlib.AbstractContextManager[object]:
+    """Count the CUDA-graph trees' work into `use` inside the block (None: nothing to count)."""
+    return contextlib.nullcontext() if use is None else cuda_graph_use(use)
+
+
+def arm_run(engine: SpeculativeDecoder, use: CudaGraphUse | None) -> dict[str, Any]:
+    """The `ArmRun` fields of an engine's timed arm: its model's device and dtype as they ran,
+    each round forward's path, what the CUDA-graph trees did (`use`)."""
+    weight = next(engine.model.parameters())
+    return {"device": str(weight.device), "dtype": str(weight.dtype).removeprefix("torch."),
+            "paths": engine.forward_paths(),
+            "cuda_graph_replays": None if use is None else use.replays,
+            "cuda_graph_skips": None if use is None else use.skips}

@@ -51,7 +51,21 @@ class DeviceFloor:
 
 
 @dataclass
-class ArmCost:
+class ArmRun:
+    """Where and how an arm's timed forwards ran: the device, the dtype, each round forward's
+    path ("compiled" | "eager": `SpeculativeDecoder.forward_paths`) and, compiled on CUDA, what
+    the CUDA-graph trees did over its timed rounds (None elsewhere). `peftbd.benchmarking.
+    forward_paths` reads them: `ran_words`, `cuda_graph_fallbacks`."""
+
+    device: str
+    dtype: str
+    paths: dict[str, str]
+    cuda_graph_replays: int | None
+    cuda_graph_skips: int | None
+
+
+@dataclass
+class ArmCost(ArmRun):
     """One arm's timed round at one dtype (ms; medians over the repeats, minima beside)."""
 
     label: str
@@ -99,7 +113,7 @@ class DtypeProfile:
 
 
 @dataclass
-class ShapeArm:
+class ShapeArm(ArmRun):
     """One arm's decodes at the profiled shape (ms: means per round / per forward)."""
 
     label: str
@@ -180,6 +194,13 @@ class CostProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def timed_arms(self) -> dict[str, ArmRun]:
+        """Every timed arm by "<dtype> <arm>" (the rounds) and "decode <arm>" (the measured
+        decodes): what `cuda_graph_fallbacks` reads."""
+        return {f"{dtype} {arm}": cost for dtype, run in self.profiles.items()
+                for arm, cost in run.arms.items()} | (
+            {f"decode {arm}": a for arm, a in self.decode.arms.items()} if self.decode else {})
 
     @property
     def primary_dtype(self) -> str:

@@ -3,7 +3,9 @@
 The paper ran FastMTP under CUDA graphs and PEFT-BD without them, and part of its 34 vs 188 tok/s
 is that difference. Each arm's decoder says which path every model forward of its round runs on
 (`SpeculativeDecoder.forward_paths`: "compiled" or "eager"); a speedup over AR means something
-only when all of them run on the path of AR's own step.
+only when all of them run on the path of AR's own step. On CUDA a compiled arm must also have
+replayed CUDA graphs (`cuda_graph_fallbacks`). A report says what ran (`path_words`, `ran_words`)
+and, loudly, what fell back (`fell_back_line`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,23 @@ def path_words(paths: Paths) -> str:
                      for arm, forwards in paths.items())
 
 
+class RanArm(Protocol):
+    """What `ran_words` reads of an arm (`peftbd.benchmarking.cost_profile_schema.ArmRun`)."""
+
+    device: str
+    dtype: str
+    paths: dict[str, str]
+
+
+def ran_words(arms: Mapping[str, RanArm]) -> str:
+    """"bfloat16 on cuda:0, every forward compiled": the dtypes, devices and paths `arms` ran,
+    each said once (`path_words`)."""
+    def each(attr: str) -> str:
+        return "/".join(dict.fromkeys(getattr(arm, attr) for arm in arms.values()))
+    paths = path_words({arm_id: arm.paths for arm_id, arm in arms.items()})
+    return f"{each('dtype')} on {each('device')}, {paths}"
+
+
 class CudaGraphArm(Protocol):
     """What `cuda_graph_fallbacks` reads of an arm (`peftbd.benchmarking.schema.Arm`)."""
 
@@ -65,9 +84,25 @@ def cuda_graph_fallbacks(arms: Mapping[str, CudaGraphArm], setting: bool | str) 
     if fell and setting is True:
         raise CudaGraphsFellBack(
             "decoding.fast_path=true, but on CUDA these arms ran compiled forwards without CUDA "
-            "graphs: " + ", ".join(f"{a} ({arms[a].cuda_graph_replays} replays, "
-                                   f"{arms[a].cuda_graph_skips} skips)" for a in fell)
-            + "; a skip means a graph mutated an input that is not static (see "
-            "peftbd.decoding.graph_audit; scripts/device_check.py names the inputs), or set "
-            "decoding.fast_path=false to time every arm eager")
+            f"graphs: {_graph_counts(arms, fell)}; a skip means a graph mutated an input that is "
+            "not static (see peftbd.decoding.graph_audit; scripts/device_check.py names the "
+            "inputs), or set decoding.fast_path=false to time every arm eager")
     return fell
+
+
+def fell_back_line(arms: Mapping[str, CudaGraphArm], measured: str) -> str | None:
+    """`decoding.fast_path: auto`'s loud line naming the arms that ran without CUDA graphs on
+    CUDA (`cuda_graph_fallbacks`) and what that means for their `measured` (a report's, a
+    summary's); None when none did."""
+    fell = cuda_graph_fallbacks(arms, "auto")
+    if not fell:
+        return None
+    return (f"CUDA GRAPHS FELL BACK in {_graph_counts(arms, fell)}: those arms' compiled forwards "
+            f"ran without CUDA graphs, so their {measured} are not the fast path's "
+            "(decoding.fast_path=true makes this an error)")
+
+
+def _graph_counts(arms: Mapping[str, CudaGraphArm], ids: list[str]) -> str:
+    """"peftbd (0 replays, 3 skips), ...": what the CUDA-graph trees did in each arm of `ids`."""
+    return ", ".join(f"{a} ({arms[a].cuda_graph_replays} replays, {arms[a].cuda_graph_skips} skips)"
+                     for a in ids)

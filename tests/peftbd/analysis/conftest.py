@@ -3,6 +3,7 @@ JSON dicts (a test may change one before it goes in) and `make_results` validate
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import pytest
@@ -116,10 +117,21 @@ def sample_results() -> Results:
     return sample()
 
 
+EAGER_CPU = {"device": "cpu", "dtype": "float32", "paths": {"verify": "eager"},
+             "cuda_graph_replays": None, "cuda_graph_skips": None}
+"""A cost profile arm's `ArmRun` fields: eager on a CPU in float32."""
+
+
+@pytest.fixture
+def eager_cpu() -> dict[str, Any]:
+    return copy.deepcopy(EAGER_CPU)
+
+
 def make_cost_profile(draft_over_verify: dict[str, tuple[float, float]]) -> CostProfile:
-    """A cost profile holding {arm: (draft ms, verify ms)} per round at float32."""
-    arms = {a: {"label": a, "method": a, "proposed": 4, "kv_len": 512, "draft_calls": int(d > 0),
-                "draft_ms_round": d, "verify_ms_round": v, "draft_over_verify_round": d / v,
+    """A cost profile holding {arm: (draft ms, verify ms)} per round at float32, eager on a CPU."""
+    arms = {a: {**EAGER_CPU, "label": a, "method": a, "proposed": 4, "kv_len": 512,
+                "draft_calls": int(d > 0), "draft_ms_round": d, "verify_ms_round": v,
+                "draft_over_verify_round": d / v,
                 "draft_ms_round_min": d, "verify_ms_round_min": v}
             for a, (d, v) in draft_over_verify.items()}
     work = {a: {"draft_forwards": int(d > 0), "draft_gflops": d, "draft_mb": d, "verify_gflops": v,

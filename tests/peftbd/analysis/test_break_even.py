@@ -69,10 +69,11 @@ def test_the_report_has_table_10_and_figure_4(tmp_path, profiled, sample_results
     assert "does not survive" not in section and "survives" not in section
 
 
-def test_table_9_sets_the_measured_decode_against_the_floor(tmp_path, profiled):
+def test_table_9_sets_the_measured_decode_against_the_floor(tmp_path, profiled, eager_cpu):
     def arm(label, synthetic, tps, draft):
-        return {"label": label, "synthetic": synthetic, "tokens": 64, "rounds": 20, "seconds": 64 / tps,
-                "tokens_per_s": tps, "speedup_vs_ar": tps / 2.0, "mean_accepted": synthetic or 1.0,
+        return {**eager_cpu, "label": label, "synthetic": synthetic, "tokens": 64, "rounds": 20,
+                "seconds": 64 / tps, "tokens_per_s": tps, "speedup_vs_ar": tps / 2.0,
+                "mean_accepted": synthetic or 1.0,
                 "exact": True, "draft_ms_round": draft, "verify_ms_round": 400.0, "host_ms_round": 3.0,
                 "draft_ms_forward": draft or None, "verify_ms_forward": 400.0,
                 "floor_draft_ms_round": 100.0, "floor_verify_ms_forward": 160.0,

@@ -170,6 +170,23 @@ def test_cost_at_scale_table_projects_with_this_run_s_acceptance(tmp_path, sampl
     row = next(line for line in table.splitlines()
                if line.startswith(f"| {results.arms['peftbd'].label} |"))
     assert f"| {accepted / 2:.2f} |" in row and "100.0 / 100.0 (1.00)" in row
+    assert "(float32 on cpu, every forward eager)" in table and "FELL BACK" not in table
+
+
+def test_the_cost_section_says_loudly_which_profiled_arm_ran_without_cuda_graphs(
+        tmp_path, sample_results, cost_profile_of) -> None:
+    results = copy.deepcopy(sample_results)
+    results.cost_at_scale = cost_profile_of({"ar": (0.0, 10.0), "peftbd": (10.0, 10.0)})
+    for arm in results.cost_at_scale.timed_arms().values():  # compiled on CUDA, under auto
+        arm.device, arm.paths, arm.cuda_graph_replays, arm.cuda_graph_skips = (
+            "cuda:0", {"verify": "compiled"}, 8, 0)
+    results.cost_at_scale.profiles["float32"].arms["peftbd"].cuda_graph_skips = 2
+    text = build_report(results, {}, tmp_path).read_text()
+    table = text.split("## Table 7", 1)[1].split("\n## ", 1)[0]
+    assert "(float32 on cuda:0, every forward compiled)" in table
+    assert ("**CUDA GRAPHS FELL BACK in float32 peftbd (8 replays, 2 skips): those arms' compiled "
+            "forwards ran without CUDA graphs, so their times are not the fast path's "
+            "(decoding.fast_path=true makes this an error)**.") in table
 
 
 def test_stage_table_shows_the_workers_peaks_and_dtype_beside_the_drivers():

@@ -13,7 +13,8 @@ from peftbd.benchmarking import cost_profile as cp
 from peftbd.benchmarking import cost_profile_models as cpm
 from peftbd.benchmarking.cost_profile_schema import CostProfile
 from peftbd.benchmarking.forward_counter import ForwardCounter
-from peftbd.config import load_config
+from peftbd.benchmarking.forward_paths import CudaGraphsFellBack, cuda_graph_fallbacks
+from peftbd.config import ConfigError, load_config
 from peftbd.decoding import BDHeadDrafter, MTPDrafter, PeftBDDrafter, SpeculativeDecoder
 from peftbd.decoding.drafter import NoDrafter
 from peftbd.methods.prompt_lookup import PromptLookupDrafter
@@ -93,6 +94,73 @@ def test_ar_and_the_synthetic_arms_decode_whole_requests_exactly_at_their_target
     head = dec["arms"]["peftbd_head_synthetic"]
     assert head["mean_accepted"] > dec["arms"]["fastmtp_synthetic"]["mean_accepted"]  # 5.3 vs 1.5
     assert head["draft_x_over_floor"] > 0 and head["rounds"] < dec["arms"]["ar"]["rounds"]
+
+
+def test_every_arm_says_what_ran_eager_on_a_cpu_under_auto(tiny_profile):
+    """decoding.fast_path: auto is eager on a CPU: each arm records its device, dtype and
+    forward paths, and no CUDA-graph counts (None off CUDA); the summary names them once."""
+    prof = CostProfile.from_dict(tiny_profile)
+    for dtype, run in prof.profiles.items():
+        for arm_id, arm in run.arms.items():
+            assert (arm.device, arm.dtype) == ("cpu", dtype), arm_id
+            assert (arm.cuda_graph_replays, arm.cuda_graph_skips) == (None, None), arm_id
+        assert run.arms["ar"].paths == {"verify": "eager"}
+        assert run.arms["peftbd"].paths == {"verify": "eager", "draft": "eager"}
+        assert run.arms["prompt_lookup"].paths == {"verify": "eager"}  # no draft forward
+    assert prof.decode is not None
+    assert {(a.device, a.dtype, a.cuda_graph_replays) for a in prof.decode.arms.values()} == {
+        ("cpu", "float32", None)}
+    assert prof.decode.arms["peftbd_synthetic"].paths == {"verify": "eager", "draft": "eager"}
+    lines = cp.summary_lines(prof)
+    assert lines[1].startswith("  float32 on cpu, every forward eager: AR step ")
+    assert lines[2].startswith("  bfloat16 on cpu, every forward eager: AR step ")
+    assert "(float32 on cpu, every forward eager, 2 prompts" in lines[-1]
+    assert not any("FELL BACK" in line for line in lines)
+
+
+def test_an_arm_without_cuda_graphs_is_an_error_on_true_and_a_loud_line_on_auto(tiny_profile):
+    prof = CostProfile.from_dict(tiny_profile)
+    for arm in prof.timed_arms().values():  # as compiled on CUDA, every graph replayed
+        arm.device, arm.cuda_graph_replays, arm.cuda_graph_skips = "cuda:0", 12, 0
+    assert cuda_graph_fallbacks(prof.timed_arms(), True) == []
+    assert not any("FELL BACK" in line for line in cp.summary_lines(prof))
+    skipped = prof.profiles["bfloat16"].arms["peftbd"]
+    skipped.cuda_graph_replays, skipped.cuda_graph_skips = 3, 2
+    with pytest.raises(CudaGraphsFellBack, match=r"bfloat16 peftbd \(3 replays, 2 skips\)"):
+        cuda_graph_fallbacks(prof.timed_arms(), True)
+    assert cuda_graph_fallbacks(prof.timed_arms(), "auto") == ["bfloat16 peftbd"]
+    assert cp.summary_lines(prof)[-1] == (
+        "  CUDA GRAPHS FELL BACK in bfloat16 peftbd (3 replays, 2 skips): those arms' compiled "
+        "forwards ran without CUDA graphs, so their times are not the fast path's "
+        "(decoding.fast_path=true makes this an error)")
+
+
+@pytest.mark.slow  # compiles every round forward of three arms on the CPU (~75 s on 2 cores)
+def test_decoding_fast_path_true_times_every_arm_compiled(tiny_world, monkeypatch):
+    torch._dynamo.reset()  # dynamo's graph cache is per process: another test may have compiled it
+    cfg = load_config("tiny", overrides=[*TINY_PROFILE, "cost_profile.dtypes=[float32]",
+                                         "cost_profile.repeats=1", "cost_profile.decode_prompts=1",
+                                         "cost_profile.decode_tokens=6", "decoding.fast_path=true"])
+    specs = {s.id: s for s in cpm.profiled_specs(cfg)}
+    monkeypatch.setattr(cp, "profiled_specs", lambda cfg, vocab: [
+        specs[a] for a in ("ar", "peftbd", "peftbd_synthetic")])
+    prof = cp.run_profile(cfg)
+    arms = prof.profiles["float32"].arms
+    assert arms["ar"].paths == {"verify": "compiled"}
+    assert arms["peftbd"].paths == {"verify": "compiled", "draft": "compiled"}
+    assert prof.decode is not None and prof.decode.arms["peftbd_synthetic"].paths == {
+        "verify": "compiled", "draft": "compiled"}
+    assert prof.decode.arms["peftbd_synthetic"].exact  # compiled decodes give AR's tokens
+    assert {(a.device, a.cuda_graph_replays, a.cuda_graph_skips)
+            for a in prof.timed_arms().values()} == {("cpu", None, None)}  # no CUDA graphs on a CPU
+    assert cp.summary_lines(prof)[1].startswith("  float32 on cpu, every forward compiled: ")
+
+
+def test_cuda_named_where_this_process_sees_none_is_an_error_naming_the_field(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"cost_profile.device=cuda: this process sees 0 CUDA"):
+        cp.profile_device("cuda")
+    assert cp.profile_device("auto") == torch.device("cpu")
 
 
 @pytest.mark.slow  # a second whole profile (~13 s); the quick loop's one above times every arm
