@@ -184,6 +184,20 @@ def test_the_peer_job_submitted_from_a_head_without_vllm_writes_its_table(cluste
     assert "**DFlash in both engines**: not run (no finished DFlash training in" in logs
 
 
+@pytest.mark.integration
+@pytest.mark.slow  # the module's cluster (~20 s to start)
+def test_a_failing_job_ends_failed_with_one_error_line_in_its_logs(cluster, tmp_path):
+    """`ray job status` says FAILED and `ray job logs` ends with the job's one-line error: the
+    problem and its fix, no traceback."""
+    client, job = _job(cluster, "jobs.train", "--method", "fastmtp", "--data",
+                       str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
+    assert _finish(client, job, 300) == "FAILED"
+    logs = client.get_job_logs(job).split("Running entrypoint for job", 1)[1]
+    errors = [line for line in logs.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and str(tmp_path / "nowhere") in errors[0], logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]
+
+
 @pytest.fixture(scope="module")
 def continuations(cluster, tmp_path_factory) -> Path:
     """A generate run with the engine backend, submitted: 24 / 4 / 4 rows."""
