@@ -21,6 +21,7 @@ WORLD = StageSpec(
     command="python -m jobs.pipeline",
 )
 _GREEDY_ENGINE = ("peftbd.decoding.loop", "peftbd.decoding.verify", "peftbd.decoding.ragged",
+                  "peftbd.decoding.row_batch",
                   "peftbd.decoding.cache_adapter", "peftbd.decoding.state", "peftbd.decoding.drafter",
                   "peftbd.decoding.metrics", "peftbd.decoding.clock", "peftbd.decoding.fast_path",
                   "peftbd.decoding.sampling", "peftbd.decoding.packed", "peftbd.decoding.scheduler",

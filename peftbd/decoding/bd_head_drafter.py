@@ -23,7 +23,8 @@ from transformers import PreTrainedModel
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.drafter import no_draft
 from peftbd.decoding.fast_path import Chunk
-from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
+from peftbd.decoding.ragged import RaggedKV, RowCache, pack
+from peftbd.decoding.row_batch import left_aligned, padded_ids
 from peftbd.decoding.state import DecodeState, drafter_cache, present, timed
 from peftbd.models.bd_head import BDHead, DraftVocabulary
 from peftbd.models.peft_bd import draft_input_ids, draft_position_ids, draft_visibility

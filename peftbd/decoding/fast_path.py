@@ -7,7 +7,7 @@ attention pattern). The eager path opens the chunk and builds its mask (`RaggedK
 The fast path runs `torch.compile`d graphs over static KV: the graph writes each row's chunk into
 the `RaggedKV` buffers at the row's own offset and attends over the buffer's first slots, the
 rows' slots rounded up to 64 (`_bucket`), under a mask it builds itself
-(`peftbd.decoding.ragged.chunk_allowed`), so its shapes (batch, chunk width, slots seen) do not
+(`peftbd.decoding.row_batch.chunk_allowed`), so its shapes (batch, chunk width, slots seen) do not
 change with each token. They are compiled dynamic: a graph per call
 for batch 1 and B > 1 times width 1 and wider (torch specializes sizes of 1); fixed shapes
 (`dynamic=False`) recompiled at every capacity growth and batch change (7 graphs, 165 s, for one
@@ -40,7 +40,8 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 
 from peftbd.decoding.cache_adapter import CacheAdapter
-from peftbd.decoding.ragged import RaggedKV, additive, chunk_allowed, own_pattern, write_rows
+from peftbd.decoding.ragged import RaggedKV, write_rows
+from peftbd.decoding.row_batch import additive, chunk_allowed, own_pattern
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 
 from peftbd.decoding.cache_adapter import CacheAdapter
 from peftbd.decoding.fast_path import Chunk
-from peftbd.decoding.ragged import RaggedKV, RowCache, left_aligned, pack, padded_ids
+from peftbd.decoding.ragged import RaggedKV, RowCache, pack
+from peftbd.decoding.row_batch import left_aligned, padded_ids
 from peftbd.decoding.state import DecodeState, drafter_cache, present, timed
 from peftbd.models.mtp_head import MTPHead
 

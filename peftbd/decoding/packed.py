@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from peftbd.decoding.ragged import RaggedKV, RowCache, additive
+from peftbd.decoding.ragged import RaggedKV, RowCache
+from peftbd.decoding.row_batch import additive
 
 
 PREFILL_CHUNK = 512

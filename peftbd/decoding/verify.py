@@ -23,7 +23,8 @@ from peftbd.decoding.clock import Clock, ForwardLog
 from peftbd.decoding.drafter import Drafter, catch_up_layers
 from peftbd.decoding.fast_path import EAGER, Chunk, ForwardPath, backbone_masks
 from peftbd.decoding.packed import PREFILL_CHUNK, packed_chunks, packed_forward
-from peftbd.decoding.ragged import RaggedKV, RowCache, pack, padded_ids, row_entries
+from peftbd.decoding.ragged import RaggedKV, RowCache, pack
+from peftbd.decoding.row_batch import padded_ids, row_entries
 from peftbd.decoding.sampling import GREEDY, SamplingParams, lossless_tokens
 from peftbd.decoding.state import DecodeState, timed
 from peftbd.models.early_exit import first_layers
