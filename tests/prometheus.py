@@ -24,23 +24,30 @@ def dashboard_metrics() -> set[str]:
                           DASHBOARD.read_text()))
 
 
-def scrape(temp_dir: Path) -> str:
+def scrape(temp_dir: Path) -> tuple[str, list[str]]:
     """Every target of the cluster's Prometheus service discovery file (in its `--temp-dir`),
-    scraped once, joined."""
+    scraped once: the reachable ones' text joined, and the targets that were down (as Prometheus,
+    which marks a target down and scrapes the rest: Ray lists endpoints, such as a component's
+    on the machine's address, that a loopback-only cluster does not serve)."""
     groups = json.loads((temp_dir / DISCOVERY).read_text())
-    targets = [t for group in groups for t in group["targets"]]
-    return "\n".join(urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
-                     for t in targets)
+    texts, down = [], []
+    for target in (t for group in groups for t in group["targets"]):
+        try:
+            texts.append(urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode())
+        except OSError as exc:  # URLError, a refused or reset connection, a timeout
+            down.append(f"{target} ({exc})")
+    return "\n".join(texts), down
 
 
 def scraped_once_exported(temp_dir: Path, names: set[str], timeout_s: float = 90) -> str:
     """The scrape once every metric of `names` is in it (Ray exports every few seconds); fails
-    naming those still missing after `timeout_s`."""
+    naming those still missing, and the targets that were down, after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        text = scrape(temp_dir)
+        text, down = scrape(temp_dir)
         missing = sorted(n for n in names if n not in text)
         if not missing:
             return text
-        assert time.monotonic() < deadline, f"not in Prometheus's scrape after {timeout_s:.0f} s: {missing}"
+        assert time.monotonic() < deadline, (f"not in Prometheus's scrape after {timeout_s:.0f} s: "
+                                             f"{missing}; targets down: {down or 'none'}")
         time.sleep(5)
