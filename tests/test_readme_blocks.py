@@ -2,10 +2,12 @@
 with token auth, `serve deploy serve_apps/local.yaml`, the openai request, `ray job submit`, then
 `serve shutdown` and `ray stop`.
 
-They use Ray's fixed ports (6379, 8265, 8000, 8080) and `ray stop` stops every Ray process it can
-see, so they run in a private network and process namespace (`unshare`: loopback only, its own
-process table): nothing else on the machine collides with the ports or is stopped. A fresh
-HOME holds the auth token the first block generates."""
+They use Ray's fixed ports (6379, 8265, 8000, 8080), Ray's default temp dir (/tmp/ray, where
+`ray start` leaves the address that a bare `ray.init()` then joins) and `ray stop` stops every
+Ray process it can see, so they run in private namespaces (`unshare`): network (loopback only),
+processes, and a mount of their own directory over /tmp/ray. Nothing else on the machine
+collides with their ports, joins their cluster or is stopped. A fresh HOME holds the auth token
+the first block generates."""
 
 from __future__ import annotations
 
@@ -45,10 +47,12 @@ def _namespaces_allowed() -> str | None:
     return None if tried.returncode == 0 else f"`unshare` refused: {tried.stderr.strip()}"
 
 
-def _script(blocks: list[tuple[str, str]], python_block: Path) -> str:
+def _script(blocks: list[tuple[str, str]], python_block: Path, ray_temp: Path) -> str:
     """One shell session: each bash block as printed; the python block through this interpreter;
-    between the deploy and the request, `serve status` until both apps run (as the README says)."""
-    lines = ["set -euo pipefail", "ip link set lo up"]
+    between the deploy and the request, `serve status` until both apps run (as the README says).
+    First the namespaces' set-up: loopback up, `ray_temp` mounted over /tmp/ray."""
+    lines = ["set -euo pipefail", "ip link set lo up",
+             f"mkdir -p /tmp/ray && mount --bind {ray_temp} /tmp/ray"]
     for language, text in blocks:
         if language == "python":
             lines.append(f"{sys.executable} {python_block}")
@@ -74,7 +78,9 @@ def test_the_readmes_local_blocks_run_as_printed_with_token_auth(tmp_path, tiny_
     (tmp_path / "home").mkdir()
     env.update(HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1",  # the world where it is built
                PEFTBD_CACHE=str(cache_root(PRESETS["tiny"]["paths"]["cache_dir"])))
-    ran = subprocess.run([*NAMESPACE, "bash", "-c", _script(blocks, python_block)], cwd=REPO,
+    (tmp_path / "ray").mkdir()
+    ran = subprocess.run([*NAMESPACE, "bash", "-c", _script(blocks, python_block, tmp_path / "ray")],
+                         cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=1200)
     out = ran.stdout + ran.stderr
     assert ran.returncode == 0, out[-5000:]
@@ -82,3 +88,4 @@ def test_the_readmes_local_blocks_run_as_printed_with_token_auth(tmp_path, tiny_
     assert "\nanswered\n" in out, out[-3000:]
     assert "[pipeline] plan for" in out and re.search(r"Job 'raysubmit_\w+' succeeded", out), out[-3000:]
     assert "Stopped all" in out  # `ray stop`, within the namespace
+    assert list((tmp_path / "ray").glob("session_*")), "Ray's session was not in the private /tmp/ray"
