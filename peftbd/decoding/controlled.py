@@ -30,6 +30,7 @@ import torch
 
 from peftbd.decoding.ahead import PreDraft
 from peftbd.decoding.drafter import Drafter, draft_forward, draft_on_path
+from peftbd.decoding.scheduler import Request
 from peftbd.decoding.state import DecodeState
 
 Oracle = Callable[[DecodeState], Sequence[int]]
@@ -97,7 +98,7 @@ class AcceptanceProfile:
         return accepted
 
 
-def request_rng(seed: int, state: DecodeState, ahead: int = 0) -> random.Random:
+def request_rng(seed: int, state: Request, ahead: int = 0) -> random.Random:
     """The draws of one round of one request: a function of the seed, the prompt and how many
     tokens it has generated (`ahead` more for a round drafted ahead: the same draws as when that
     round comes), nothing else."""

@@ -18,7 +18,14 @@ from peftbd.models.cpu_linear import prepack_linears
 from peftbd.decoding.sampling import GREEDY, SamplingParams, per_request
 from peftbd.decoding.state import DecodeState, RoundMetrics
 from peftbd.decoding.fast_path import EAGER, FastPath, FastPathSetting, ForwardPath, fast_path_on
-from peftbd.decoding.verify import VerifyResult, model_device, prefill_rows, verify_rows
+from peftbd.decoding.verify import (
+    VerifyResult,
+    model_device,
+    new_state,
+    prefill_rows,
+    prefill_step,
+    verify_rows,
+)
 
 POOL_ROOM = 128
 """Slots per pool row past a request's tokens that `SpeculativeDecoder.reserve` adds: a round's
@@ -91,6 +98,25 @@ class SpeculativeDecoder:
         for state in states:
             self.drafter.start(state)
         return states
+
+    def admit(self, tokens: Sequence[int], max_new_tokens: int,
+              sampling: SamplingParams = GREEDY) -> DecodeState:
+        """A request's state before any forward, a row of the pool (the scheduler's `Engine`)."""
+        return new_state(self.model, tokens, max_new_tokens, self.eos_ids,
+                         self.drafter.feature_layers, sampling, self.path, self.pool)
+
+    def prefill(self, states: Sequence[DecodeState]) -> list[DecodeState]:
+        """One packed prefill forward of at most `prefill_chunk` tokens over `states`; those
+        whose prompt it finished, their drafters started (the scheduler's `Engine`)."""
+        done = prefill_step(self.model, states, self.prefill_chunk)
+        self.verifier_steps += 1
+        for state in done:
+            self.drafter.start(state)
+        return done
+
+    def release(self, state: DecodeState) -> None:
+        """The request left: its pool row goes back (the scheduler's `Engine`)."""
+        state.cache.release()
 
     def _budgets(self, n: int, max_new_tokens: int | Sequence[int] | None) -> list[int]:
         return per_request(max_new_tokens, n, self.max_new_tokens, int, "max_new_tokens")

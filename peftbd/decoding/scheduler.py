@@ -1,7 +1,8 @@
 """The engine's scheduler: continuous batching over rounds, as vLLM v1's scheduler steps. Every
 caller runs its requests through it: the benchmark and generate (`decode_many`), a colocated
 serving replica and a split Verifier, whose drafter proposes through the Drafter deployment
-(`peftbd.serving.batcher`, `peftbd.serving.remote_drafter`).
+(`peftbd.serving.batcher`, `peftbd.serving.remote_drafter`), and the placement simulator, whose
+engine prices each forward on a virtual clock (`Engine`, `peftbd.simulation`).
 
 Requests are `add`ed and the caller `step`s until `busy` is false. A step admits waiting
 requests while fewer than `max_batch` run (each takes a row of the decoder's KV pool), runs at
@@ -20,30 +21,49 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-import torch
-
-from peftbd.decoding.drafter import Drafter
-from peftbd.decoding.fast_path import ForwardPath
-from peftbd.decoding.ragged import RaggedKV
 from peftbd.decoding.sampling import GREEDY, SamplingParams
-from peftbd.decoding.state import DecodeState, RoundMetrics
-from peftbd.decoding.verify import new_state, prefill_step
+from peftbd.decoding.state import RoundMetrics
 
 
-class Engine(Protocol):
-    """What the scheduler steps: a `peftbd.decoding.loop.SpeculativeDecoder`."""
+class Request(Protocol):
+    """What the scheduler reads and writes of a request's state (`DecodeState`; a simulated
+    engine's lighter state, `peftbd.simulation.engine`)."""
 
-    model: torch.nn.Module
-    drafter: Drafter
-    eos_ids: tuple[int, ...]
-    path: ForwardPath
-    pool: RaggedKV
-    prefill_chunk: int
-    verifier_steps: int
+    tokens: list[int]
+    prompt_len: int
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+    done: bool
 
-    def step_many(self, states: Sequence[DecodeState]) -> list[RoundMetrics]: ...
+    @property
+    def new_tokens(self) -> list[int]: ...
+
+    @property
+    def remaining(self) -> int: ...
+
+
+S = TypeVar("S", bound=Request)
+
+
+class Engine(Protocol[S]):
+    """What the scheduler steps: a `peftbd.decoding.loop.SpeculativeDecoder`, or a simulated
+    engine that prices each forward on a virtual clock instead of running it
+    (`peftbd.simulation.engine.SimulatedEngine`)."""
+
+    def admit(self, tokens: Sequence[int], max_new_tokens: int, sampling: SamplingParams) -> S:
+        """A request's state before any forward: a row of the engine's KV pool."""
+
+    def prefill(self, states: Sequence[S]) -> list[S]:
+        """One packed prefill chunk over `states` (in order); those whose prompt it finished
+        (first token committed, drafter started)."""
+
+    def step_many(self, states: Sequence[S]) -> list[RoundMetrics]:
+        """One round of every state: one batched propose, one batched verify."""
+
+    def release(self, state: S) -> None:
+        """The request left: its row goes back to the pool."""
 
 
 @dataclass(frozen=True)
@@ -64,22 +84,22 @@ class Queued:
 
 
 @dataclass(eq=False)
-class Running:
+class Running(Generic[S]):
     """An admitted request: its state, whether its prompt is prefilled, and how it was queued."""
 
     queued: Queued
-    state: DecodeState
+    state: S
     prefilled: bool
 
 
 @dataclass(frozen=True)
-class Stepped:
+class Stepped(Generic[S]):
     """What one step did for one request: finished its prefill (`record` None) or took a round
     (`record`); `tokens` it committed then (a resumed request's prefill: none), `done` whether
     that finished it, `batch_size` the rows of the forward."""
 
     key: object
-    state: DecodeState
+    state: S
     tokens: list[int]
     done: bool
     record: RoundMetrics | None
@@ -91,13 +111,13 @@ class Stepped:
 
 
 @dataclass
-class Scheduler:
-    """Continuous batching of one `SpeculativeDecoder`'s requests (see module doc)."""
+class Scheduler(Generic[S]):
+    """Continuous batching of one engine's requests (see module doc)."""
 
-    decoder: Engine
+    decoder: Engine[S]
     max_batch: int
     waiting: deque[Queued] = field(default_factory=deque)
-    running: list[Running] = field(default_factory=list)
+    running: list[Running[S]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -117,13 +137,13 @@ class Scheduler:
                              "request needs 0 < prompt_len <= len(tokens)")
         self.waiting.append(Queued(key, tokens, max_new_tokens, sampling, prompt_len))
 
-    def cancel(self, key: object) -> list[DecodeState]:
+    def cancel(self, key: object) -> list[S]:
         """Take the request `key` out (waiting or running: its row goes back to the pool); the
         state it had, if it was running."""
         self.waiting = deque(q for q in self.waiting if q.key is not key)
         gone = [r for r in self.running if r.queued.key is key]
         for req in gone:
-            req.state.cache.release()
+            self.decoder.release(req.state)
             self.running.remove(req)
         return [r.state for r in gone]
 
@@ -131,38 +151,34 @@ class Scheduler:
         """Drop every request (a step failed: their states are not to be trusted); their keys."""
         keys = [q.key for q in self.waiting] + [r.queued.key for r in self.running]
         for req in self.running:
-            req.state.cache.release()
+            self.decoder.release(req.state)
         self.waiting.clear()
         self.running.clear()
         return keys
 
-    def step(self) -> list[Stepped]:
+    def step(self) -> list[Stepped[S]]:
         """Admit, one prefill chunk, one round of the prefilled: what each did (`prefill`, then
         `round`; a caller that streams reports the first's before the second runs)."""
         return self.prefill() + self.round()
 
-    def prefill(self) -> list[Stepped]:
+    def prefill(self) -> list[Stepped[S]]:
         """Admit waiting requests while rows are free, then one packed prefill chunk over the
         admitted ones not prefilled yet: the requests whose prefill finished (and those of a
         budget of 0, done at once)."""
-        dec = self.decoder
-        stepped: list[Stepped] = []
+        stepped: list[Stepped[S]] = []
         while self.waiting and len(self.running) < self.max_batch:
             q = self.waiting.popleft()
             tokens, budget = (q.tokens[:-1], 1) if q.resumed else (q.tokens, q.max_new_tokens)
-            state = new_state(dec.model, tokens, budget, dec.eos_ids, dec.drafter.feature_layers,
-                              q.sampling, dec.path, dec.pool)
+            state = self.decoder.admit(tokens, budget, q.sampling)
             self.running.append(Running(q, state, state.done))
             if state.done:  # a budget of 0: no prefill, done at once
                 stepped.append(Stepped(q.key, state, [], True, None, 0))
         filling = [r for r in self.running if not r.prefilled]
         if filling:
-            done = {id(s) for s in prefill_step(dec.model, [r.state for r in filling], dec.prefill_chunk)}
-            dec.verifier_steps += 1
+            done = {id(s) for s in self.decoder.prefill([r.state for r in filling])}
             for req in filling:
                 if id(req.state) in done:
                     req.prefilled = True
-                    dec.drafter.start(req.state)
                     q = req.queued
                     if q.resumed:
                         resumed(req.state, q.tokens, q.prompt_len or 0, q.max_new_tokens)
@@ -171,10 +187,10 @@ class Scheduler:
         self._leave()
         return stepped
 
-    def round(self) -> list[Stepped]:
+    def round(self) -> list[Stepped[S]]:
         """One round (one batched propose, one batched verify) of every prefilled request: what
         each committed."""
-        stepped: list[Stepped] = []
+        stepped: list[Stepped[S]] = []
         live = [r for r in self.running if r.prefilled and not r.state.done]
         if live:
             records = self.decoder.step_many([r.state for r in live])
@@ -188,12 +204,11 @@ class Scheduler:
     def _leave(self) -> None:
         """Finished requests leave; their rows go back to the pool."""
         for req in [r for r in self.running if r.prefilled and r.state.done]:
-            req.state.cache.release()
+            self.decoder.release(req.state)
             self.running.remove(req)
 
 
-def resumed(state: DecodeState, committed: Sequence[int], prompt_len: int,
-            max_new_tokens: int) -> DecodeState:
+def resumed(state: S, committed: Sequence[int], prompt_len: int, max_new_tokens: int) -> S:
     """A state prefilled over `committed[:-1]` (with a budget of one token) made the state of the
     request that committed exactly `committed`: the caller's last token in place of the one the
     prefill chose, its prompt length and budget restored. The cache then holds the verifier KV of

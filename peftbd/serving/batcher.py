@@ -5,7 +5,8 @@ drafter; a split Verifier runs it with each method's `RemoteDrafter`, whose prop
 the Drafter deployment (`peftbd.serving.remote_drafter`).
 
 Requests `submit` themselves and get their `RoundEvent`s through their own `deliver` callback
-(a queue per request). Requests are dealt round-robin into `groups`, each stepped by a thread of
+(a queue per request). Requests are dealt round-robin into `groups` (the decisions of this loop are
+`peftbd.serving.step_policy`'s, which the placement simulator shares), each stepped by a thread of
 its own: hand its waiting requests to their method's scheduler (an idle group first waits up to
 `batch_wait_ms` for a batch that is not full), then step one method's scheduler (admit up to
 `max_batch`, one prefill chunk, one round of the prefilled), deliver each request's event of that
@@ -32,6 +33,7 @@ from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.decoding.scheduler import Scheduler, Stepped
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.remote_drafter import Remote
+from peftbd.serving.step_policy import Group, deal
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.schemas import FinishReason
 
@@ -75,7 +77,8 @@ class StepLoop:
         self.decoder, self.max_batch, self.wait_s = decoder, max_batch, batch_wait_ms / 1e3
         self.lock, self.counters, self.batch_sizes = lock, counters, batch_sizes
         self._cond = threading.Condition()
-        self._groups = [_Group(g) for g in range(groups)]
+        self._groups: list[Group[Ticket]] = [Group(g) for g in range(groups)]
+        self._threads: dict[int, threading.Thread] = {}
         self._dealt = 0
         self._open: set[Ticket] = set()
 
@@ -94,15 +97,16 @@ class StepLoop:
         """Queue a request; its events go to `ticket.deliver` from its group's thread."""
         self.decoder(ticket.method)  # an unknown method fails here, in the caller
         with self._cond:
-            group = self._groups[self._dealt % len(self._groups)]
+            group = deal(self._groups, self._dealt)
             self._dealt += 1
             ticket.group = group.index
             self._open.add(ticket)
             group.waiting.append(ticket)
-            if group.thread is None:
-                group.thread = threading.Thread(target=self._run, args=(group,), daemon=True,
-                                                name=f"peftbd-step-loop-{group.index}")
-                group.thread.start()
+            if group.index not in self._threads:
+                thread = threading.Thread(target=self._run, args=(group,), daemon=True,
+                                          name=f"peftbd-step-loop-{group.index}")
+                self._threads[group.index] = thread
+                thread.start()
             self._cond.notify_all()
         return ticket
 
@@ -116,7 +120,7 @@ class StepLoop:
 
     # a group's thread ----------------------------------------------------------------------
 
-    def _run(self, group: _Group) -> None:
+    def _run(self, group: Group[Ticket]) -> None:
         with torch.inference_mode():
             while True:
                 for ticket in self._newcomers(group):
@@ -127,22 +131,19 @@ class StepLoop:
                 if method is not None:
                     self._step(group.schedulers[method])
 
-    def _scheduler(self, group: _Group, method: str) -> Scheduler:
-        if method not in group.schedulers:
-            dec = self.decoder(method)
-            group.schedulers[method] = Scheduler(dec.twin() if group.index else dec, self.max_batch)
-        return group.schedulers[method]
+    def _scheduler(self, group: Group[Ticket], method: str) -> Scheduler[DecodeState]:
+        dec = self.decoder(method)
+        return group.scheduler(method, lambda: dec.twin() if group.index else dec, self.max_batch)
 
-    def _newcomers(self, group: _Group) -> list[Ticket]:
+    def _newcomers(self, group: Group[Ticket]) -> list[Ticket]:
         """The group's waiting requests, its closed ones cancelled; blocks while it has nothing
         to do, and an idle group waits up to `batch_wait_ms` for a batch that is not full."""
         with self._cond:
-            while not group.waiting and not group.busy:
+            while group.idle:
                 self._cond.wait()
-            if group.waiting and not group.busy:
-                deadline = time.monotonic() + self.wait_s
-                while len(group.waiting) < self.max_batch and time.monotonic() < deadline:
-                    self._cond.wait(deadline - time.monotonic())
+            deadline = time.monotonic() + self.wait_s
+            while group.batching(self.max_batch) and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
             taken = [t for t in group.waiting if not t.closed]
             closing, group.waiting, group.closing = group.closing, [], []
         for ticket in closing:
@@ -152,7 +153,7 @@ class StepLoop:
                     _release(scheduler, state)
         return taken
 
-    def _step(self, scheduler: Scheduler) -> None:
+    def _step(self, scheduler: Scheduler[DecodeState]) -> None:
         """One step of `scheduler`: its prefill chunk, whose finished requests' events go out
         at once, then its round and each request's event of it."""
         try:
@@ -162,7 +163,7 @@ class StepLoop:
         except Exception as exc:  # a bug: fail these requests, keep serving the others
             self._fail(scheduler.abort(), exc)
 
-    def _deliver(self, scheduler: Scheduler, stepped: list[Stepped]) -> None:
+    def _deliver(self, scheduler: Scheduler[DecodeState], stepped: list[Stepped[DecodeState]]) -> None:
         rounds = [s for s in stepped if not s.prefill]
         if rounds:
             self.counters["rounds"] += len(rounds)
@@ -193,39 +194,15 @@ class StepLoop:
             self.close(t)
 
 
-@dataclass(eq=False)
-class _Group:
-    """One group of a step loop: its waiting and closing requests, a scheduler per method, its
-    thread."""
-
-    index: int
-    waiting: list[Ticket] = field(default_factory=list)
-    closing: list[Ticket] = field(default_factory=list)
-    schedulers: dict[str, Scheduler] = field(default_factory=dict)
-    thread: threading.Thread | None = None
-    turn: int = 0
-
-    @property
-    def busy(self) -> bool:
-        return any(s.busy for s in self.schedulers.values())
-
-    def next_method(self) -> str | None:
-        """The next method (round robin) whose scheduler has requests."""
-        methods = [m for m, s in self.schedulers.items() if s.busy]
-        if not methods:
-            return None
-        self.turn = (self.turn + 1) % len(methods)
-        return methods[self.turn]
-
-
-def _release(scheduler: Scheduler, state: DecodeState) -> None:
+def _release(scheduler: Scheduler[DecodeState], state: DecodeState) -> None:
     """A finished or cancelled request's drafter-side state goes (a remote drafter's session)."""
+    assert isinstance(scheduler.decoder, SpeculativeDecoder)
     release = getattr(scheduler.decoder.drafter, "release", None)
     if release is not None:
         release(state)
 
 
-def step_event(s: Stepped, resumes: int, replica_ms: float | None = None) -> RoundEvent:
+def step_event(s: Stepped[DecodeState], resumes: int, replica_ms: float | None = None) -> RoundEvent:
     """A request's event of one scheduler step: its prefill (`resumes`: 1 when it rebuilt a
     resumed request), or its round of the batch (the batch's draft and verify times). A round
     drafted by a remote Drafter takes that replica's draft and sync times, its rebuilds, and the
