@@ -104,8 +104,8 @@ def _verdict(method: str, placement: str, summary: dict[str, dict[str, Placement
     clients = GOAL_CLIENTS if GOAL_CLIENTS in levels else max(levels, default=1)
     at = {p: next((r for r in mine[p] if r.concurrency == clients), None) for p in mine}
     caps = _pair(placement, lambda p: capacity(mine[p], fraction))
-    per_verifier = (_per_verifier(caps[0], devices, "colocated"),
-                    _per_verifier(caps[1], devices, placement))
+    per_device_of_verifier = (per_verifier(caps[0], devices, "colocated"),
+                              per_verifier(caps[1], devices, placement))
     one = {p: summary[p][method] for p in mine}
     colocated = one["colocated"]
     t_d, t_v = _draft_ms(colocated), colocated.verify_ms_per_round
@@ -115,7 +115,7 @@ def _verdict(method: str, placement: str, summary: dict[str, dict[str, Placement
         draft_ms_per_token=_pair(placement, lambda p: _per_token(one[p])),
         clients=clients,
         per_device=_pair(placement, lambda p: _read(at[p], lambda r: r.tokens_per_s_per_device)),
-        capacity=caps, capacity_per_verifier=per_verifier,
+        capacity=caps, capacity_per_verifier=per_device_of_verifier,
         predicted_capacity=1 + t_d / t_v if t_d is not None and t_v else None,
         overlap_bound=overlap_bound(colocated, one[placement], devices[placement]),
         terms_ms_per_token=_terms(one[placement], split),
@@ -153,7 +153,7 @@ def _pair(placement: str, value: Callable[[str], _T]) -> tuple[_T, _T]:
     return value("colocated"), value(placement)
 
 
-def _per_verifier(c: Capacity | None, devices: dict[str, Devices], placement: str) -> float | None:
+def per_verifier(c: Capacity | None, devices: dict[str, Devices], placement: str) -> float | None:
     """`placement`'s capacity (clients) per device holding a verifier (None: no capacity)."""
     return None if c is None else c.clients / devices[placement].verifiers
 
@@ -192,7 +192,14 @@ def _ratio(pair: tuple[float | None, float | None]) -> float | None:
 def capacity_gain(v: Verdict) -> tuple[float | None, str]:
     """Split's capacity per verifier device over colocated's, and what it is: "" (measured),
     ">=" / "<=" (a bound: one side passed every level measured), or "unknown" (both did)."""
-    ratio, (colocated, split) = _ratio(v.capacity_per_verifier), v.capacity
+    return capacity_gain_of(v.capacity, v.capacity_per_verifier)
+
+
+def capacity_gain_of(caps: tuple[Capacity | None, Capacity | None],
+                     per_device: tuple[float | None, float | None]) -> tuple[float | None, str]:
+    """`capacity_gain` of (colocated, split) capacities and their capacities per verifier
+    device (`per_verifier`)."""
+    ratio, (colocated, split) = _ratio(per_device), caps
     if ratio is None or colocated is None or split is None or colocated.baseline or split.baseline:
         return None, "unknown"
     kinds = {(False, False): "", (False, True): ">=", (True, False): "<=", (True, True): "unknown"}

@@ -25,6 +25,12 @@ QWEN3_0_6B_CONFIG = dict(  # Qwen/Qwen3-0.6B's config.json (architecture fields)
     max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
     tie_word_embeddings=True, attention_bias=False, bos_token_id=151643, eos_token_id=151645,
 )
+QWEN3_8B_CONFIG = dict(  # Qwen/Qwen3-8B's config.json (architecture fields): the simulator's roofline
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+    max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+    tie_word_embeddings=False, attention_bias=False, bos_token_id=151643, eos_token_id=151645,
+)
 THE_VERIFIER = "model"
 _WEIGHT_FILES = ("*.safetensors", "*.bin")
 

@@ -90,7 +90,7 @@ class SimulatedEngine:
                                       [s.prefilled for s in states]))
         rows = {seg.request for seg in segments}
         shape = ForwardShape("prefill", self.method, len(rows), sum(seg.tokens for seg in segments),
-                             sum(seg.end for seg in segments))
+                             sum(seg.start for seg in segments))
         ms = self.cost.forward_ms(shape)
         self.uses.append(Use(VERIFIER if self.split else ENGINE, ms))
         self.verifier_steps += 1
@@ -107,7 +107,7 @@ class SimulatedEngine:
 
     def step_many(self, states: Sequence[SimState]) -> list[RoundMetrics]:
         ks = [min(self.positions, max(s.remaining - 1, 0)) for s in states]
-        kv = sum(len(s.tokens) for s in states)
+        kv = sum(len(s.tokens) - 1 for s in states)  # the last token is not in the KV yet
         width = max(ks)
         draft_ms = self.cost.forward_ms(ForwardShape("draft", self.method, len(states), width, kv)) if width else 0.0
         verify_ms = self.cost.forward_ms(ForwardShape("verify", self.method, len(states), width + 1, kv))

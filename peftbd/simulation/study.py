@@ -106,33 +106,36 @@ def paper_method(name: str, positions: int, ship_bytes_per_token: int) -> SimMet
                      AcceptanceProfile.with_mean(tokens, positions), ship_bytes_per_token)
 
 
-def replay(report: PlacementReport, prompts: Sequence[Sequence[int]], positions: dict[str, int],
-           max_batch: int, batch_wait_ms: float, prefill_chunk: int, groups: int,
-           source: str) -> tuple[Simulated, dict[tuple[str, str], FittedCost]]:
-    """A measured placement run (`report`, over `prompts`) replayed on the simulator with this
-    box's cost model fitted from it (`fit_costs`): each (placement, method, level) sends the
-    same requests in the same order, each answered with its measured number of tokens, at its
-    method's measured tokens per round (`positions`: each method's draft positions by serving
-    name); the serving settings are the run's."""
-    alone = summarize(one_at_a_time(report.requests))
+def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
+           positions: dict[str, int], max_batch: int, batch_wait_ms: float, prefill_chunk: int,
+           groups: int, source: str) -> tuple[Simulated, dict[tuple[str, str], FittedCost]]:
+    """Measured placement runs (`reports`: repeats of one run over `prompts`) replayed on the
+    simulator with this box's cost model fitted from all of them (`fit_costs`): each (placement,
+    method, level) sends the first run's requests in its order, each answered with its measured
+    number of tokens, at its method's measured tokens per round (`positions`: each method's
+    draft positions by serving name); the serving settings are the run's."""
+    first = reports[0]
+    alone = summarize([r for rep in reports for r in one_at_a_time(rep.requests)])
     prompt_tokens = sum(map(len, prompts)) / len(prompts)
-    costs = fit_costs(alone, report.concurrency, prompt_tokens, source)
+    costs = fit_costs(alone, [row for rep in reports for row in rep.concurrency], prompt_tokens, source)
     out = Simulated("fitted: this box, from " + source)
     outputs = [0] * len(prompts)
-    for r in report.requests:
+    for r in first.requests:
         outputs[r.prompt] = r.completion_tokens
     for (placement, label), cost in costs.items():
-        mine = [r for r in report.requests if (r.placement, r.method) == (placement, label)]
-        name = mine[0].spec.method
-        k = positions.get(name, 0)
-        method = SimMethod(name, label, k, _calibrated(alone[placement][label], k, prompts, outputs))
-        devices = report.devices[placement]
+        mine = sorted((r for r in first.requests if (r.placement, r.method) == (placement, label)),
+                      key=lambda r: r.start_s)
+        if not mine:
+            continue
+        k = positions.get(mine[0].spec.method, 0)
+        method = SimMethod(mine[0].spec.method, label, k,
+                           _calibrated(alone[placement][label], k, prompts, outputs))
         setup = SimSetup(placement, cost, max_batch, batch_wait_ms, prefill_chunk,
-                         engines=devices.total, groups=groups, ingress_ms=cost.ingress_ms)
+                         engines=first.devices[placement].total, groups=groups,
+                         ingress_ms=cost.ingress_ms)
         levels = sorted({r.concurrency for r in mine})
         run_levels(out, setup, method, prompts, outputs,
-                   [(c, [r.prompt for r in sorted(mine, key=lambda r: r.start_s) if r.concurrency == c])
-                    for c in levels])
+                   [(c, [r.prompt for r in mine if r.concurrency == c]) for c in levels])
     return out, costs
 
 

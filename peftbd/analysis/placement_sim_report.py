@@ -1,0 +1,180 @@
+"""The simulated placement section in Markdown and its figure (`peftbd.analysis.placement_sim`):
+the verdicts first, then the simulation beside the measured repeats, then each simulated run's
+table; every heading, table caption and figure title says SIMULATED and names the cost model."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from peftbd.analysis.figures import (
+    MARKERS,
+    PANEL_TITLE_CHARS,
+    _figure,
+    _gaps,
+    _legend_right,
+    save_png,
+)
+from peftbd.analysis.placement import busy_words
+from peftbd.analysis.placement_sim import (
+    MIN_REPEATS,
+    TOLERANCE,
+    Comparison,
+    SimulatedRun,
+    SimVerdict,
+    ValidationRow,
+)
+from peftbd.analysis.placement_verdict import Capacity
+from peftbd.analysis.tables import fmt_or_dash, markdown_table
+
+MEASURABLE = "this box"
+"""The hardware the measured repeats ran on: the simulated runs they validate."""
+
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _models(runs: Sequence[SimulatedRun]) -> str:
+    """The runs' cost models, each once, in order."""
+    return ", ".join(dict.fromkeys(r.cost_model for r in runs)) or "-"
+
+
+def _beats_words(c: Comparison) -> str:
+    best = (f"best {c.best_ratio:.2f}x at {c.best_at}" if c.best_ratio is not None
+            else "no tok/s per device to compare")
+    if c.beats_at is None:
+        return (f"{c.placement} never beats {c.baseline}'s tok/s per device up to "
+                f"{max(c.levels, default=0)} clients ({best})")
+    return (f"{c.placement} beats {c.baseline}'s tok/s per device from {c.beats_at} clients "
+            f"({c.ratio_at:.2f}x; {best})")
+
+
+def _cap(c: Capacity | None, per_verifier: float | None) -> str:
+    return "-" if c is None or per_verifier is None else (
+        f"{'>= ' if c.censored else ''}{per_verifier:.1f}")
+
+
+def verdict_line(v: SimVerdict) -> str:
+    """One verdict: where split first beats colocated, the capacities, the deciding term and
+    drafting ahead against split."""
+    (cc, cs), (pc, ps) = v.capacity, v.capacity_per_verifier
+    value, kind = v.capacity_gain
+    gain = "unknown" if value is None or kind == "unknown" else f"{kind} {value:.2f}x".strip()
+    line = (f"- **{v.hardware} · {v.model} · {v.method} (SIMULATED, {v.cost_model}):** "
+            f"{_beats_words(v.split)}; capacity per verifier device {_cap(cc, pc)} colocated vs "
+            f"{_cap(cs, ps)} {v.split.placement} ({gain}); deciding: {v.deciding}")
+    if v.ahead is not None:
+        p50 = v.ahead.p50_ms
+        line += f"; {_beats_words(v.ahead)}" + (
+            f", p50 at {v.ahead.levels[0]} client{'s' * (v.ahead.levels[0] > 1)} "
+            f"{p50[0]:.0f} -> {p50[1]:.0f} ms" if p50 else "")
+    return line + "."
+
+
+def _measured_cell(r: ValidationRow) -> str:
+    if r.interval is None:
+        return f"{r.measured:.2f} (n={r.repeats} < {MIN_REPEATS}: no interval)"
+    return f"{r.measured:.2f} (n={r.repeats}, {r.interval[0]:.2f}-{r.interval[1]:.2f})"
+
+
+def _pct(error: float | None) -> str:
+    return "-" if error is None else f"{error:+.0%}"
+
+
+def overall_line(rows: Sequence[ValidationRow], cost_models: str,
+                 tolerance: float = TOLERANCE) -> str:
+    """"SIMULATED (...) within 15% of measured at k of n levels; worst: ..." (a level is within
+    when every metric of it is)."""
+    levels: dict[tuple[str, str, int], bool] = {}
+    for r in rows:
+        key = (r.placement, r.method, r.concurrency)
+        levels[key] = levels.get(key, True) and r.within
+    flagged = len({(r.placement, r.method, r.concurrency) for r in rows if r.flagged})
+    scored = [r for r in rows if r.error is not None]
+    worst = max(scored, key=lambda r: abs(r.error or 0.0), default=None)
+    words = "-" if worst is None else (
+        f"{worst.metric} at {worst.placement}/{worst.method}/{worst.concurrency} clients, "
+        f"{_pct(worst.error)} (simulated {fmt_or_dash(worst.simulated)} vs measured "
+        f"{worst.measured:.2f})")
+    return (f"SIMULATED ({cost_models}) within {tolerance:.0%} of measured at "
+            f"{sum(levels.values())} of {len(levels)} levels; worst: {words}"
+            + (f"; {flagged} level(s) measured fewer than {MIN_REPEATS} times (no interval)"
+               if flagged else ""))
+
+
+def _validation(rows: Sequence[ValidationRow], cost_models: str, tolerance: float) -> list[str]:
+    header = ["placement", "method", "clients", "metric", "measured (n repeats, 95% interval)",
+              f"SIMULATED ({cost_models})", "error", f"within {tolerance:.0%}?"]
+    table = [[r.placement, r.method, r.concurrency, r.metric, _measured_cell(r),
+              fmt_or_dash(r.simulated), _pct(r.error), "yes" if r.within else "no"] for r in rows]
+    return ["", f"### Measured beside SIMULATED ({cost_models}): {MEASURABLE}", "",
+            overall_line(rows, cost_models, tolerance), "", markdown_table(header, table)]
+
+
+def _run_table(run: SimulatedRun) -> list[str]:
+    header = ["placement", "method", "clients", "tok/s per device", "p50 ms", "busy per role"]
+    rows = [[r.placement, r.method, r.concurrency, fmt_or_dash(r.tokens_per_s_per_device, 1),
+             f"{r.p50_ms:.0f}", busy_words(r.busy)]
+            for r in sorted(run.rows, key=lambda r: (r.placement, r.method, r.concurrency))]
+    return ["", f"### SIMULATED: {run.hardware} · {run.model} (cost model: {run.cost_model})", "",
+            markdown_table(header, rows)]
+
+
+def sim_markdown(runs: Sequence[SimulatedRun], validation: Sequence[ValidationRow] | None,
+                 verdicts: Sequence[SimVerdict], tolerance: float = TOLERANCE) -> list[str]:
+    """The report's simulated section: a verdict line per (hardware, model, method), the
+    validation against measured repeats (when given), a table per simulated run."""
+    if not runs:
+        return []
+    lines = ["", f"## Simulated placement (SIMULATED: cost model {_models(runs)})", "",
+             *(verdict_line(v) for v in verdicts), "",
+             "Levels are client counts; tok/s per device = tokens/s over the placement's "
+             "devices; capacity = the most clients that each kept the fraction of one client's "
+             "tok/s, per device holding a verifier; the deciding term splits split / colocated "
+             "tok/s per device into device utilization x tokens per busy device-second and "
+             "names the factor further from 1."]
+    if validation:
+        here = [r for r in runs if r.hardware == MEASURABLE] or list(runs)
+        lines += _validation(validation, _models(here), tolerance)
+    for run in runs:
+        lines += _run_table(run)
+    return lines
+
+
+def sim_figure(runs: Sequence[SimulatedRun], path: str | Path) -> Path:
+    """A panel per (hardware, model): tok/s per device against clients (log2), a colour and
+    marker per placement, a line style per method (and per cost model where a panel has
+    several); every title says SIMULATED and names the cost model(s)."""
+    panels: dict[tuple[str, str], list[SimulatedRun]] = {}
+    for run in runs:
+        panels.setdefault((run.hardware, run.model), []).append(run)
+    placements = sorted({r.placement for run in runs for r in run.rows})
+    methods = sorted({r.method for run in runs for r in run.rows})
+    fig, axes = _figure(4.2 * max(len(panels), 1) + 2.8, 4.4, panels=max(len(panels), 1))
+    for ax, ((hardware, model), mine) in zip(axes, panels.items()):
+        levels: set[int] = set()
+        for k, run in enumerate(mine):
+            for placement in sorted({r.placement for r in run.rows}):
+                for method in sorted({r.method for r in run.rows if r.placement == placement}):
+                    rows = sorted((r for r in run.rows if (r.placement, r.method)
+                                   == (placement, method)), key=lambda r: r.concurrency)
+                    levels |= {r.concurrency for r in rows}
+                    i = placements.index(placement)
+                    label = f"{placement} · {method}" + (
+                        f" · {run.cost_model}" if len(mine) > 1 else "")
+                    ax.plot([r.concurrency for r in rows],
+                            _gaps([r.tokens_per_s_per_device for r in rows]), label=label,
+                            color=f"C{i}", marker=MARKERS[i % len(MARKERS)],
+                            markerfacecolor="none",
+                            linestyle=LINE_STYLES[(methods.index(method) + k) % len(LINE_STYLES)])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
+        ax.set_xlabel("clients (closed loop)")
+        ax.set_ylabel("tokens / s per device (SIMULATED)")
+        ax.set_title(textwrap.fill(f"SIMULATED: {hardware} · {model}, cost model "
+                                   f"{_models(mine)}", PANEL_TITLE_CHARS), fontsize=8)
+        ax.grid(alpha=0.3)
+    _legend_right(fig, axes)
+    fig.suptitle(f"SIMULATED placement: tok/s per device vs clients ({_models(runs)})",
+                 fontsize=9)
+    return save_png(fig, path)
