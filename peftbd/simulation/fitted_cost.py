@@ -62,15 +62,13 @@ class FittedCost:
     def hop_ms(self, payload_bytes: int) -> float:
         return self.hop_per_round_ms
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
 def fit_costs(alone: dict[str, dict[str, PlacementRun]], rows: Sequence[LoadRow],
-              prompt_tokens: float, source: str) -> dict[tuple[str, str], FittedCost]:
+              prompt_tokens: float, batch_wait_ms: float, source: str) -> dict[tuple[str, str], FittedCost]:
     """{(placement, method): its cost model} of a measured run: `alone` its one-at-a-time
     summary (`peftbd.analysis.placement.summarize`), `rows` its levels (any number of repeats),
-    `prompt_tokens` its prompts' mean length, `source` what `name` says the run was."""
+    `prompt_tokens` its prompts' mean length, `batch_wait_ms` its serving setting (a request
+    alone waits that long for a batch: part of its residual that the simulator adds itself),
+    `source` what `name` says the run was."""
     out: dict[tuple[str, str], FittedCost] = {}
     for placement, by_method in alone.items():
         for method, run in by_method.items():
@@ -80,9 +78,9 @@ def fit_costs(alone: dict[str, dict[str, PlacementRun]], rows: Sequence[LoadRow]
             lines = {k: Line.fit([(r.mean_batch or 1.0, y) for r in mine if (y := _per_round(r, k)) is not None])
                      for k in ("draft", "verify")}
             base = alone.get("colocated", {}).get(method, run)
-            ingress = _residual_ms(base)
+            ingress = max(_residual_ms(base) - batch_wait_ms, 0.0)
             rounds = run.rounds / run.requests
-            hop = max(_residual_ms(run) - ingress, 0.0) / rounds if placement != "colocated" else 0.0
+            hop = max(_residual_ms(run) - _residual_ms(base), 0.0) / rounds if placement != "colocated" else 0.0
             out[placement, method] = FittedCost(
                 name=f"fitted: this box, {placement} {method} ({source})",
                 draft=lines["draft"], verify=lines["verify"],

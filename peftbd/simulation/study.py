@@ -117,7 +117,8 @@ def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
     first = reports[0]
     alone = summarize([r for rep in reports for r in one_at_a_time(rep.requests)])
     prompt_tokens = sum(map(len, prompts)) / len(prompts)
-    costs = fit_costs(alone, [row for rep in reports for row in rep.concurrency], prompt_tokens, source)
+    costs = fit_costs(alone, [row for rep in reports for row in rep.concurrency], prompt_tokens,
+                      batch_wait_ms, source)
     out = Simulated("fitted: this box, from " + source)
     outputs = [0] * len(prompts)
     for r in first.requests:
@@ -142,16 +143,19 @@ def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
 def _calibrated(run: PlacementRun, positions: int, prompts: Sequence[Sequence[int]],
                 outputs: Sequence[int]) -> AcceptanceProfile | None:
     """The geometric profile whose simulated requests emit the measured tokens per round (a
-    round cut short by the budget emits less than the profile's mean: two corrections)."""
+    round cut short by the budget emits less than the profile's mean): bisection on the mean."""
     if not positions or not run.tokens_per_round:
         return None
-    target = mean = min(max(run.tokens_per_round, 1.0), positions + 1)
-    for _ in range(2):
-        profile = AcceptanceProfile.with_mean(mean, positions)
+    target = run.tokens_per_round
+    low, high = 1.0, positions + 1.0
+    for _ in range(20):
+        mean = (low + high) / 2
         states = [SimState(list(p), len(p), n) for p, n in zip(prompts, outputs) if n > 1]
-        got = _tokens_per_round(states, profile, positions)
-        mean = min(max(mean + target - got, 1.0), positions + 1)
-    return AcceptanceProfile.with_mean(mean, positions)
+        if _tokens_per_round(states, AcceptanceProfile.with_mean(mean, positions), positions) < target:
+            low = mean
+        else:
+            high = mean
+    return AcceptanceProfile.with_mean((low + high) / 2, positions)
 
 
 class _Free:
