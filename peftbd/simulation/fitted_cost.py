@@ -1,19 +1,19 @@
 """This box's cost model, fitted from a measured placement run's own ledger (placement.json), as
-Vidur profiles operators and fits them. Per placement and method: a batched call's measured time
-per round against the batch it ran (least squares over the levels: ms = a + b * rows), for the
-draft (a split Drafter's: its draft and its catch-up `sync`) and the verify; from the requests
-one client at a time, a prefill's ms per prompt token, the engine's own work between rounds
-(`other_ms`, held on the device), and what a request's wall time holds beyond all of that: the
-ingress's time (colocated's residual) and, split, a remote call's hop per round (split's residual
-beyond colocated's, over its rounds). So one client at a time reproduces by construction; the
-loaded levels are what validation tests."""
+Vidur fits profiled operators: a batched call's time against the rows it ran (least squares over
+the levels: ms = a + b * rows, for the draft, with a split Drafter's catch-up `sync`, and the
+verify), scaled at each level to that level's own measured call times, since on this box the
+replicas share two cores and a call costs what it costs among that level's neighbours; a
+prefill's ms per prompt token; a remote call's hop per round and the ingress's time per request,
+from the level's measured transport. So the fitted model carries the box's contention as
+measured, and what validation tests is the rest: the scheduler, the step loop's decisions and
+the queueing of requests on the devices."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from peftbd.analysis.placement import LoadRow, PlacementRun
+from peftbd.analysis.placement import LoadRow
 from peftbd.simulation.shapes import ForwardShape
 
 
@@ -62,31 +62,36 @@ class FittedCost:
     def hop_ms(self, payload_bytes: int) -> float:
         return self.hop_per_round_ms
 
-def fit_costs(alone: dict[str, dict[str, PlacementRun]], rows: Sequence[LoadRow],
-              prompt_tokens: float, batch_wait_ms: float, source: str) -> dict[tuple[str, str], FittedCost]:
-    """{(placement, method): its cost model} of a measured run: `alone` its one-at-a-time
-    summary (`peftbd.analysis.placement.summarize`), `rows` its levels (any number of repeats),
-    `prompt_tokens` its prompts' mean length, `batch_wait_ms` its serving setting (a request
-    alone waits that long for a batch: part of its residual that the simulator adds itself),
-    `source` what `name` says the run was."""
-    out: dict[tuple[str, str], FittedCost] = {}
-    for placement, by_method in alone.items():
-        for method, run in by_method.items():
-            mine = [r for r in rows if (r.placement, r.method) == (placement, method)]
-            if not mine or not run.requests or not run.rounds or not run.tokens_per_s:
-                continue
-            lines = {k: Line.fit([(r.mean_batch or 1.0, y) for r in mine if (y := _per_round(r, k)) is not None])
-                     for k in ("draft", "verify")}
-            base = alone.get("colocated", {}).get(method, run)
-            ingress = max(_residual_ms(base) - batch_wait_ms, 0.0)
-            rounds = run.rounds / run.requests
-            hop = max(_residual_ms(run) - _residual_ms(base), 0.0) / rounds if placement != "colocated" else 0.0
-            out[placement, method] = FittedCost(
-                name=f"fitted: this box, {placement} {method} ({source})",
-                draft=lines["draft"], verify=lines["verify"],
-                prefill_ms_per_token=(run.prefill_ms_per_request or 0.0) / prompt_tokens,
-                hop_per_round_ms=hop, between_rounds_ms=run.other_ms_per_round or 0.0,
-                ingress_ms=ingress)
+def fit_costs(rows: Sequence[LoadRow], prompt_tokens: float, source: str
+              ) -> dict[tuple[str, str, int], FittedCost]:
+    """{(placement, method, clients): its cost model} of a measured run's levels (`rows`, any
+    number of repeats; `prompt_tokens` its prompts' mean length, `source` what `name` says the
+    run was): the batch shape of each call (`Line`, fitted over all levels) scaled to the level's
+    own measured call times (on this box the replicas share two cores, so a call at one level
+    costs what it cost among that level's neighbours); its prefill per prompt token; its hop
+    per round (split's transport per round beyond colocated's at the same level: the remote
+    call); its ingress time per request (colocated's transport per request at that level: the
+    ingress's wall time beyond the replica's)."""
+    by_key: dict[tuple[str, str, int], list[LoadRow]] = {}
+    for r in rows:
+        by_key.setdefault((r.placement, r.method, r.concurrency), []).append(r)
+    shape = {(p, m): {k: Line.fit([(r.mean_batch or 1.0, y) for r in rows if (r.placement, r.method) == (p, m)
+                                   and (y := _per_round(r, k)) is not None] or [(1.0, 0.0)])
+                      for k in ("draft", "verify")}
+             for p, m, _ in by_key}
+    out: dict[tuple[str, str, int], FittedCost] = {}
+    for (placement, method, clients), level in by_key.items():
+        colocated = by_key.get(("colocated", method, clients), level)
+        ingress = _mean([_transport_per_round(r) * (r.rounds_per_request or 0.0) for r in colocated])
+        hop = _mean([_transport_per_round(r) for r in level]) - _mean([_transport_per_round(r) for r in colocated])
+        batch = _mean([r.mean_batch or 1.0 for r in level])
+        lines = {k: _scaled(line, batch, _mean([y for r in level if (y := _per_round(r, k)) is not None]))
+                 for k, line in shape[placement, method].items()}
+        out[placement, method, clients] = FittedCost(
+            name=f"fitted: this box ({source})", draft=lines["draft"], verify=lines["verify"],
+            prefill_ms_per_token=_mean([(r.prefill_ms_per_token or 0.0) * (r.tokens_per_round or 1.0)
+                                        * (r.rounds_per_request or 0.0) for r in level]) / prompt_tokens,
+            hop_per_round_ms=max(hop, 0.0), between_rounds_ms=0.0, ingress_ms=ingress)
     return out
 
 
@@ -97,11 +102,16 @@ def _per_round(row: LoadRow, kind: str) -> float | None:
     return None if row.draft_ms_per_round is None else row.draft_ms_per_round + (row.sync_ms_per_round or 0.0)
 
 
-def _residual_ms(run: PlacementRun) -> float:
-    """A request's wall time one at a time beyond its replica-side compute (prefill, rounds'
-    draft, sync, verify and between-rounds work): ingress, and hops to a Drafter."""
-    requests, rounds = run.requests, run.rounds / run.requests
-    wall = 1e3 * run.completion_tokens / (run.tokens_per_s or 1.0) / requests
-    per_round = sum(v or 0.0 for v in (run.draft_ms_per_round, run.sync_ms_per_round,
-                                       run.verify_ms_per_round, run.other_ms_per_round))
-    return max(wall - (run.prefill_ms_per_request or 0.0) - rounds * per_round, 0.0)
+def _transport_per_round(row: LoadRow) -> float:
+    return (row.transport_ms_per_token or 0.0) * (row.tokens_per_round or 1.0)
+
+
+def _scaled(line: Line, batch: float, measured: float) -> Line:
+    """`line` scaled to cost `measured` at `batch` rows."""
+    at = line.intercept + line.slope * batch
+    k = measured / at if at > 0 else 1.0
+    return Line(line.intercept * k, line.slope * k)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

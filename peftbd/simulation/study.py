@@ -108,35 +108,35 @@ def paper_method(name: str, positions: int, ship_bytes_per_token: int) -> SimMet
 
 def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
            positions: dict[str, int], max_batch: int, batch_wait_ms: float, prefill_chunk: int,
-           groups: int, source: str) -> tuple[Simulated, dict[tuple[str, str], FittedCost]]:
+           groups: int, source: str) -> tuple[Simulated, dict[tuple[str, str, int], FittedCost]]:
     """Measured placement runs (`reports`: repeats of one run over `prompts`) replayed on the
     simulator with this box's cost model fitted from all of them (`fit_costs`): each (placement,
     method, level) sends the first run's requests in its order, each answered with its measured
-    number of tokens, at its method's measured tokens per round (`positions`: each method's
-    draft positions by serving name); the serving settings are the run's."""
+    number of tokens, at its method's measured tokens per round one client at a time
+    (`positions`: each method's draft positions by serving name); the serving settings are the
+    run's."""
     first = reports[0]
     alone = summarize([r for rep in reports for r in one_at_a_time(rep.requests)])
-    prompt_tokens = sum(map(len, prompts)) / len(prompts)
-    costs = fit_costs(alone, [row for rep in reports for row in rep.concurrency], prompt_tokens,
-                      batch_wait_ms, source)
+    costs = fit_costs([row for rep in reports for row in rep.concurrency],
+                      sum(map(len, prompts)) / len(prompts), source)
     out = Simulated("fitted: this box, from " + source)
     outputs = [0] * len(prompts)
     for r in first.requests:
         outputs[r.prompt] = r.completion_tokens
-    for (placement, label), cost in costs.items():
-        mine = sorted((r for r in first.requests if (r.placement, r.method) == (placement, label)),
-                      key=lambda r: r.start_s)
-        if not mine:
+    methods: dict[tuple[str, str], SimMethod] = {}
+    for (placement, label, clients), cost in sorted(costs.items()):
+        jobs = [r for r in sorted(first.requests, key=lambda r: r.start_s)
+                if (r.placement, r.method, r.concurrency) == (placement, label, clients)]
+        if not jobs:
             continue
-        k = positions.get(mine[0].spec.method, 0)
-        method = SimMethod(mine[0].spec.method, label, k,
-                           _calibrated(alone[placement][label], k, prompts, outputs))
+        name = jobs[0].spec.method
+        k = positions.get(name, 0)
+        method = methods.setdefault((placement, label), SimMethod(
+            name, label, k, _calibrated(alone[placement][label], k, prompts, outputs)))
         setup = SimSetup(placement, cost, max_batch, batch_wait_ms, prefill_chunk,
                          engines=first.devices[placement].total, groups=groups,
                          ingress_ms=cost.ingress_ms)
-        levels = sorted({r.concurrency for r in mine})
-        run_levels(out, setup, method, prompts, outputs,
-                   [(c, [r.prompt for r in mine if r.concurrency == c]) for c in levels])
+        run_levels(out, setup, method, prompts, outputs, [(clients, [r.prompt for r in jobs])])
     return out, costs
 
 

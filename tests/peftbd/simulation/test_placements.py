@@ -89,8 +89,10 @@ def test_a_run_fitted_and_replayed_comes_back_level_by_level():
         skipped={}, notes=[], devices=measured.devices, verdicts=[], outputs_identical=True,
         requests=measured.records)
     simulated, costs = replay([report], PROMPTS, {"peftbd": 8}, 8, 2.0, 64, 2, "test run")
-    assert costs["split", "peftbd"].hop_per_round_ms == pytest.approx(1.5, rel=0.05)
-    assert costs["colocated", "peftbd"].ingress_ms == pytest.approx(3.0, rel=0.05)
+    for clients in (1, 2, 4, 8):
+        assert costs["split", "peftbd", clients].hop_per_round_ms == pytest.approx(1.5, rel=0.05)
+        assert costs["colocated", "peftbd", clients].ingress_ms == pytest.approx(3.0, rel=0.05)
+        assert costs["split", "peftbd", clients].verify.at(3) == pytest.approx(12.0, rel=0.05)
     want = {(r.placement, r.concurrency): r for r in report.concurrency}
     got = {(r.placement, r.concurrency): r for r in simulated.rows()}
     assert got.keys() == want.keys()
