@@ -47,6 +47,7 @@ import ray
 
 from jobs.progress import relay
 from jobs.ray_env import init_ray, shutdown
+from peftbd.analysis.placement_sim_summary import beside_lines
 from peftbd.analysis.report import (
     BENCHMARK_STAGE,
     REPORT,
@@ -67,7 +68,7 @@ from peftbd.config import Config
 from peftbd.data.draft_vocab import draft_vocabulary
 from peftbd.data.sources import SPEC_BENCH_PREFIX, source_identity
 from peftbd.errors import UserError
-from peftbd.layout import GENERATE, benchmark_stage, cost_profile_stage, experiments
+from peftbd.layout import GENERATE, benchmark_stage, cost_profile_stage, experiments, placement_stage
 from peftbd.manifest import StageTimer, is_complete, read_manifest
 from peftbd.methods import methods
 from peftbd.stage import StageCall, StageInputs, StageSpec
@@ -205,8 +206,11 @@ def _build(tmp: Path, inputs: StageInputs, cfg: Config, upstream: dict[str, Path
     for experiment in experiments():  # beside the main job: summarised
         if experiment.name in upstream:
             manifests[experiment.title] = read_manifest(upstream[experiment.name])
+    placement = placement_stage().name  # the simulated placement beside it: its first screen,
+    # linked relative to `tmp` (out's `.partial` sibling, so the link holds for out too)
+    simulated = beside_lines(upstream[placement], tmp) if placement in upstream else []
     results.write(tmp / RESULTS)
-    build_report(results, manifests, tmp)
+    build_report(results, manifests, tmp, simulated)
     return {"prompts": results.prompts.model_dump(), "timing": results.timing.model_dump(),
             "summary": summary_lines(results), **stats}
 

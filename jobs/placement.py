@@ -20,7 +20,10 @@ each replica's busy fraction; and the verdict (`peftbd.analysis.placement_verdic
 drafting method, the change in drafting cost per token, the deciding term, capacity per
 verifier device against the (1 + t_d / t_v) prediction. `serving.synthetic` methods run at their
 controlled acceptance (their greedy references are decoded here first, untimed) and are
-labelled so. Written as placement.json and placement.md.
+labelled so. Written as placement.json and placement.md; placement.md ends with the simulated
+section's first screen (SIMULATED verdict table, cost models, validation line; linking
+placement_sim.md) when `python -m jobs.placement_sim` has written placement_sim.json beside the
+output dir (`<out>/../placement_sim/`) by the time this runs (read only, not fingerprinted).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from peftbd.analysis.placement import (
     summarize,
 )
 from peftbd.analysis.placement_ahead import AHEAD, ahead_markdown, ahead_sentence, ahead_verdicts
+from peftbd.analysis.placement_sim_summary import beside_lines
 from peftbd.analysis.placement_verdict import (
     REPORT_FILE,
     PlacementReport,
@@ -176,7 +180,7 @@ def placement_call(cfg: Config, out_dir: str | Path, drafter_dirs: DrafterDirs |
     check_serving_config(cfg.serving)
     dirs = drafter_dirs or {}
     upstream = {m.stage.name: Path(d) for m in methods() if m.stage and (d := dirs.get(m.serving))}
-    build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream)
+    build = functools.partial(_measure_placements, cfg=cfg, upstream=upstream, out_dir=Path(out_dir))
     return StageCall(placement_stage(), cfg.to_dict(), Path(out_dir), upstream, build,
                      extra={"source": source_identity(cfg)})  # a local source: its content
 
@@ -190,7 +194,7 @@ def run_placement(cfg: Config, out_dir: str | Path, drafter_dirs: DrafterDirs | 
 
 
 def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
-                        upstream: dict[str, Path]) -> dict[str, Any]:
+                        upstream: dict[str, Path], out_dir: Path) -> dict[str, Any]:
     import ray
     from ray import serve
 
@@ -273,7 +277,8 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
     report.write(tmp)
     (tmp / "placement.md").write_text(markdown(summary, skipped, notes, by_concurrency)
                                       + "\n".join(verdict_markdown(found, cfg.serving.capacity_fraction)
-                                                  + ahead_markdown(ahead)) + "\n")
+                                                  + ahead_markdown(ahead)
+                                                  + beside_lines(out_dir, out_dir)) + "\n")
     return PlacementSections(  # the main report summarises these
         counts={"prompts": len(prompts), "requests": len(records)}, placements=list(devices),
         skipped=skipped, outputs_identical=report.outputs_identical,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from peftbd.analysis.placement_sim import SimReport, SimulatedRun, sim_verdicts, validate
 from peftbd.analysis.placement_sim_report import sim_figure, sim_markdown
+from peftbd.analysis.placement_sim_summary import SIM_SUBDIR
 from peftbd.analysis.placement_verdict import REPORT_FILE, PlacementReport
 from peftbd.benchmarking.roofline import GPUS
 from peftbd.cli import add_config_args, config_from_args, output_root
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         clients = tuple(int(c) for c in args.clients.split(","))
     except ValueError:
         parser.error(f"--clients {args.clients!r}: comma-separated client counts, e.g. 1,4,16")
-    out = Path(args.out or output_root(cfg) / "placement_sim")
+    out = Path(args.out or output_root(cfg) / SIM_SUBDIR)
     start = time.perf_counter()
     try:
         reports = measured_reports(args.measured, cfg)

@@ -100,7 +100,8 @@ def cost_profile_stage() -> StageSpec:
 
 def placement_stage() -> StageSpec:
     """The placement experiment (outside the main job): when its output exists under the same
-    root, the benchmark's report summarises its verdict."""
+    root, the benchmark's report summarises its verdict (and the simulated placement's first
+    screen when placement_sim/ sits beside it; placement.md shows it too when it was there)."""
     return StageSpec(
         "placement", "placement experiment", "placement",
         reads=("preset", "model", "tiny_world", "data.source", *method_sections(), "serving",
@@ -109,7 +110,8 @@ def placement_stage() -> StageSpec:
         code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
               "peftbd.analysis.placement", "peftbd.analysis.placement_verdict",
               "peftbd.analysis.placement_ahead",
-              "peftbd.analysis.placement_ledger",
+              "peftbd.analysis.placement_ledger", "peftbd.analysis.placement_sim",
+              "peftbd.analysis.placement_sim_summary",
               "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",

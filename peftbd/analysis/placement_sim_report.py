@@ -1,6 +1,8 @@
 """The simulated placement section in Markdown and its figure (`peftbd.analysis.placement_sim`):
-the verdicts first, then the simulation beside the measured repeats, then each simulated run's
-table; every heading, table caption and figure title says SIMULATED and names the cost model."""
+the first screen (`peftbd.analysis.placement_sim_summary`: the cost models keyed once, the
+validation's overall line, one verdict table), then the details: every verdict in full, the
+simulation beside the measured repeats, each simulated run's table; every heading, table caption
+and figure title says SIMULATED and names its cost model (the figure in full, the tables by key)."""
 
 from __future__ import annotations
 
@@ -25,11 +27,17 @@ from peftbd.analysis.placement_sim import (
     SimVerdict,
     ValidationRow,
 )
+from peftbd.analysis.placement_sim_summary import (
+    DETAILS,
+    MEASURABLE,
+    cost_model_keys,
+    first_screen,
+    pct,
+    row_label,
+    validated_keys,
+)
 from peftbd.analysis.placement_verdict import Capacity
 from peftbd.analysis.tables import fmt_or_dash, markdown_table
-
-MEASURABLE = "this box"
-"""The hardware the measured repeats ran on: the simulated runs they validate."""
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -54,21 +62,30 @@ def _cap(c: Capacity | None, per_verifier: float | None) -> str:
         f"{'>= ' if c.censored else ''}{per_verifier:.1f}")
 
 
-def verdict_line(v: SimVerdict) -> str:
-    """One verdict: where split first beats colocated, the capacities, the deciding term and
-    drafting ahead against split."""
+def capacity_words(v: SimVerdict) -> str:
+    """"32.0 colocated vs >= 64.0 split (>= 2.00x)": capacity per verifier device."""
     (cc, cs), (pc, ps) = v.capacity, v.capacity_per_verifier
     value, kind = v.capacity_gain
     gain = "unknown" if value is None or kind == "unknown" else f"{kind} {value:.2f}x".strip()
-    line = (f"- **{v.hardware} · {v.model} · {v.method} (SIMULATED, {v.cost_model}):** "
-            f"{_beats_words(v.split)}; capacity per verifier device {_cap(cc, pc)} colocated vs "
-            f"{_cap(cs, ps)} {v.split.placement} ({gain}); deciding: {v.deciding}")
-    if v.ahead is not None:
-        p50 = v.ahead.p50_ms
-        line += f"; {_beats_words(v.ahead)}" + (
-            f", p50 at {v.ahead.levels[0]} client{'s' * (v.ahead.levels[0] > 1)} "
-            f"{p50[0]:.0f} -> {p50[1]:.0f} ms" if p50 else "")
-    return line + "."
+    return f"{_cap(cc, pc)} colocated vs {_cap(cs, ps)} {v.split.placement} ({gain})"
+
+
+def _ahead_words(v: SimVerdict) -> str:
+    if v.ahead is None:
+        return "-"
+    p50 = v.ahead.p50_ms
+    return _beats_words(v.ahead) + (
+        f", p50 at {v.ahead.levels[0]} client{'s' * (v.ahead.levels[0] > 1)} "
+        f"{p50[0]:.0f} -> {p50[1]:.0f} ms" if p50 else "")
+
+
+def _verdicts(verdicts: Sequence[SimVerdict], keys: dict[str, str]) -> list[str]:
+    ahead = any(v.ahead is not None for v in verdicts)
+    header = ["SIMULATED: hardware · model [cost model]", "method", "split vs colocated",
+              "capacity per verifier device", "deciding term", *(["drafting ahead"] * ahead)]
+    rows = [[row_label(v, keys), v.method, _beats_words(v.split), capacity_words(v), v.deciding,
+             *([_ahead_words(v)] * ahead)] for v in verdicts]
+    return ["", "#### Verdicts in full (SIMULATED)", "", markdown_table(header, rows)]
 
 
 def _measured_cell(r: ValidationRow) -> str:
@@ -77,67 +94,39 @@ def _measured_cell(r: ValidationRow) -> str:
     return f"{r.measured:.2f} (n={r.repeats}, {r.interval[0]:.2f}-{r.interval[1]:.2f})"
 
 
-def _pct(error: float | None) -> str:
-    return "-" if error is None else f"{error:+.0%}"
-
-
-def overall_line(rows: Sequence[ValidationRow], cost_models: str,
-                 tolerance: float = TOLERANCE) -> str:
-    """"SIMULATED (...) within 15% of measured at k of n levels; worst: ..." (a level is within
-    when every metric of it is)."""
-    levels: dict[tuple[str, str, int], bool] = {}
-    for r in rows:
-        key = (r.placement, r.method, r.concurrency)
-        levels[key] = levels.get(key, True) and r.within
-    flagged = len({(r.placement, r.method, r.concurrency) for r in rows if r.flagged})
-    scored = [r for r in rows if r.error is not None]
-    worst = max(scored, key=lambda r: abs(r.error or 0.0), default=None)
-    words = "-" if worst is None else (
-        f"{worst.metric} at {worst.placement}/{worst.method}/{worst.concurrency} clients, "
-        f"{_pct(worst.error)} (simulated {fmt_or_dash(worst.simulated)} vs measured "
-        f"{worst.measured:.2f})")
-    return (f"SIMULATED ({cost_models}) within {tolerance:.0%} of measured at "
-            f"{sum(levels.values())} of {len(levels)} levels; worst: {words}"
-            + (f"; {flagged} level(s) measured fewer than {MIN_REPEATS} times (no interval)"
-               if flagged else ""))
-
-
 def _validation(rows: Sequence[ValidationRow], cost_models: str, tolerance: float) -> list[str]:
     header = ["placement", "method", "clients", "metric", "measured (n repeats, 95% interval)",
               f"SIMULATED ({cost_models})", "error", f"within {tolerance:.0%}?"]
     table = [[r.placement, r.method, r.concurrency, r.metric, _measured_cell(r),
-              fmt_or_dash(r.simulated), _pct(r.error), "yes" if r.within else "no"] for r in rows]
-    return ["", f"### Measured beside SIMULATED ({cost_models}): {MEASURABLE}", "",
-            overall_line(rows, cost_models, tolerance), "", markdown_table(header, table)]
+              fmt_or_dash(r.simulated), pct(r.error), "yes" if r.within else "no"] for r in rows]
+    return ["", f"#### Measured beside SIMULATED ({cost_models}): {MEASURABLE}", "",
+            markdown_table(header, table)]  # its overall line: on the first screen
 
 
-def _run_table(run: SimulatedRun) -> list[str]:
+def _run_table(run: SimulatedRun, keys: dict[str, str]) -> list[str]:
     header = ["placement", "method", "clients", "tok/s per device", "p50 ms", "busy per role"]
     rows = [[r.placement, r.method, r.concurrency, fmt_or_dash(r.tokens_per_s_per_device, 1),
              f"{r.p50_ms:.0f}", busy_words(r.busy)]
             for r in sorted(run.rows, key=lambda r: (r.placement, r.method, r.concurrency))]
-    return ["", f"### SIMULATED: {run.hardware} · {run.model} (cost model: {run.cost_model})", "",
-            markdown_table(header, rows)]
+    return ["", f"#### SIMULATED: {run.hardware} · {run.model} (cost model {keys[run.cost_model]})",
+            "", markdown_table(header, rows)]
 
 
 def sim_markdown(runs: Sequence[SimulatedRun], validation: Sequence[ValidationRow] | None,
                  verdicts: Sequence[SimVerdict], tolerance: float = TOLERANCE) -> list[str]:
-    """The report's simulated section: a verdict line per (hardware, model, method), the
-    validation against measured repeats (when given), a table per simulated run."""
+    """The report's simulated section: its first screen (`first_screen`: the cost models keyed
+    once, the validation's overall line, the verdict table, a legend), then the details: every
+    verdict in full, the validation against measured repeats (when given), a table per run."""
     if not runs:
         return []
-    lines = ["", f"## Simulated placement (SIMULATED: cost model {_models(runs)})", "",
-             *(verdict_line(v) for v in verdicts), "",
-             "Levels are client counts; tok/s per device = tokens/s over the placement's "
-             "devices; capacity = the most clients that each kept the fraction of one client's "
-             "tok/s, per device holding a verifier; the deciding term splits split / colocated "
-             "tok/s per device into device utilization x tokens per busy device-second and "
-             "names the factor further from 1."]
+    keys = cost_model_keys(runs, verdicts)
+    lines = [*first_screen(runs, validation, verdicts, tolerance), "", DETAILS]
+    if verdicts:
+        lines += _verdicts(verdicts, keys)
     if validation:
-        here = [r for r in runs if r.hardware == MEASURABLE] or list(runs)
-        lines += _validation(validation, _models(here), tolerance)
+        lines += _validation(validation, validated_keys(runs, keys), tolerance)
     for run in runs:
-        lines += _run_table(run)
+        lines += _run_table(run, keys)
     return lines
 
 

@@ -1,5 +1,6 @@
-"""The benchmark report: `report.md` + Figures 1-5, built only from `results.json` and stage
-manifests.
+"""The benchmark report: `report.md` + Figures 1-5, built only from `results.json`, stage
+manifests and the simulated placement section's lines (when placement_sim.json sits beside the
+placement experiment's output, read by the benchmark job).
 
 `build_report` is a pure function of its inputs (no clock, no constants but the paper's quoted
 numbers and the findings' tolerances), so rebuilding from the same artifacts gives the same report
@@ -8,7 +9,7 @@ and a changed artifact gives a changed report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +162,12 @@ def _sweep_words(results: Results) -> str:
 
 
 def build_report(results: Results, manifests: dict[str, dict[str, Any]],
-                 out_dir: str | Path) -> Path:
+                 out_dir: str | Path, simulated: Sequence[str] = ()) -> Path:
     """Write `report.md` and Figures 1, 2 (3 with a concurrency sweep, 4 with a reference
     acceptance, 5 with a sampled temperature) into `out_dir` from `results` (the benchmark's
-    results.json) and `manifests` ({stage name: manifest.json}); return the report's path."""
+    results.json), `manifests` ({stage name: manifest.json}) and `simulated` (the simulated
+    placement section's first screen, `placement_sim_summary.beside_lines`: shown after the
+    placement experiment's verdict); return the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_png(throughput_vs_accepted(results), out_dir / FIGURE_1)
@@ -247,7 +250,7 @@ def build_report(results: Results, manifests: dict[str, dict[str, Any]],
         *decode_section(results),
         *paper_question_section(results),
         *sampling.section(results, FIGURE_5),
-        *placement_section(manifests),
+        *placement_section(manifests, simulated),
         *learning_curves.section(manifests),
         *ablation_section(manifests.get(ablation.title), ablation.subdir),
         *study_section(manifests.get(study.title), study.subdir),
@@ -284,13 +287,16 @@ def decode_section(results: Results) -> list[str]:
             cost_at_scale.describe_decode(results) or "", table]
 
 
-def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
+def placement_section(manifests: dict[str, dict[str, Any]],
+                      simulated: Sequence[str] = ()) -> list[str]:
     """The placement experiment's verdict, when its output sits beside this run's (its manifest:
-    `jobs.placement` records the verdict sentences there)."""
+    `jobs.placement` records the verdict sentences there), then the simulated placement's first
+    screen when one sits beside that (`simulated`: its lines, one paragraph here)."""
     stage = placement_stage()
     manifest = manifests.get(stage.title)
+    sim = ["\n".join(simulated).strip()] if simulated else []
     if not manifest:
-        return []
+        return sim
     placement = PlacementSections.from_manifest(manifest)
     measured = ", ".join(placement.placements) or "none"
     return ["## Placement: does splitting draft and verify change the cost asymmetry?",
@@ -298,7 +304,8 @@ def placement_section(manifests: dict[str, dict[str, Any]]) -> list[str]:
             f"placements measured: {measured}; outputs identical across placements: "
             f"{'yes' if placement.outputs_identical else 'NO'}).",
             "\n".join(f"- {line}" for line in placement.verdicts)
-            or "_The experiment computed no verdict (no split placement beside colocated)._"]
+            or "_The experiment computed no verdict (no split placement beside colocated)._",
+            *sim]
 
 
 def paper_question_section(results: Results) -> list[str]:

@@ -1,9 +1,11 @@
 """The simulated placement section from hand-made rows: the validation's interval and error
 arithmetic (and its flag under 3 repeats), where split first beats colocated (or never), the
-capacities, the deciding term, the SIMULATED labels, placement_sim.json and the figure."""
+capacities, the deciding term, the first screen (cost models keyed once, one verdict table),
+the SIMULATED labels, placement_sim.json, the figure and the section beside a placement output."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -17,7 +19,15 @@ from peftbd.analysis.placement_sim import (
     t_interval,
     validate,
 )
-from peftbd.analysis.placement_sim_report import overall_line, sim_figure, sim_markdown
+from peftbd.analysis.placement_sim_report import sim_figure, sim_markdown
+from peftbd.analysis.placement_sim_summary import (
+    DETAILS,
+    HEADING,
+    beside_lines,
+    overall_line,
+    sim_summary,
+    verdict_cell,
+)
 from peftbd.analysis.placement_verdict import Capacity
 
 DEVICES = {"colocated": Devices(2, 2), "split": Devices(2, 1), "split-ahead": Devices(2, 1)}
@@ -146,21 +156,99 @@ def _section() -> tuple[list[str], SimReport]:
     return sim_markdown(report.runs, report.validation, report.verdicts), report
 
 
-def test_every_heading_and_table_caption_says_simulated_and_names_its_cost_model():
+def _cells(lines: list[str]) -> list[list[str]]:
+    """The first table's rows (after its header and rule), split into cells."""
+    flat = "\n".join(lines).splitlines()
+    start = next(i for i, line in enumerate(flat) if line.startswith("| "))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), flat[start:]))
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in table[2:]]
+
+
+def test_the_first_screen_keys_the_cost_models_and_answers_in_one_table():
     lines, report = _section()
-    assert lines[1].startswith("## Simulated placement (SIMULATED")
+    text = "\n".join(lines)
+    screen = text[:text.index(DETAILS)].rstrip("\n").splitlines()
+    assert len(screen) <= 40
+    assert screen[1] == HEADING == "## Simulated placement (SIMULATED)"
+    assert screen[3] == f"cost models: [a] box-fit-v2; [b] {COST}"  # each once, keyed
+    assert text.count(COST) == 1 and text.count("box-fit-v2") == 1  # never repeated below
+    # the validation's one overall line, naming this box's cost model by its key
+    assert screen[5].startswith("SIMULATED (cost model [a]) within 15% of measured at 0 of 1")
+    table = [line for line in screen if line.startswith("|")]
+    header = table[0].split(" | ")
+    assert "SIMULATED" in header[0] and header[1:] == ["peftbd |"]  # a column per method
+    assert len(table) - 2 == 1  # one row: the H100 run's (this box's has no colocated)
+    [[label, cell]] = _cells(screen)
+    assert label == "H100 · Qwen3-8B [b]"
+    [v] = report.verdicts
+    assert cell == verdict_cell(v)
+    # from 16 clients at 105 / 100; best 130 / 110 at 64; decided by split's busier devices
+    # (0.925 vs 0.9); split-ahead never beats split up to 16 (best 104 / 105 at 16)
+    where, best, term, ahead = cell.split("; ")
+    assert where == "from 16 clients, 1.05x"
+    assert best == f"best {130 / 110:.2f}x at 64"
+    assert v.term == "utilization" and v.utilization == pytest.approx(0.925 / 0.9)
+    assert term == f"utilization: {0.925 / 0.9:.2f}x, split's devices busier"
+    assert ahead == f"ahead: never <= 16, best {104 / 105:.2f}x at 16"
+    assert screen[-1].startswith("Legend:")
+    assert "\n".join(sim_summary(report)) == "\n".join(screen)  # as the placement reports show it
+
+
+def test_a_cell_names_where_split_never_wins_and_the_idle_role():
+    [v] = sim_verdicts(_run((30, 60, 90, 100), {"drafter": 0.3, "verifier": 0.95}), 0.5)
+    where, best, term = verdict_cell(v).split("; ")
+    assert where == "never <= 64" and best == f"best {100 / 110:.2f}x at 64"
+    assert term == f"utilization: {v.utilization:.2f}x, drafter idles 70%"
+    [none] = sim_verdicts(_run((30, 60, 90, 100), {}), 0.5)
+    assert verdict_cell(none).endswith("deciding: not simulated")
+    [batching] = sim_verdicts(_run((30, 70, 105, 130), {"drafter": 0.8, "verifier": 0.95}), 0.5)
+    assert batching.term == "efficiency"
+    assert verdict_cell(batching).split("; ")[2] == (
+        f"batching: {(105 / 0.875) / (100 / 0.9):.2f}x tokens per busy device-second")
+
+
+def test_every_heading_and_table_caption_says_simulated():
+    lines, report = _section()
     headings = [line for line in lines if line.startswith("#")]
-    assert len(headings) == 4  # the section, the validation and one per run
-    assert all("SIMULATED" in h and ("box-fit-v2" in h or COST in h) for h in headings)
+    # the section, the details, the verdicts in full, the validation and one per run
+    assert len(headings) == 6 and all("SIMULATED" in h for h in headings)
+    assert headings[1] == DETAILS
+    runs = [h for h in headings if h.startswith("#### SIMULATED: ")]
+    assert runs == ["#### SIMULATED: this box · Qwen3-0.6B (cost model [a])",
+                    "#### SIMULATED: H100 · Qwen3-8B (cost model [b])"]
     tables = [i for i, line in enumerate(lines) if line.startswith("| ")]
-    assert len(tables) == 3
+    assert len(tables) == 5  # the verdict table, the verdicts in full, validation, two runs
     for i in tables:  # each table's caption: the heading right above it
         caption = next(line for line in reversed(lines[:i]) if line.startswith("#"))
         assert "SIMULATED" in caption
-    assert "SIMULATED (box-fit-v2)" in lines[tables[0]].splitlines()[0]  # validation: this box's
-    assert sum(line.startswith("- **") for line in lines) == len(report.verdicts) == 1
-    assert tables[0] <= 40  # the answer comes before the tables
+    validation = next(i for i in tables if "measured" in lines[i])
+    assert "SIMULATED (cost model [a])" in lines[validation].splitlines()[0]  # this box's key
     assert "n=2 < 3: no interval" in "\n".join(lines)  # too few repeats stays visible
+    full = _cells(lines[tables[1]:])
+    [[label, method, vs, cap, deciding, ahead]] = full
+    [v] = report.verdicts
+    assert (label, method, deciding) == ("H100 · Qwen3-8B [b]", "peftbd", v.deciding)
+    assert cap == "2.0 colocated vs >= 64.0 split (>= 32.00x)"
+    assert vs.startswith("split beats colocated's tok/s per device from 16 clients")
+    assert ahead.startswith("split-ahead never beats split's")
+
+
+def test_the_section_shows_beside_a_placement_output_only_when_simulated(tmp_path):
+    placement = tmp_path / "placement"
+    placement.mkdir()
+    assert beside_lines(placement, placement) == []  # absent: nothing added
+    _, report = _section()
+    (tmp_path / "placement_sim").mkdir()
+    report.write(tmp_path / "placement_sim")
+    lines = beside_lines(placement, placement)
+    assert lines[1] == "## Simulated placement (SIMULATED)"
+    [table] = [line for line in lines if line.startswith("| ")]
+    assert table.startswith("| SIMULATED: hardware · model [cost model] | peftbd |")
+    assert lines[-1].endswith("(../placement_sim/placement_sim.md)")  # relative to the page
+    assert DETAILS not in lines  # the first screen only
+    (tmp_path / "placement_sim" / "placement_sim.json").write_text("{not json")
+    broken = beside_lines(placement, tmp_path)
+    assert "could not be read" in broken[-1] and "placement_sim/placement_sim.md" in broken[-1]
 
 
 def test_the_report_round_trips_through_placement_sim_json(tmp_path):

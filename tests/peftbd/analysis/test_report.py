@@ -232,6 +232,44 @@ def test_the_report_summarises_a_placement_experiment_beside_the_run():
     assert "no verdict" in placement_section({placement_stage().title: {"placements": ["colocated"]}})[2]
 
 
+def test_the_report_shows_the_simulated_placement_when_it_sits_beside_the_experiment(
+        tmp_path: Path) -> None:
+    from peftbd.analysis.placement import Devices, LoadRow
+    from peftbd.analysis.placement_sim import SimReport, SimulatedRun, sim_verdicts
+    from peftbd.analysis.placement_sim_summary import beside_lines
+    from peftbd.analysis.report import placement_section
+    from peftbd.layout import placement_stage
+
+    manifests = {placement_stage().title: {"placements": ["colocated", "split"],
+                                           "outputs_identical": True, "verdicts": ["v"]}}
+    placement, page = tmp_path / "placement", tmp_path / "benchmark"
+    absent = beside_lines(placement, page)
+    assert absent == [] and placement_section(manifests, absent) == placement_section(manifests)
+
+    def row(p: str, clients: int, tps: float, busy: dict[str, float | None]) -> LoadRow:
+        return LoadRow(placement=p, method="peftbd", concurrency=clients, requests=clients,
+                       requests_per_s=None, tokens_per_s=None, tokens_per_s_per_device=tps,
+                       client_tokens_per_s=10.0, p50_ms=100.0, p95_ms=100.0,
+                       transport_ms_per_token=None, mean_batch=None, busy=busy)
+
+    rows = [row("colocated", c, 10.0 * c, {"engine": 0.9}) for c in (1, 4)]
+    rows += [row("split", c, 8.0 * c, {"drafter": 0.5, "verifier": 0.9}) for c in (1, 4)]
+    run = SimulatedRun("H100 x2", "Qwen3-8B", "roofline-h100", rows,
+                       {"colocated": Devices(2, 2), "split": Devices(2, 1)})
+    (tmp_path / "placement_sim").mkdir()
+    SimReport(runs=[run], verdicts=sim_verdicts(run, 0.5)).write(tmp_path / "placement_sim")
+    lines = placement_section(manifests, beside_lines(placement, page))
+    assert lines[:3] == placement_section(manifests)  # the measured verdict first, unchanged
+    [simulated] = lines[3:]  # one paragraph: the simulated section's first screen
+    assert simulated.startswith("## Simulated placement (SIMULATED)")
+    assert "cost models: [a] roofline-h100" in simulated
+    table = [line for line in simulated.splitlines() if line.startswith("|")]
+    assert table[0] == "| SIMULATED: hardware · model [cost model] | peftbd |"
+    assert table[2].startswith("| H100 x2 · Qwen3-8B [a] | never <= 4; best 0.80x at 1; ")
+    assert "(../placement_sim/placement_sim.md)" in simulated  # the details, from report.md
+    assert "### Details" not in simulated
+
+
 def test_the_timing_line_says_each_forward_path_and_where_compiling_fell(tmp_path: Path,
                                                                          sample_results) -> None:
     results = sample_results
