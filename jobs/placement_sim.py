@@ -32,6 +32,8 @@ from peftbd.analysis.placement_verdict import REPORT_FILE, PlacementReport
 from peftbd.benchmarking.roofline import GPUS
 from peftbd.cli import add_config_args, config_from_args, output_root
 from peftbd.config import Config
+from peftbd.config_merge import ConfigError
+from peftbd.errors import error_line, one_line, user_error
 from peftbd.methods import methods
 from peftbd.simulation.roofline_cost import ROOFLINE_MODELS, Decoder, RooflineCost
 from peftbd.simulation.study import (
@@ -60,9 +62,13 @@ def measured_reports(paths: list[str], cfg: Config) -> list[tuple[str, Placement
     for p in paths:
         path = Path(p) / REPORT_FILE if Path(p).is_dir() else Path(p)
         if not path.is_file():
-            raise FileNotFoundError(f"--measured {p}: no {REPORT_FILE} there; pass a placement "
-                                    "run's output dir (python -m jobs.placement --out DIR)")
-        out.append((str(path), PlacementReport.read(path)))
+            raise ConfigError(f"--measured {p}: no {REPORT_FILE} there; pass a placement run's "
+                              "output dir (python -m jobs.placement --out DIR)")
+        try:
+            out.append((str(path), PlacementReport.read(path)))
+        except ValueError as exc:
+            raise ConfigError(f"--measured {p}: {path} is not a placement report this code reads "
+                              f"({one_line(str(exc))[:200]}); rerun python -m jobs.placement") from exc
     return out
 
 
@@ -142,18 +148,27 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         parser.error(f"--clients {args.clients!r}: comma-separated client counts, e.g. 1,4,16")
     out = Path(args.out or output_root(cfg) / SIM_SUBDIR)
-    start = time.perf_counter()
     try:
-        reports = measured_reports(args.measured, cfg)
-    except (FileNotFoundError, ValueError) as exc:
-        sys.exit(f"error: {exc}")
+        run(cfg, args.measured, hardware, models, args.max_batch, clients, out)
+    except Exception as exc:  # a UserError (here or in what it calls): one line, no traceback
+        found = user_error(exc)
+        if found is None:
+            raise
+        sys.exit(error_line(found))
+
+
+def run(cfg: Config, measured: list[str], hardware: list[str], models: list[str], max_batch: int,
+        clients: tuple[int, ...], out: Path) -> None:
+    """Validate against `measured` runs (if any), project, write `out` (see module doc)."""
+    start = time.perf_counter()
+    reports = measured_reports(measured, cfg)
     runs, validation = [], None
     if reports:
         box = validation_run(cfg, reports)
         runs.append(box)
         validation = validate([r.concurrency for _, r in reports], box.rows)
         print(f"[placement_sim] validated against {len(reports)} measured run(s)", flush=True)
-    runs += projection_runs(cfg, hardware, models, args.max_batch, Workload(), clients)
+    runs += projection_runs(cfg, hardware, models, max_batch, Workload(), clients)
     verdicts = [v for run in runs for v in sim_verdicts(run, cfg.serving.capacity_fraction)]
     report = SimReport(runs=runs, validation=validation, verdicts=verdicts)
     out.parent.mkdir(parents=True, exist_ok=True)

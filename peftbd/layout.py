@@ -108,7 +108,7 @@ def placement_stage() -> StageSpec:
                "decoding", "training.seed"),  # the seed: a random: model's weights
         inputs=tuple(m.stages[0] for m in entries() if m.stages),  # each method's main stage
         code=("peftbd.serving", "peftbd.decoding", "peftbd.models", "peftbd.methods",
-              "peftbd.analysis.placement", "peftbd.analysis.placement_verdict",
+              "peftbd.analysis.placement", "peftbd.analysis.placement_verdict", "peftbd.analysis.json_file",
               "peftbd.analysis.placement_ahead",
               "peftbd.analysis.placement_ledger", "peftbd.analysis.placement_sim",
               "peftbd.analysis.placement_sim_summary",

@@ -12,14 +12,14 @@ wherever it is printed."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from peftbd.analysis.json_file import JsonFile
 from peftbd.analysis.placement import Devices, LoadRow
 from peftbd.analysis.placement_ahead import AHEAD
 from peftbd.analysis.placement_verdict import Capacity, capacity, capacity_gain_of, per_verifier
@@ -283,29 +283,13 @@ def _deciding(term: str | None, level: int | None, u: dict[str, float | None],
 REPORT_FILE = "placement_sim.json"
 
 
-class SimReport(BaseModel):
+class SimReport(JsonFile):
     """placement_sim.json: the simulated runs, their validation against measured repeats (None:
     not validated) and the verdicts."""
 
     model_config = ConfigDict(frozen=True)
+    FILE: ClassVar[str] = REPORT_FILE
 
     runs: list[SimulatedRun]
     validation: list[ValidationRow] | None = None
     verdicts: list[SimVerdict] = []
-
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(), indent=2)
-
-    def write(self, out_dir: Path) -> Path:
-        """Write `out_dir`/placement_sim.json; its path."""
-        path = Path(out_dir) / REPORT_FILE
-        path.write_text(self.to_json())
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> SimReport:
-        """A placement_sim.json (or the directory holding one) as written by `write`."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / REPORT_FILE
-        return cls.model_validate_json(path.read_text())

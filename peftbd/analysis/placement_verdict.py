@@ -14,14 +14,13 @@ keys and layout it had as hand-built dicts (a model field per key, in the same o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from peftbd.analysis.json_file import JsonFile
 from peftbd.analysis.placement import Devices, LoadRow, PlacementRun, RequestRecord, busy_words
 from peftbd.analysis.placement_ahead import AHEAD, AheadVerdict
 from peftbd.analysis.placement_ledger import Ledger, ledger, ledger_words, level_bound, losses
@@ -318,13 +317,14 @@ def verdict_markdown(found: Sequence[Verdict], fraction: float) -> list[str]:
 REPORT_FILE = "placement.json"
 
 
-class PlacementReport(BaseModel):
+class PlacementReport(JsonFile):
     """placement.json: per placement and method one request at a time (`summary`), per client
     concurrency (`concurrency`), the placements skipped and why, notes, each placement's
     devices, the verdicts, whether every placement and method gave the same text, every
     measured request, and drafting ahead's verdicts."""
 
     model_config = ConfigDict(frozen=True)
+    FILE: ClassVar[str] = REPORT_FILE
 
     summary: dict[str, dict[str, PlacementRun]]
     concurrency: list[LoadRow]
@@ -335,25 +335,6 @@ class PlacementReport(BaseModel):
     outputs_identical: bool
     requests: list[RequestRecord]
     ahead: list[AheadVerdict] = []  # split drafting ahead against split (`placement_ahead`)
-
-    def to_json(self) -> str:
-        """The file's text (`json.dumps(..., indent=2)` of the plain data, as it always was)."""
-        return json.dumps(self.model_dump(), indent=2)
-
-    def write(self, out_dir: Path) -> Path:
-        """Write `out_dir`/placement.json; its path."""
-        path = Path(out_dir) / REPORT_FILE
-        path.write_text(self.to_json())
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> PlacementReport:
-        """A placement.json (or the directory holding one) as written by `write`; a
-        `pydantic.ValidationError` (a ValueError) names what does not fit."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / REPORT_FILE
-        return cls.model_validate_json(path.read_text())
 
 
 class PlacementSections(BaseModel):

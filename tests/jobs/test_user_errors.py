@@ -52,6 +52,8 @@ COMMANDS: dict[str, Runner] = {
     "jobs.benchmark": ("jobs.benchmark", "benchmark_call", _main,
                        lambda tmp: [*_out(tmp), "--artifacts", str(tmp / "artifacts")]),
     "jobs.placement": ("jobs.placement", "placement_call", _main, _out),
+    "jobs.placement_sim": ("jobs.placement_sim", "measured_reports", _main,
+                           lambda tmp: ["--out", str(tmp / "out")]),
     "jobs.generate_bench": ("jobs.generate_bench", "run_bench", _main,
                             lambda tmp: ["--out", str(tmp / "out")]),
     "jobs.peer": ("jobs.peer", "peer_call", _main, _out),
