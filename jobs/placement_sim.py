@@ -9,7 +9,7 @@ Validation (`--measured`, each a placement run's output dir or placement.json: r
 `python -m jobs.placement`; default: the preset's own placement output when it exists): the runs'
 levels replayed on this box's cost model fitted from their own ledgers, measured (mean, 95%
 interval over the repeats) beside simulated. Projection (`--hardware`, `--model`): colocated and
-split on one and two GPUs at 1-64 clients for PEFT-BD at 2.881, FastMTP at 1.511 and the head at
+split (and split drafting ahead) on one and two GPUs at 1-64 clients for PEFT-BD at 2.881, FastMTP at 1.511 and the head at
 5.3 tokens per round, each forward priced at the GPU's bf16 roofline plus a per-forward overhead
 taken from the paper's SGLang AR step. Writes placement_sim.json, placement_sim.md and
 placement_sim.png to --out (default: outputs/<preset>/placement_sim); the placement report shows
@@ -19,10 +19,12 @@ the section when it exists.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from peftbd.analysis.placement_sim import SimReport, SimulatedRun, sim_verdicts, validate
@@ -89,20 +91,28 @@ def validation_run(cfg: Config, reports: list[tuple[str, PlacementReport]]) -> S
 
 def projection_runs(cfg: Config, hardware: list[str], models: list[str], max_batch: int,
                     workload: Workload, clients: tuple[int, ...]) -> list[SimulatedRun]:
-    """Colocated and split on 1 and 2 GPUs of each hardware, for each model."""
+    """Colocated, split and split-ahead on 1 and 2 GPUs of each hardware, for each model: one
+    process per (model, hardware) on the machine's cores."""
+    jobs = [(cfg, model, hw, max_batch, workload, clients) for model in models for hw in hardware]
+    if len(jobs) < 2:
+        return [run for job in jobs for run in _project(*job)]
+    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        return [run for runs in pool.map(_project, *zip(*jobs)) for run in runs]
+
+
+def _project(cfg: Config, model: str, hw: str, max_batch: int, workload: Workload,
+             clients: tuple[int, ...]) -> list[SimulatedRun]:
+    arch = ROOFLINE_MODELS[model]
+    positions = {m.serving: (m.positions(cfg), m.ships) for m in methods()}
+    drafting = [paper_method(name, positions[name][0], _ships(arch, positions[name][1]))
+                for name in PAPER_TOKENS_PER_ROUND]
+    cost = RooflineCost(GPUS[hw], model, arch)
     runs = []
-    for model in models:
-        arch = ROOFLINE_MODELS[model]
-        positions = {m.serving: (m.positions(cfg), m.ships) for m in methods()}
-        drafting = [paper_method(name, positions[name][0], _ships(arch, positions[name][1]))
-                    for name in PAPER_TOKENS_PER_ROUND]
-        for hw in hardware:
-            cost = RooflineCost(GPUS[hw], model, arch)
-            for gpus in (1, 2):
-                setups = projection_setups(cost, gpus, max_batch, cfg.serving.batch_wait_ms,
-                                           cfg.decoding.prefill_chunk, cfg.serving.split_groups)
-                sim = project(setups, drafting, workload, clients)
-                runs.append(SimulatedRun(f"{hw} x{gpus}", arch.label, cost.name, sim.rows(), sim.devices))
+    for gpus in (1, 2):
+        setups = projection_setups(cost, gpus, max_batch, cfg.serving.batch_wait_ms,
+                                   cfg.decoding.prefill_chunk, cfg.serving.split_groups)
+        sim = project(setups, drafting, workload, clients)
+        runs.append(SimulatedRun(f"{hw} x{gpus}", arch.label, cost.name, sim.rows(), sim.devices))
     return runs
 
 

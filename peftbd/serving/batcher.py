@@ -33,7 +33,7 @@ from peftbd.decoding.sampling import GREEDY, SamplingParams
 from peftbd.decoding.scheduler import Scheduler, Stepped
 from peftbd.serving.busy_lock import BusyLock
 from peftbd.serving.remote_drafter import Remote
-from peftbd.serving.step_policy import Group, deal
+from peftbd.serving.step_policy import Group, deal, solo
 from peftbd.serving.rounds import RoundEvent
 from peftbd.serving.schemas import FinishReason
 
@@ -91,7 +91,7 @@ class StepLoop:
     def solo(self) -> bool:
         """At most one group has requests (a remote drafter's Drafter would otherwise idle
         while it verifies)."""
-        return sum(bool(g.waiting) or g.busy for g in self._groups) <= 1
+        return solo(self._groups)
 
     def submit(self, ticket: Ticket) -> Ticket:
         """Queue a request; its events go to `ticket.deliver` from its group's thread."""

@@ -1,6 +1,6 @@
 """The step loop's scheduling decisions, apart from its threads and clock: how requests are dealt
 into groups, when an idle group waits for a fuller batch, which method's scheduler a group steps
-next. The serving replica's threads (`peftbd.serving.batcher.StepLoop`) and the placement
+next, whether a Drafter may draft ahead. The serving replica's threads (`peftbd.serving.batcher.StepLoop`) and the placement
 simulator's virtual clock (`peftbd.simulation.placements`) both decide through these."""
 
 from __future__ import annotations
@@ -58,3 +58,9 @@ class Group(Generic[T]):
 def deal(groups: Sequence[Group[T]], dealt: int) -> Group[T]:
     """The group the `dealt`-th request goes to: round robin."""
     return groups[dealt % len(groups)]
+
+
+def solo(groups: Sequence[Group[T]]) -> bool:
+    """At most one group has requests: a split Verifier's Drafter would otherwise idle while it
+    verifies, so it may draft ahead (`serving.draft_ahead`)."""
+    return sum(bool(g.waiting) or g.busy for g in groups) <= 1

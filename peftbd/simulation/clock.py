@@ -36,12 +36,15 @@ class Hold:
 
 @dataclass(eq=False)
 class Signal:
-    """Something processes wait for (`Wait`); `fire` wakes every waiter now."""
+    """Something processes wait for (`Wait`); `fire` wakes every waiter now (`fired`: it has
+    fired at least once, for a one-off event that may end before anyone waits)."""
 
     clock: VirtualClock
     waiters: list[tuple[Process, int]] = field(default_factory=list)
+    fired: bool = False
 
     def fire(self) -> None:
+        self.fired = True
         waiters, self.waiters = self.waiters, []
         for process, wake in waiters:
             self.clock.wake(process, wake, self.clock.now)

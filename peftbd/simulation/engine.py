@@ -10,9 +10,11 @@ completion tokens of its prompt, or the run's budget): the tokens themselves are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
+from peftbd.decoding.ahead import likeliest
 from peftbd.decoding.controlled import AcceptanceProfile, request_rng
 from peftbd.decoding.packed import packed_chunks
 from peftbd.decoding.sampling import GREEDY, SamplingParams
@@ -26,10 +28,14 @@ ENGINE, DRAFTER, VERIFIER = "engine", "drafter", "verifier"
 @dataclass(frozen=True)
 class Use:
     """`ms` of a step's time: on `device` (its model busy), or a hop between devices (None: the
-    caller waits, no device is busy)."""
+    caller waits, no device is busy). `kind` "ahead": start a pre-draft (`hop` out, then `ms` on
+    the device) without waiting for it; "await": wait for the last one started to end, then its
+    `hop` back."""
 
     device: str | None
     ms: float
+    kind: Literal["hold", "ahead", "await"] = "hold"
+    hop: float = 0.0
 
 
 @dataclass(eq=False)
@@ -45,6 +51,8 @@ class SimState:
     prefilled: int = 0
     prefill_s: float = 0.0
     rounds: list[RoundMetrics] = field(default_factory=list)
+    ahead: int | None = None  # a pre-draft in flight: the accepted length it guessed
+    pre_drafted: int = 0  # rounds that took their pre-draft
 
     @property
     def new_tokens(self) -> list[int]:
@@ -61,16 +69,19 @@ class SimulatedEngine:
     `positions`: the tokens the method drafts a round (0: AR, no draft); `profile`: its
     acceptance (None with AR); `split`: the draft runs on a Drafter device behind a hop, the
     rest on the Verifier (else all on one Engine); `ship_bytes_per_token`: verifier state a split
-    Verifier sends its Drafter per committed token (`Method.ships`); `seed`: the draws'."""
+    Verifier sends its Drafter per committed token (`Method.ships`); `seed`: the draws';
+    `may_ahead`: a split Drafter drafts each round's next round during its verify while this
+    says so (the step loop's `solo`), as `peftbd.serving.remote_drafter` does (None: never)."""
 
     def __init__(self, method: str, positions: int, profile: AcceptanceProfile | None,
                  cost: CostModel, prefill_chunk: int, split: bool = False,
-                 ship_bytes_per_token: int = 0, seed: int = 0) -> None:
+                 ship_bytes_per_token: int = 0, seed: int = 0,
+                 may_ahead: Callable[[], bool] | None = None) -> None:
         if positions and profile is None:
             raise ValueError(f"{method} drafts {positions} positions a round; give its acceptance profile")
         self.method, self.positions, self.profile, self.cost = method, positions, profile, cost
         self.prefill_chunk, self.split, self.seed = prefill_chunk, split, seed
-        self.ship_bytes_per_token = ship_bytes_per_token
+        self.ship_bytes_per_token, self.may_ahead = ship_bytes_per_token, may_ahead
         self.uses: list[Use] = []
         self.verifier_steps = 0
 
@@ -109,12 +120,11 @@ class SimulatedEngine:
         ks = [min(self.positions, max(s.remaining - 1, 0)) for s in states]
         kv = sum(len(s.tokens) - 1 for s in states)  # the last token is not in the KV yet
         width = max(ks)
-        draft_ms = self.cost.forward_ms(ForwardShape("draft", self.method, len(states), width, kv)) if width else 0.0
+        draft_ms = self._draft_ms(len(states), width, kv)
         verify_ms = self.cost.forward_ms(ForwardShape("verify", self.method, len(states), width + 1, kv))
         if self.split and width:
-            hop = self.cost.hop_ms(self.ship_bytes_per_token * sum(map(_unshipped, states)))
-            self.uses += [Use(None, hop / 2), Use(DRAFTER, draft_ms), Use(None, hop / 2),
-                          Use(VERIFIER, verify_ms)]
+            draft_ms = self._remote_draft(states, ks, width, kv)
+            self.uses.append(Use(VERIFIER, verify_ms))
         else:
             self.uses.append(Use(VERIFIER if self.split else ENGINE, draft_ms + verify_ms))
         self.verifier_steps += 1
@@ -128,6 +138,32 @@ class SimulatedEngine:
             state.rounds.append(record)
             records.append(record)
         return records
+
+    def _draft_ms(self, rows: int, width: int, kv: int) -> float:
+        return self.cost.forward_ms(ForwardShape("draft", self.method, rows, width, kv)) if width else 0.0
+
+    def _remote_draft(self, states: Sequence[SimState], ks: Sequence[int], width: int, kv: int) -> float:
+        """A split round's propose as `RemoteDrafter.propose` makes it: await the pre-draft in
+        flight (its reply is awaited either way), call the Drafter for the rows whose guess
+        missed (a hop, the draft, a hop), then, when the loop may, start the next round's
+        pre-draft for the likeliest accepted length; the ms of the draft this round took."""
+        hop = self.cost.hop_ms(self.ship_bytes_per_token * sum(map(_unshipped, states)))
+        if any(s.ahead is not None for s in states):
+            self.uses.append(Use(DRAFTER, 0.0, "await", hop / 2))
+        hit = [s.ahead is not None and s.rounds[-1].accepted == s.ahead for s in states]
+        calling = [s for s, h in zip(states, hit) if not h]
+        draft_ms = self._draft_ms(len(states), width, kv)
+        if calling:
+            draft_ms = self._draft_ms(len(calling), width, sum(len(s.tokens) - 1 for s in calling))
+            self.uses += [Use(None, hop / 2), Use(DRAFTER, draft_ms), Use(None, hop / 2)]
+        for state, h in zip(states, hit):
+            state.ahead, state.pre_drafted = None, state.pre_drafted + h
+        if self.may_ahead is not None and self.may_ahead():
+            rows = [(s, k) for s, k in zip(states, ks) if k]
+            for state, k in rows:
+                state.ahead = likeliest([r.accepted for r in state.rounds], k)
+            self.uses.append(Use(DRAFTER, self._draft_ms(len(rows), width, kv), "ahead", hop / 2))
+        return draft_ms
 
     def release(self, state: SimState) -> None:
         """Nothing to free: a simulated request holds no pool row."""

@@ -21,12 +21,13 @@ from peftbd.decoding.controlled import AcceptanceProfile
 from peftbd.decoding.scheduler import Stepped
 from peftbd.serving.roles import Role
 from peftbd.serving.schemas import SpecStats
-from peftbd.serving.step_policy import Group, deal
-from peftbd.simulation.clock import Device, Hold, Process, Signal, VirtualClock, Wait
+from peftbd.serving.step_policy import Group, deal, solo
+from peftbd.simulation.clock import Command, Device, Hold, Process, Signal, VirtualClock, Wait
 from peftbd.simulation.engine import DRAFTER, ENGINE, VERIFIER, SimState, SimulatedEngine, Use
 from peftbd.simulation.shapes import CostModel
 
-PLACEMENTS = ("colocated", "split")
+PLACEMENTS = ("colocated", "split", "split-ahead")
+"""What the simulator runs: colocated Engines; split; split drafting ahead (`serving.draft_ahead`)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class SimMethod:
     positions: int
     profile: AcceptanceProfile | None
     ship_bytes_per_token: int = 0
+    drafts_ahead: bool = False  # its drafter can pre-draft the next round (PEFT-BD's)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class SimSetup:
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r}: the simulator runs {list(PLACEMENTS)}")
+
+    @property
+    def split(self) -> bool:
+        return self.placement != "colocated"
 
     @property
     def devices(self) -> int:
@@ -89,10 +95,11 @@ class _Replica:
     def __init__(self, clock: VirtualClock, setup: SimSetup, method: SimMethod,
                  devices: dict[str, Device], seed: int) -> None:
         self.clock, self.setup, self.method, self.devices, self.seed = clock, setup, method, devices, seed
-        split = setup.placement == "split"
+        split = setup.split
         self.groups: list[Group[_Request]] = [Group(g) for g in range(setup.groups if split else 1)]
         self.wakes = [clock.signal() for _ in self.groups]
         self.engines: dict[int, SimulatedEngine] = {}
+        self.ahead: dict[int, Signal] = {}  # a group's pre-draft in flight: fired when it ends
         self.open = 0
         self.dealt = 0
         for group in self.groups:
@@ -107,8 +114,10 @@ class _Replica:
 
     def _engine(self, group: Group[_Request]) -> SimulatedEngine:
         m, s = self.method, self.setup
-        engine = SimulatedEngine(m.name, m.positions, m.profile, s.cost, s.prefill_chunk,
-                                 s.placement == "split", m.ship_bytes_per_token, self.seed)
+        ahead = s.placement == "split-ahead" and m.drafts_ahead
+        engine = SimulatedEngine(m.name, m.positions, m.profile, s.cost, s.prefill_chunk, s.split,
+                                 m.ship_bytes_per_token, self.seed,
+                                 (lambda: solo(self.groups)) if ahead else None)
         self.engines[group.index] = engine
         return engine
 
@@ -130,7 +139,7 @@ class _Replica:
             scheduler, engine = group.schedulers[method], self.engines[group.index]
             for stepped in (scheduler.prefill, scheduler.round):
                 events = stepped()
-                hops = yield from self._hold(engine.take_uses())
+                hops = yield from self._hold(group.index, engine.take_uses())
                 for event in events:
                     assert isinstance(event.key, _Request)
                     req = event.key
@@ -140,13 +149,31 @@ class _Replica:
                         self.open -= 1
                         req.done.fire()
 
-    def _hold(self, uses: Sequence[Use]) -> Generator[Hold, None, float]:
-        """Hold each use's device in turn (a hop: no device); the hops' ms."""
+    def _hold(self, group: int, uses: Sequence[Use]) -> Generator[Command, None, float]:
+        """Hold each use's device in turn (a hop: no device; a pre-draft started: no wait; an
+        await: until the group's pre-draft ends); the hops' ms."""
         hops = 0.0
         for use in uses:
+            if use.kind == "ahead":
+                self.ahead[group] = self.clock.signal()
+                self.clock.spawn(self._pre_draft(self.ahead[group], use))
+                continue
+            if use.kind == "await":
+                pending = self.ahead.pop(group, None)
+                if pending is not None and not pending.fired:
+                    yield Wait(pending)
+                yield Hold(None, use.hop)
+                hops += use.hop
+                continue
             yield Hold(None if use.device is None else self.devices[use.device], use.ms)
             hops += use.ms if use.device is None else 0.0
         return hops
+
+    def _pre_draft(self, done: Signal, use: Use) -> Process:
+        """A pre-draft: its hop out, then its draft on the Drafter; `done` fires at its end."""
+        yield Hold(None, use.hop)
+        yield Hold(self.devices[use.device or DRAFTER], use.ms)
+        done.fire()
 
 
 def simulate_level(setup: SimSetup, method: SimMethod, prompts: Sequence[Sequence[int]],
@@ -207,6 +234,7 @@ def _record(setup: SimSetup, method: SimMethod, prompt: int, req: _Request, clie
         verify_ms=sum(r.verify_ms for r in rounds), transport_ms=req.hops_ms + setup.ingress_ms,
         queued_ms=max(end - start - compute - req.hops_ms - setup.ingress_ms, 0.0),
         mean_batch_size=sum(e.batch_size for e in req.events if e.record) / len(rounds) if rounds else 0.0,
+        pre_drafted_rounds=state.pre_drafted,
         prefill_batch_size=prefill[0].batch_size if prefill else 0,
     )
     return RequestRecord(setup.placement, method.label, prompt, "", tokens, end - start, spec,

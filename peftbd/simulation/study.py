@@ -32,6 +32,10 @@ acceptance, as the benchmark's synthetic head arm)."""
 
 PROJECTION_CLIENTS = (1, 2, 4, 8, 16, 32, 64)
 
+DRAFTS_AHEAD = frozenset({"peftbd"})
+"""The methods whose drafter pre-drafts the next round (`propose_ahead`, `peftbd.decoding.ahead`:
+PEFT-BD's; the others read verifier state of the guessed tokens and answer that they cannot)."""
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -79,12 +83,13 @@ def run_levels(out: Simulated, setup: SimSetup, method: SimMethod, prompts: Sequ
 def projection_setups(cost: CostModel, gpus: int, max_batch: int, batch_wait_ms: float,
                       prefill_chunk: int, groups: int) -> list[SimSetup]:
     """The placements a projection compares on `gpus` GPUs (1 or 2): colocated, one Engine a
-    GPU; split, its Drafter and Verifier sharing the one GPU or on one GPU each."""
+    GPU; split and split drafting ahead, the Drafter and Verifier sharing the one GPU or on one
+    GPU each."""
     if gpus not in (1, 2):
         raise ValueError(f"gpus={gpus}: a projection compares placements on 1 or 2 GPUs")
-    return [SimSetup("colocated", cost, max_batch, batch_wait_ms, prefill_chunk, engines=gpus),
-            SimSetup("split", cost, max_batch, batch_wait_ms, prefill_chunk, groups=groups,
-                     shared_device=gpus == 1)]
+    return [SimSetup("colocated", cost, max_batch, batch_wait_ms, prefill_chunk, engines=gpus)] + [
+        SimSetup(split, cost, max_batch, batch_wait_ms, prefill_chunk, groups=groups,
+                 shared_device=gpus == 1) for split in ("split", "split-ahead")]
 
 
 def project(setups: Sequence[SimSetup], methods: Sequence[SimMethod], workload: Workload,
@@ -95,6 +100,8 @@ def project(setups: Sequence[SimSetup], methods: Sequence[SimMethod], workload: 
     outputs = [workload.output_tokens] * workload.prompts
     for setup in setups:
         for method in methods:
+            if setup.placement == "split-ahead" and not method.drafts_ahead:
+                continue  # its Verifier stops asking: split-ahead is split
             run_levels(out, setup, method, prompts, outputs, ((c, workload.jobs(c)) for c in clients))
     return out
 
@@ -103,7 +110,8 @@ def paper_method(name: str, positions: int, ship_bytes_per_token: int) -> SimMet
     """A method at the paper's tokens per round (`PAPER_TOKENS_PER_ROUND`), labelled so."""
     tokens = PAPER_TOKENS_PER_ROUND[name]
     return SimMethod(name, f"{name} [{tokens:g}/round]", positions,
-                     AcceptanceProfile.with_mean(tokens, positions), ship_bytes_per_token)
+                     AcceptanceProfile.with_mean(tokens, positions), ship_bytes_per_token,
+                     name in DRAFTS_AHEAD)
 
 
 def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
@@ -132,7 +140,8 @@ def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
         name = jobs[0].spec.method
         k = positions.get(name, 0)
         method = methods.setdefault((placement, label), SimMethod(
-            name, label, k, _calibrated(alone[placement][label], k, prompts, outputs)))
+            name, label, k, _calibrated(alone[placement][label], k, prompts, outputs),
+            drafts_ahead=name in DRAFTS_AHEAD))
         setup = SimSetup(placement, cost, max_batch, batch_wait_ms, prefill_chunk,
                          engines=first.devices[placement].total, groups=groups,
                          ingress_ms=cost.ingress_ms)

@@ -99,3 +99,22 @@ def test_a_run_fitted_and_replayed_comes_back_level_by_level():
     for key, row in want.items():
         assert got[key].tokens_per_s_per_device == pytest.approx(row.tokens_per_s_per_device, rel=0.05), key
         assert got[key].p50_ms == pytest.approx(row.p50_ms, rel=0.05), key
+
+
+def test_drafting_ahead_hides_the_draft_behind_the_verify_when_its_guess_holds():
+    """Every round accepts exactly 2 (a profile of certain rates): the first round has no history
+    (guess 0), the second guesses 2, so from the third round on every round takes its pre-draft,
+    and one client's request ends sooner than split's;
+    with two groups busy the Drafter never drafts ahead (the step loop's `solo`)."""
+    sure = SimMethod("peftbd", "peftbd", 8, AcceptanceProfile((1.0, 1.0, 0.0), "exactly 2"),
+                     drafts_ahead=True)
+
+    def run(placement: str, clients: int) -> list:
+        setup = SimSetup(placement, _Flat(10.0, 10.0, 1.0), 8, 0.0, 512, groups=2)
+        return simulate_level(setup, sure, PROMPTS, [31] * 6, list(range(6)), clients)[0]
+
+    split, ahead = run("split", 1), run("split-ahead", 1)
+    assert all(r.spec.pre_drafted_rounds == r.spec.rounds - 2 for r in ahead)
+    assert all(r.spec.pre_drafted_rounds == 0 for r in split)
+    assert sum(r.wall_ms for r in ahead) < 0.75 * sum(r.wall_ms for r in split)
+    assert all(r.spec.pre_drafted_rounds == 0 for r in run("split-ahead", 4))
