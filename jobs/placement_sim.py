@@ -45,7 +45,7 @@ from peftbd.simulation.study import (
     paper_method,
     project,
     projection_setups,
-    replay,
+    validation_run,
 )
 
 SHIPS_PER_TOKEN = {"kv": lambda a: 2 * a.kv_per_token(), "hidden": lambda a: 2 * a.hidden_size,
@@ -72,21 +72,6 @@ def measured_reports(paths: list[str], cfg: Config) -> list[tuple[str, Placement
             raise ConfigError(f"--measured {p}: {path} is not a placement report this code reads "
                               f"({one_line(str(exc))[:200]}); rerun python -m jobs.placement") from exc
     return out
-
-
-def validation_run(cfg: Config, reports: list[tuple[str, PlacementReport]]) -> SimulatedRun:
-    """The first measured run replayed on this box's cost model fitted from every repeat."""
-    from peftbd.data.sources import first_prompts, resolve_source
-    from peftbd.models.loading import load_tokenizer
-
-    prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
-                            cfg.serving.max_prompt_tokens)
-    s = cfg.serving
-    simulated, _ = replay([r for _, r in reports], prompts,
-                          {m.serving: m.positions(cfg) for m in methods()}, s.max_batch,
-                          s.batch_wait_ms, cfg.decoding.prefill_chunk, s.split_groups,
-                          f"{len(reports)} run(s) of {cfg.preset}")
-    return SimulatedRun("this box", cfg.preset, simulated.cost_model, simulated.rows(), simulated.devices)
 
 
 def projection_runs(cfg: Config, hardware: list[str], models: list[str], max_batch: int,
@@ -174,7 +159,7 @@ def run(cfg: Config, measured: list[str], hardware: list[str], models: list[str]
     reports = measured_reports(measured, cfg)
     runs, validation = [], None
     if reports:
-        box = validation_run(cfg, reports)
+        box = validation_run(cfg, [r for _, r in reports])
         runs.append(box)
         validation = validate([r.concurrency for _, r in reports], box.rows)
         print(f"[placement_sim] validated against {len(reports)} measured run(s)", flush=True)

@@ -111,7 +111,7 @@ def placement_stage() -> StageSpec:
               "peftbd.analysis.placement", "peftbd.analysis.placement_verdict", "peftbd.analysis.json_file",
               "peftbd.analysis.placement_ahead",
               "peftbd.analysis.placement_ledger", "peftbd.analysis.placement_sim",
-              "peftbd.analysis.placement_sim_summary",
+              "peftbd.analysis.placement_sim_summary", "peftbd.simulation",
               "peftbd.analysis.tables", "peftbd.analysis.paper", "peftbd.benchmarking.schema",
               "peftbd.benchmarking.cost_profile_schema", "peftbd.benchmarking.roofline",
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.misfit", "serve_apps",

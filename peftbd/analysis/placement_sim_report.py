@@ -20,7 +20,6 @@ from peftbd.analysis.figures import (
 )
 from peftbd.analysis.placement import busy_words
 from peftbd.analysis.placement_sim import (
-    MIN_REPEATS,
     TOLERANCE,
     Comparison,
     SimulatedRun,
@@ -29,12 +28,11 @@ from peftbd.analysis.placement_sim import (
 )
 from peftbd.analysis.placement_sim_summary import (
     DETAILS,
-    MEASURABLE,
     cost_model_keys,
     first_screen,
-    pct,
     row_label,
     validated_keys,
+    validation_table,
 )
 from peftbd.analysis.placement_verdict import Capacity
 from peftbd.analysis.tables import fmt_or_dash, markdown_table
@@ -88,21 +86,6 @@ def _verdicts(verdicts: Sequence[SimVerdict], keys: dict[str, str]) -> list[str]
     return ["", "#### Verdicts in full (SIMULATED)", "", markdown_table(header, rows)]
 
 
-def _measured_cell(r: ValidationRow) -> str:
-    if r.interval is None:
-        return f"{r.measured:.2f} (n={r.repeats} < {MIN_REPEATS}: no interval)"
-    return f"{r.measured:.2f} (n={r.repeats}, {r.interval[0]:.2f}-{r.interval[1]:.2f})"
-
-
-def _validation(rows: Sequence[ValidationRow], cost_models: str, tolerance: float) -> list[str]:
-    header = ["placement", "method", "clients", "metric", "measured (n repeats, 95% interval)",
-              f"SIMULATED ({cost_models})", "error", f"within {tolerance:.0%}?"]
-    table = [[r.placement, r.method, r.concurrency, r.metric, _measured_cell(r),
-              fmt_or_dash(r.simulated), pct(r.error), "yes" if r.within else "no"] for r in rows]
-    return ["", f"#### Measured beside SIMULATED ({cost_models}): {MEASURABLE}", "",
-            markdown_table(header, table)]  # its overall line: on the first screen
-
-
 def _run_table(run: SimulatedRun, keys: dict[str, str]) -> list[str]:
     header = ["placement", "method", "clients", "tok/s per device", "p50 ms", "busy per role"]
     rows = [[r.placement, r.method, r.concurrency, fmt_or_dash(r.tokens_per_s_per_device, 1),
@@ -124,7 +107,7 @@ def sim_markdown(runs: Sequence[SimulatedRun], validation: Sequence[ValidationRo
     if verdicts:
         lines += _verdicts(verdicts, keys)
     if validation:
-        lines += _validation(validation, validated_keys(runs, keys), tolerance)
+        lines += validation_table(validation, validated_keys(runs, keys), tolerance)
     for run in runs:
         lines += _run_table(run, keys)
     return lines

@@ -132,6 +132,23 @@ def overall_line(rows: Sequence[ValidationRow], cost_models: str,
                if flagged else ""))
 
 
+def _measured_cell(r: ValidationRow) -> str:
+    if r.interval is None:
+        return f"{r.measured:.2f} (n={r.repeats} < {MIN_REPEATS}: no interval)"
+    return f"{r.measured:.2f} (n={r.repeats}, {r.interval[0]:.2f}-{r.interval[1]:.2f})"
+
+
+def validation_table(rows: Sequence[ValidationRow], cost_models: str,
+                     tolerance: float = TOLERANCE) -> list[str]:
+    """Measured (mean, 95% interval over the repeats) beside SIMULATED, per level and metric."""
+    header = ["placement", "method", "clients", "metric", "measured (n repeats, 95% interval)",
+              f"SIMULATED ({cost_models})", "error", f"within {tolerance:.0%}?"]
+    table = [[r.placement, r.method, r.concurrency, r.metric, _measured_cell(r),
+              fmt_or_dash(r.simulated), pct(r.error), "yes" if r.within else "no"] for r in rows]
+    return ["", f"#### Measured beside SIMULATED ({cost_models}): {MEASURABLE}", "",
+            markdown_table(header, table)]
+
+
 def pct(error: float | None) -> str:
     return "-" if error is None else f"{error:+.0%}"
 

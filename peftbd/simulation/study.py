@@ -18,11 +18,14 @@ from peftbd.analysis.placement import (
     one_at_a_time,
     summarize,
 )
+from peftbd.analysis.placement_sim import SimulatedRun
 from peftbd.analysis.placement_verdict import PlacementReport
+from peftbd.config import Config
+from peftbd.methods import methods
 from peftbd.decoding.controlled import AcceptanceProfile
 from peftbd.simulation.engine import SimState, SimulatedEngine
 from peftbd.simulation.fitted_cost import FittedCost, fit_costs
-from peftbd.simulation.placements import SimMethod, SimSetup, simulate_level
+from peftbd.simulation.placements import PLACEMENTS, SimMethod, SimSetup, simulate_level
 from peftbd.simulation.shapes import CostModel, ForwardShape
 
 PAPER_TOKENS_PER_ROUND = {"peftbd": 2.881, "fastmtp": 1.511, "peftbd_head": 5.3}
@@ -133,6 +136,8 @@ def replay(reports: Sequence[PlacementReport], prompts: Sequence[Sequence[int]],
         outputs[r.prompt] = r.completion_tokens
     methods: dict[tuple[str, str], SimMethod] = {}
     for (placement, label, clients), cost in sorted(costs.items()):
+        if placement not in PLACEMENTS:  # split-forward, the cluster placements: not simulated
+            continue
         jobs = [r for r in sorted(first.requests, key=lambda r: r.start_s)
                 if (r.placement, r.method, r.concurrency) == (placement, label, clients)]
         if not jobs:
@@ -189,3 +194,20 @@ def _tokens_per_round(states: Sequence[SimState], profile: AcceptanceProfile, po
         rounds += len(engine.step_many(live))
         live = [s for s in live if not s.done]
     return sum(len(s.new_tokens) - 1 for s in states) / max(rounds, 1)
+
+
+def validation_run(cfg: Config, reports: Sequence[PlacementReport],
+                   prompts: list[list[int]] | None = None) -> SimulatedRun:
+    """The first measured run replayed on this box's cost model fitted from every repeat
+    (`prompts`: the runs' prompts; None: the config's, as jobs.placement takes them)."""
+    if prompts is None:
+        from peftbd.data.sources import first_prompts, resolve_source
+        from peftbd.models.loading import load_tokenizer
+
+        prompts = first_prompts(load_tokenizer(cfg), resolve_source(cfg), cfg.decoding.num_prompts,
+                                cfg.serving.max_prompt_tokens)
+    s = cfg.serving
+    simulated, _ = replay(reports, prompts, {m.serving: m.positions(cfg) for m in methods()},
+                          s.max_batch, s.batch_wait_ms, cfg.decoding.prefill_chunk, s.split_groups,
+                          f"{len(reports)} run(s) of {cfg.preset}")
+    return SimulatedRun("this box", cfg.preset, simulated.cost_model, simulated.rows(), simulated.devices)

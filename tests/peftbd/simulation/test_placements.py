@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from peftbd.analysis.placement import concurrency_summary, one_at_a_time, summarize
+from peftbd.analysis.placement import one_at_a_time, summarize
 from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.decoding.controlled import AcceptanceProfile
 from peftbd.simulation.fitted_cost import FittedCost, Line
