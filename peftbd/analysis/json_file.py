@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel
-from typing_extensions import Self
+
+
+R = TypeVar("R", bound="JsonFile")
 
 
 class JsonFile(BaseModel):
@@ -25,7 +27,7 @@ class JsonFile(BaseModel):
         return path
 
     @classmethod
-    def read(cls, path: Path) -> Self:
+    def read(cls: type[R], path: Path) -> R:
         """The file (or the directory holding it) as written by `write`; a
         `pydantic.ValidationError` (a ValueError) names what does not fit."""
         path = Path(path)

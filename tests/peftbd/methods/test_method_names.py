@@ -41,6 +41,11 @@ ALLOWED: dict[str, set[str]] = {
     "peftbd/benchmarking/engine_speed.py": {"peftbd"},
     # vLLM's name of its DFlash proposer (its speculative_config's method), not ours
     "peftbd/peers/vllm_side.py": {"dflash"},
+    # the placement projection: the paper's tokens per round of its drafters and the one that
+    # drafts ahead; each drafter's forwards counted at the GPU roofline (issue 66 moves these
+    # into each method's folder)
+    "peftbd/simulation/study.py": {"peftbd", "fastmtp", "peftbd_head"},
+    "peftbd/simulation/roofline_cost.py": {"peftbd", "fastmtp", "peftbd_head", "dflash", "prompt_lookup"},
 }
 """File -> names of a method it may spell, each for the reason above it."""
 
