@@ -21,7 +21,7 @@ drafting method, the change in drafting cost per token, the deciding term, capac
 verifier device against the (1 + t_d / t_v) prediction. `serving.synthetic` methods run at their
 controlled acceptance (their greedy references are decoded here first, untimed) and are
 labelled so. Written as placement.json and placement.md; placement.md shows this run replayed on
-simulated devices (measured beside SIMULATED per level, `replayed_lines`) and ends with the simulated
+simulated devices (measured beside SIMULATED per level, `peftbd.simulation.study.replayed_lines`) and ends with the simulated
 section's first screen (SIMULATED verdict table, cost models, validation line; linking
 placement_sim.md) when `python -m jobs.placement_sim` has written placement_sim.json beside the
 output dir (`<out>/../placement_sim/`) by the time this runs (read only, not fingerprinted).
@@ -62,8 +62,7 @@ from peftbd.analysis.placement import (
     summarize,
 )
 from peftbd.analysis.placement_ahead import AHEAD, ahead_markdown, ahead_sentence, ahead_verdicts
-from peftbd.analysis.placement_sim import validate
-from peftbd.analysis.placement_sim_summary import beside_lines, overall_line, validation_table
+from peftbd.analysis.placement_sim_summary import beside_lines
 from peftbd.analysis.placement_verdict import (
     REPORT_FILE,
     PlacementReport,
@@ -81,7 +80,6 @@ from peftbd.cli import (
     stage_out,
 )
 from peftbd.config import Config, load_config
-from peftbd.errors import one_line
 from peftbd.data.sources import first_prompts, resolve_source, source_identity
 from peftbd.layout import placement_stage
 from peftbd.methods import methods, serving_names
@@ -92,7 +90,7 @@ from peftbd.serving.roles import VERIFIER_ROLES
 from peftbd.serving.schemas import SpecStats, Usage
 from peftbd.serving.synthetic import method_label, synthetic_rates, write_references
 from peftbd.serving.validation import check_serving_config, placement_methods
-from peftbd.simulation.study import validation_run
+from peftbd.simulation.study import replayed_lines
 from peftbd.stage import StageCall, StageInputs
 
 log = logging.getLogger("peftbd.placement")
@@ -288,22 +286,6 @@ def _measure_placements(tmp: Path, _inputs: StageInputs, cfg: Config,
         counts={"prompts": len(prompts), "requests": len(records)}, placements=list(devices),
         skipped=skipped, outputs_identical=report.outputs_identical,
         verdicts=[sentence(v) for v in found] + [ahead_sentence(v) for v in ahead]).to_sections()
-
-
-def replayed_lines(cfg: Config, report: PlacementReport, prompts: list[list[int]]) -> list[str]:
-    """This run replayed on simulated devices with this box's cost model fitted from its own
-    ledger (`peftbd.simulation.study.validation_run`): measured beside SIMULATED per level (one run,
-    so no interval: `python -m jobs.placement_sim --measured` with three gives them). A replay
-    that fails says so in one line; the measured run is never lost over it."""
-    try:
-        box = validation_run(cfg, [report], prompts)
-    except Exception as exc:  # noqa: BLE001 (a measurement of minutes outweighs its replay)
-        return ["", f"_SIMULATED replay of this run failed ({type(exc).__name__}: "
-                f"{one_line(str(exc))[:200]})._"]
-    rows = validate([report.concurrency], box.rows)
-    return ["", "## Measured beside SIMULATED (this run replayed on its own fitted cost)", "",
-            overall_line(rows, "cost model: " + box.cost_model),
-            *validation_table(rows, "cost model: " + box.cost_model)]
 
 
 def greedy_references(cfg: Config, prompts: list[list[int]]) -> dict[tuple[int, ...], list[int]]:

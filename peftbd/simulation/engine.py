@@ -83,7 +83,6 @@ class SimulatedEngine:
         self.prefill_chunk, self.split, self.seed = prefill_chunk, split, seed
         self.ship_bytes_per_token, self.may_ahead = ship_bytes_per_token, may_ahead
         self.uses: list[Use] = []
-        self.verifier_steps = 0
 
     def take_uses(self) -> list[Use]:
         """The device uses of what ran since the last call (in order)."""
@@ -104,7 +103,6 @@ class SimulatedEngine:
                              sum(seg.start for seg in segments))
         ms = self.cost.forward_ms(shape)
         self.uses.append(Use(VERIFIER if self.split else ENGINE, ms))
-        self.verifier_steps += 1
         done = []
         for seg in segments:
             state = states[seg.request]
@@ -127,7 +125,6 @@ class SimulatedEngine:
             self.uses.append(Use(VERIFIER, verify_ms))
         else:
             self.uses.append(Use(VERIFIER if self.split else ENGINE, draft_ms + verify_ms))
-        self.verifier_steps += 1
         records = []
         for state, k in zip(states, ks):
             accepted = self.profile.draw(k, request_rng(self.seed, state)) if k and self.profile else 0

@@ -18,9 +18,11 @@ from peftbd.analysis.placement import (
     one_at_a_time,
     summarize,
 )
-from peftbd.analysis.placement_sim import SimulatedRun
+from peftbd.analysis.placement_sim import SimulatedRun, validate
+from peftbd.analysis.placement_sim_summary import overall_line, validation_table
 from peftbd.analysis.placement_verdict import PlacementReport
 from peftbd.config import Config
+from peftbd.errors import one_line
 from peftbd.methods import methods
 from peftbd.decoding.controlled import AcceptanceProfile
 from peftbd.simulation.engine import SimState, SimulatedEngine
@@ -211,3 +213,19 @@ def validation_run(cfg: Config, reports: Sequence[PlacementReport],
                           s.max_batch, s.batch_wait_ms, cfg.decoding.prefill_chunk, s.split_groups,
                           f"{len(reports)} run(s) of {cfg.preset}")
     return SimulatedRun("this box", cfg.preset, simulated.cost_model, simulated.rows(), simulated.devices)
+
+
+def replayed_lines(cfg: Config, report: PlacementReport, prompts: list[list[int]]) -> list[str]:
+    """This run replayed on simulated devices with this box's cost model fitted from its own
+    ledger (`validation_run`): measured beside SIMULATED per level (one run,
+    so no interval: `python -m jobs.placement_sim --measured` with three gives them). A replay
+    that fails says so in one line; the measured run is never lost over it."""
+    try:
+        box = validation_run(cfg, [report], prompts)
+    except Exception as exc:  # noqa: BLE001 (a measurement of minutes outweighs its replay)
+        return ["", f"_SIMULATED replay of this run failed ({type(exc).__name__}: "
+                f"{one_line(str(exc))[:200]})._"]
+    rows = validate([report.concurrency], box.rows)
+    return ["", "## Measured beside SIMULATED (this run replayed on its own fitted cost)", "",
+            overall_line(rows, "cost model: " + box.cost_model),
+            *validation_table(rows, "cost model: " + box.cost_model)]
