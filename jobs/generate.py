@@ -98,11 +98,13 @@ def prepare(source: Source, cfg: Config, limit: int | None) -> ray.data.Dataset:
 
 
 def plan_rows(prepared: ray.data.Dataset, cfg: Config, source: Source) -> SplitPlan:
-    """The split plan of the prepared rows (only their ids and drop reasons reach the driver)."""
-    index = pa.concat_tables(ray.get(prepared.select_columns(["id", "drop_reason"]).to_arrow_refs()))
+    """The split plan of the prepared rows, stratified by category (only their ids, drop reasons
+    and categories reach the driver)."""
+    index = pa.concat_tables(ray.get(
+        prepared.select_columns(["id", "drop_reason", "category"]).to_arrow_refs()))
     d = cfg.data
     plan = plan_splits(index["id"].to_pylist(), index["drop_reason"].to_pylist(),
-                       d.train_size, d.val_size, d.test_size, d.seed)
+                       d.train_size, d.val_size, d.test_size, d.seed, index["category"].to_pylist())
     if not plan.splits:
         raise SourceError(
             f"data.source={source.name!r} yielded no usable prompts ({plan.rows_read} rows read; "

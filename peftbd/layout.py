@@ -35,7 +35,8 @@ GENERATE = StageSpec(
                            "jobs.generate_vllm", "jobs.vllm_node", *_GREEDY_ENGINE),
     command="python -m jobs.generate",
 )
-_TRAIN_CODE = ("peftbd.training", "peftbd.models", "peftbd.data.artifact", "jobs.train_common")
+_TRAIN_CODE = ("peftbd.training", "peftbd.intervals", "peftbd.models", "peftbd.data.artifact",
+               "jobs.train_common")
 
 
 def training_stage(method_id: str, title: str, *, variant: str = "", reads: tuple[str, ...] = (),
@@ -92,8 +93,8 @@ def cost_profile_stage() -> StageSpec:
               "peftbd.benchmarking.forward_counter", "peftbd.benchmarking.roofline",
               "peftbd.benchmarking.device_floor", "peftbd.benchmarking.shape_decode",
               "peftbd.benchmarking.arms", "peftbd.benchmarking.environment", "peftbd.decoding",
-              "peftbd.models", "peftbd.methods", "peftbd.training", "peftbd.data.artifact",
-              "jobs.cost_profile", *plugin_modules()),
+              "peftbd.models", "peftbd.methods", "peftbd.training", "peftbd.intervals",
+              "peftbd.data.artifact", "jobs.cost_profile", *plugin_modules()),
         command="python -m jobs.cost_profile",
     )
 
@@ -205,7 +206,8 @@ def peer_stage() -> StageSpec:
                *method_sections(), "cost_profile.architecture", "training.seed"),
         code=("peftbd.decoding", "peftbd.models", "peftbd.data.sources", "peftbd.data.chat",
               "peftbd.data.content_hash", "peftbd.data.artifact", "peftbd.tiny_world",
-              "peftbd.methods", "peftbd.training", "peftbd.peers", "peftbd.benchmarking.interleaved",
+              "peftbd.methods", "peftbd.training", "peftbd.intervals", "peftbd.peers",
+              "peftbd.benchmarking.interleaved",
               "peftbd.benchmarking.noise", "peftbd.benchmarking.peer", "peftbd.benchmarking.peer_dflash",
               "peftbd.benchmarking.environment",
               "peftbd.benchmarking.peer_runs", "peftbd.benchmarking.peer_schema",

@@ -1,13 +1,15 @@
 """Per-category acceptance (Spec-Bench style): per speculative arm and prompt category, tokens per
-round (bonus included) with its 95% bootstrap interval over the category's prompts and position-1
-acceptance (Table 4's rate at j = 1), the throughput per category beside it, and what the
-intervals resolve: which drafters' tokens per round on the whole prompt mix are apart (their
-intervals disjoint) and which are not, and how far the best drafter's easiest category is from
-its hardest.
+round (bonus included) with its 95% interval over the category's prompts (`peftbd.intervals`: the
+studentized bootstrap) and position-1 acceptance (Table 4's rate at j = 1), and the categories'
+equal-weight mix with its interval; the throughput per category beside it, and what the
+intervals resolve: which drafters' tokens per round on the equal-weight mix (the pooled prompts
+in files without one) are apart (their intervals disjoint) and which are not, and how far the
+best drafter's easiest category is from its hardest.
 
-Every number is results.json's (`Arm.mean_accepted_ci95`, `Arm.by_category`:
-`peftbd.benchmarking.schema.CategoryStats`); the synthetic arms (`decoding.synthetic`: acceptance
-set by the run, not measured) are in the tables, not in the sentences.
+Every number is results.json's (`Arm.mix_accepted_ci95`, `Arm.mean_accepted_ci95`,
+`Arm.by_category`: `peftbd.benchmarking.schema.CategoryStats`); the synthetic arms
+(`decoding.synthetic`: acceptance set by the run, not measured) are in the tables, not in the
+sentences.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from itertools import combinations
 
 from peftbd.analysis.tables import NA, fmt, fmt_ci, fmt_stat, markdown_table
 from peftbd.benchmarking.schema import Arm, CategoryStats, Interval, Results
+from peftbd.intervals import METHOD
 
 TITLE = "## Per-category acceptance"
+MIX_COLUMN = "mix (equal weight)"
 
 
 def categories(results: Results) -> list[str]:
@@ -45,13 +49,18 @@ def acceptance_cell(c: CategoryStats | None) -> str | None:
 
 def acceptance_table(results: Results) -> str | None:
     """One row per speculative arm, one column per category: tokens per round with its interval
-    over the category's prompts, and position-1 acceptance; None without categories."""
+    over the category's prompts, and position-1 acceptance; a last column, MIX_COLUMN, with the
+    categories weighted equally and its interval (when the file has it); None without
+    categories."""
     cats = categories(results)
     arms = [arm for _, arm in results.arm_items() if arm.speculative and arm.by_category]
     if not cats or not arms:
         return None
-    rows = [[arm.label, *[acceptance_cell(arm.by_category.get(c)) for c in cats]] for arm in arms]
-    return markdown_table(_header(results, cats), rows)
+    mix = any(arm.mix_accepted is not None for arm in arms)
+    rows = [[arm.label, *[acceptance_cell(arm.by_category.get(c)) for c in cats],
+             *([fmt_ci(arm.mix_accepted, arm.mix_accepted_ci95)] if mix else [])]
+            for arm in arms]
+    return markdown_table([*_header(results, cats), *([MIX_COLUMN] if mix else [])], rows)
 
 
 def throughput_table(results: Results) -> str | None:
@@ -81,11 +90,19 @@ def overlap(a: Interval, b: Interval) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
+def mix_interval(arm: Arm) -> Interval | None:
+    """The arm's interval of tokens per round on the whole prompt mix: the equal-weight mix's
+    where the file has the mix (None: a category under 2 prompts), else the pooled prompts'
+    (`mean_accepted_ci95`)."""
+    return arm.mean_accepted_ci95 if arm.mix_accepted is None else arm.mix_accepted_ci95
+
+
 def resolution(results: Results) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(resolved apart, not resolved): the pairs of drafters (labels, report order) whose 95%
-    intervals of tokens per round over the whole prompt mix are disjoint, and those whose
-    intervals overlap. Drafters without an interval (under 2 prompts) are in neither."""
-    arms = [(arm.label, ci) for arm in _drafters(results) if (ci := arm.mean_accepted_ci95)]
+    intervals of tokens per round over the whole prompt mix (`mix_interval`) are disjoint, and
+    those whose intervals overlap. Drafters without an interval (under 2 prompts) are in
+    neither."""
+    arms = [(arm.label, ci) for arm in _drafters(results) if (ci := mix_interval(arm))]
     apart: list[tuple[str, str]] = []
     together: list[tuple[str, str]] = []
     for (la, a), (lb, b) in combinations(arms, 2):
@@ -103,7 +120,9 @@ def resolution_sentence(results: Results) -> str:
     if not apart and not together:
         return ("Fewer than two drafters have a 95% interval of tokens per round (each needs 2 "
                 "prompts or more): nothing to resolve apart.")
-    return (f"On the whole prompt mix, resolved apart (95% intervals of tokens per round "
+    mix = ("the equal-weight mix of the categories" if any(
+        arm.mix_accepted is not None for arm in _drafters(results)) else "the whole prompt mix")
+    return (f"On {mix}, resolved apart (95% intervals of tokens per round "
             f"disjoint): {_pairs(apart)}; the other {len(together)} pair(s) of drafters overlap.")
 
 
@@ -136,9 +155,12 @@ def section(results: Results) -> list[str]:
     return [
         TITLE,
         "Per speculative arm and prompt category: accepted tokens per round (bonus included) "
-        "with its 95% bootstrap interval over the category's prompts (repeats pooled), and p1 = "
-        "position-1 acceptance, the share of drafting rounds whose first draft token was "
-        "accepted (Table 4's rate at j = 1).",
+        f"with its 95% interval over the category's prompts ({METHOD}, repeats pooled), and "
+        "p1 = position-1 acceptance, the share of drafting rounds whose first draft token was "
+        f"accepted (Table 4's rate at j = 1). The last column, {MIX_COLUMN}, weighs each "
+        "category equally: the mean of the categories' tokens per round, with its 95% interval "
+        f"({METHOD}, prompts resampled within their category); which drafters are resolved "
+        "apart below is read from it.",
         table,
         "Throughput per category (tok/s, batch 1):",
         *filter(None, [throughput_table(results)]),

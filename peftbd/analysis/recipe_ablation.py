@@ -7,7 +7,7 @@ replayed on the val rows (`peftbd.training.rounds`; the benchmark's Table 6 show
 matches its replay up to float noise), so every variant is measured on the same rows and budget.
 
 Noise: each run's final eval has a 95% interval over the val rows (`eval_accepted_prefix_ci95`,
-delta method); a difference from full DFlash is "resolved" only when it exceeds the combined
+the ratio accepted / rounds with rows independent); a difference from full DFlash is "resolved" only when it exceeds the combined
 interval, sqrt(h_DFlash² + h_row²) of the two runs' half-widths, and "within noise" otherwise.
 The two runs' intervals are treated as independent (they score the same val rows, so the
 combined width is, if anything, wide: a "resolved" is conservative).

@@ -6,7 +6,8 @@ category from every variant's rows (`peftbd.tiny_world.corpus.CATEGORIES`). A va
 and its drafters trained by the main job's own stages under `--set` overrides; its acceptance is
 the offline replay (`peftbd.benchmarking.replay.replay_rows`: the engine's greedy rounds, which
 Table 6 of the report checks against the engine) of every drafter over the held-out val and
-test rows at the artifact's own budget, per category, with a 95% bootstrap interval over rows.
+test rows at the artifact's own budget, per category, with a 95% interval over rows
+(`peftbd.intervals`: the studentized bootstrap).
 """
 
 from __future__ import annotations
@@ -17,19 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from peftbd.benchmarking.arms import DrafterDirs, arm_specs, load_arm_models
 from peftbd.benchmarking.prompts import Prompt
 from peftbd.benchmarking.replay import RowReplay, replay_rows
 from peftbd.config import Config, ConfigError
 from peftbd.data.artifact import read_split
+from peftbd.intervals import ratio_interval
 from peftbd.methods import Method
 
 MIX = "mix"
 """The category name of all rows together (the default mix)."""
-BOOTSTRAP_SAMPLES = 2000
-BOOTSTRAP_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -98,26 +96,19 @@ class Cell:
     rows: int
     rounds: int
     tokens_per_round: float
-    ci95: tuple[float, float]
+    ci95: tuple[float, float]  # one row: no width
     position1: float
-
-
-def ratio_interval(num: Sequence[float], den: Sequence[float], offset: float = 0.0,
-                   samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """The 95% percentile-bootstrap interval of offset + sum(num) / sum(den) over rows."""
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(samples, len(a)))
-    ratios = offset + a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-12)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return round(float(lo), 4), round(float(hi), 4)
 
 
 def cell(variant: str, arm: str, category: str, rows: Sequence[RowReplay]) -> Cell:
     """The cell of `rows`' replays."""
     rounds = sum(r.rounds for r in rows)
-    accepted = sum(r.accepted for r in rows)
-    return Cell(variant, arm, category, len(rows), rounds, round(1 + accepted / rounds, 4),
-                ratio_interval([r.accepted for r in rows], [r.rounds for r in rows], offset=1.0),
+    per_round = round(1 + sum(r.accepted for r in rows) / rounds, 4)
+    # 1 + accepted / rounds: each row's emitted tokens (accepted + a bonus a round) / its rounds
+    low, high = ratio_interval([r.accepted + r.rounds for r in rows],
+                               [r.rounds for r in rows]) or (per_round, per_round)
+    return Cell(variant, arm, category, len(rows), rounds, per_round,
+                (round(low, 4), round(high, 4)),
                 round(sum(r.first_accepted for r in rows) / rounds, 4))
 
 

@@ -2,8 +2,9 @@
 
 Run-level metrics come from the engine's `summarize` (its definitions: accepted tokens per round
 include the bonus token, as the paper counts them); this module only groups decodes by arm, repeat
-and category and takes mean ± std over the repeated runs, and the bootstrap intervals over the
-prompts (`noise`) of the batch-1 throughput and of the tokens per round, per arm and per category.
+and category and takes mean ± std over the repeated runs, and the intervals over the prompts
+(`noise`) of the batch-1 throughput and of the tokens per round, per arm and per category, and
+of each arm's tokens per round with its categories weighted equally (`Arm.mix_accepted`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from peftbd.benchmarking.arms import ArmSpec
-from peftbd.benchmarking.noise import acceptance_interval, speedup_interval, throughput_interval
+from peftbd.benchmarking.noise import (
+    acceptance_interval,
+    acceptance_mix,
+    speedup_interval,
+    throughput_interval,
+)
 from peftbd.benchmarking.replay import ReplaySums
 from peftbd.benchmarking.runner import Compiles, RoundFloor, ShardResult
 from peftbd.benchmarking.schema import (
@@ -104,10 +110,10 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
     stats = _repeat_stats(runs)
     overall = summarize([res for run in runs for res in run])
     speculative = spec.method != AR
-    by_category: dict[str, CategoryStats] = {}
-    for cat in sorted({c for c in categories if c is not None}):
-        idx = [i for i, c in enumerate(categories) if c == cat]
-        by_category[cat] = category_entry([[run[i] for i in idx] for run in runs], speculative)
+    per_category = {cat: [[run[i] for i, c in enumerate(categories) if c == cat] for run in runs]
+                    for cat in sorted({c for c in categories if c is not None})}
+    by_category = {cat: category_entry(r, speculative) for cat, r in per_category.items()}
+    mix = acceptance_mix(list(per_category.values())) if speculative else None
     rnd = overall["round"]
     return Arm(
         label=spec.label, method=spec.method, stage=spec.stage, settings=spec.settings(),
@@ -115,6 +121,8 @@ def arm_entry(spec: ArmSpec, runs: Sequence[Sequence[DecodeResult]], categories:
         tokens_per_s=Throughput(**stats.tokens_per_s.model_dump(), ci95=throughput_interval(runs)),
         mean_accepted=stats.mean_accepted,
         mean_accepted_ci95=acceptance_interval(runs) if speculative else None,
+        mix_accepted=None if mix is None else mix[0],
+        mix_accepted_ci95=None if mix is None else mix[1],
         speedup_vs_ar=None if ar_runs is None else Speedup(
             mean=stats.tokens_per_s.mean / _repeat_stats(ar_runs).tokens_per_s.mean,
             ci95=speedup_interval(runs, ar_runs)),

@@ -1,7 +1,8 @@
-"""How far a batch-1 throughput measured once over a prompt set can be trusted: bootstrap
-intervals over the prompts (resampled with replacement, seeded), for an arm's tok/s and, paired
+"""How far a batch-1 throughput measured once over a prompt set can be trusted: intervals over the
+prompts (`peftbd.intervals`: the studentized bootstrap, seeded), for an arm's tok/s and, paired
 prompt by prompt, for its speedup over AR; and how far its acceptance can: the same interval for
-its tokens per round (the engine's `mean_accepted`, bonus included).
+its tokens per round (the engine's `mean_accepted`, bonus included), and for its equal-weight
+mix over the prompt categories.
 
 One timed repeat decodes every prompt once per arm; the interval says how much the number would
 move with another draw of prompts of the same kind, the noise that more repeats of the same
@@ -16,10 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from peftbd.decoding import DecodeResult
-
-RESAMPLES = 2000
-LEVEL = 0.95
-SEED = 0
+from peftbd.intervals import equal_weight_interval, ratio_interval, ratio_of_ratios_interval
 
 
 def _totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndarray]:
@@ -29,58 +27,47 @@ def _totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndar
     return tokens, seconds
 
 
-def _interval(samples: np.ndarray) -> tuple[float, float]:
-    tail = (1 - LEVEL) / 2
-    low, high = np.quantile(samples, [tail, 1 - tail])
-    return float(low), float(high)
-
-
-def _draws(n: int) -> np.ndarray:
-    """RESAMPLES x n prompt indices, the same for every arm (so paired intervals pair)."""
-    return np.random.default_rng(SEED).integers(0, n, size=(RESAMPLES, n))
-
-
 def throughput_interval(runs: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
-    """LEVEL bootstrap interval of tokens / seconds over the prompts (None: under 2 prompts)."""
-    tokens, seconds = _totals(runs)
-    if len(tokens) < 2:
-        return None
-    idx = _draws(len(tokens))
-    return _interval(tokens[idx].sum(axis=1) / seconds[idx].sum(axis=1))
+    """The interval of tokens / seconds over the prompts (None: under 2 prompts)."""
+    return ratio_interval(*_totals(runs))
 
 
 def speedup_interval(runs: Sequence[Sequence[DecodeResult]],
                      baseline: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
-    """LEVEL bootstrap interval of (tok/s of `runs`) / (tok/s of `baseline`), the same prompts
-    drawn for both (None: under 2 prompts, or the two did not decode the same prompts)."""
+    """The interval of (tok/s of `runs`) / (tok/s of `baseline`), paired prompt by prompt (None:
+    under 2 prompts, or the two did not decode the same prompts)."""
     tokens, seconds = _totals(runs)
     base_tokens, base_seconds = _totals(baseline)
-    if len(tokens) < 2 or len(tokens) != len(base_tokens):
+    if len(tokens) != len(base_tokens):
         return None
-    idx = _draws(len(tokens))
-    ours = tokens[idx].sum(axis=1) / seconds[idx].sum(axis=1)
-    theirs = base_tokens[idx].sum(axis=1) / base_seconds[idx].sum(axis=1)
-    return _interval(ours / theirs)
+    return ratio_of_ratios_interval(tokens, seconds, base_tokens, base_seconds)
 
 
-def _round_totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per prompt: tokens emitted by its rounds (accepted + bonus, `RoundMetrics.emitted`) and its
-    rounds, summed over the repeats (`runs[repeat][prompt]`)."""
+def round_totals(runs: Sequence[Sequence[DecodeResult]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt with a round: tokens emitted by its rounds (accepted + bonus,
+    `RoundMetrics.emitted`) and its rounds, summed over the repeats (`runs[repeat][prompt]`). A
+    prompt without a round (its output ended at prefill) adds to neither sum and is left out."""
     emitted = np.array([[sum(r.emitted for r in res.rounds) for res in run] for run in runs],
                        dtype=float).sum(axis=0)
     rounds = np.array([[len(res.rounds) for res in run] for run in runs], dtype=float).sum(axis=0)
-    return emitted, rounds
+    keep = rounds > 0
+    return emitted[keep], rounds[keep]
 
 
 def acceptance_interval(runs: Sequence[Sequence[DecodeResult]]) -> tuple[float, float] | None:
-    """LEVEL bootstrap interval of tokens per round = emitted tokens / rounds over the prompts,
-    the engine's `mean_accepted` (`peftbd.decoding.metrics.summarize`: bonus included), each
-    prompt's repeats pooled (None: under 2 prompts with a round). A prompt without a round (its
-    output ended at prefill) adds to neither sum and is left out of the draw."""
-    emitted, rounds = _round_totals(runs)
-    keep = rounds > 0
-    emitted, rounds = emitted[keep], rounds[keep]
-    if len(rounds) < 2:
+    """The interval of tokens per round = emitted tokens / rounds over the prompts with a round
+    (`round_totals`), the engine's `mean_accepted` (`peftbd.decoding.metrics.summarize`: bonus
+    included), each prompt's repeats pooled (None: under 2 prompts with a round)."""
+    return ratio_interval(*round_totals(runs))
+
+
+def acceptance_mix(by_category: Sequence[Sequence[Sequence[DecodeResult]]]
+                   ) -> tuple[float, tuple[float, float] | None] | None:
+    """Tokens per round with every category weighted equally (`by_category[c][repeat][prompt]`):
+    the mean over the categories of each one's emitted tokens / rounds (`round_totals`), and its
+    interval, prompts resampled within their category (None: no categories, or one without a
+    round; the interval None: a category with under 2 prompts with a round)."""
+    totals = [round_totals(runs) for runs in by_category]
+    if not totals or any(not len(rounds) for _, rounds in totals):
         return None
-    idx = _draws(len(rounds))
-    return _interval(emitted[idx].sum(axis=1) / rounds[idx].sum(axis=1))
+    return equal_weight_interval(totals)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,19 +49,28 @@ class PromptSet:
         return dict(sorted(cats.items())) or None
 
 
+def interleaved(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """`prompts` taken round-robin over their categories (each category in its own order, the
+    categories in order of first appearance), so every prefix weighs the categories alike."""
+    by_category: dict[str | None, list[Prompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    return [p for group in itertools.zip_longest(*by_category.values()) for p in group if p]
+
+
 def held_out_prompts(artifact_dir: str | Path, limit: int) -> PromptSet:
-    """The first `limit` prompts (by id) of the artifact's held-out test split."""
+    """The first `limit` prompts of the artifact's held-out test split, its rows (by id) taken
+    round-robin over their categories (`interleaved`)."""
     if limit < 1:
         raise PromptError(f"decoding.num_prompts={limit}: need at least 1 prompt")
-    table = read_split(artifact_dir, "test").slice(0, limit)
-    rows = table.select(["id", "prompt_ids", "category"]).to_pylist()
+    rows = read_split(artifact_dir, "test").select(["id", "prompt_ids", "category"]).to_pylist()
     if not rows:
         raise PromptError(
             f"the test split of {str(artifact_dir)!r} is empty; regenerate the artifact with "
             "data.test_size >= 1"
         )
-    return PromptSet([Prompt(r["id"], r["prompt_ids"], r["category"]) for r in rows], "test",
-                     str(artifact_dir))
+    prompts = [Prompt(r["id"], r["prompt_ids"], r["category"]) for r in rows]
+    return PromptSet(interleaved(prompts)[:limit], "test", str(artifact_dir))
 
 
 def spec_bench_prompts(tokenizer: PreTrainedTokenizerBase, path: str | Path, max_prompt_len: int,
@@ -69,7 +79,7 @@ def spec_bench_prompts(tokenizer: PreTrainedTokenizerBase, path: str | Path, max
     taken round-robin over categories in file order so every category is represented; questions
     longer than `max_prompt_len` (`data.max_prompt_len`) tokens are dropped and counted."""
     source = spec_bench_source(path)
-    by_category: dict[str, list[Prompt]] = {}
+    prompts: list[Prompt] = []
     dropped: Counter[str] = Counter()
     with open(source.location, encoding="utf-8") as f:
         for line in f:
@@ -79,15 +89,13 @@ def spec_bench_prompts(tokenizer: PreTrainedTokenizerBase, path: str | Path, max
             if row["drop_reason"]:
                 dropped[row["drop_reason"]] += 1
                 continue
-            cat = row["category"] or "uncategorized"
-            by_category.setdefault(cat, []).append(Prompt(row["id"], row["prompt_ids"], cat))
-    interleaved = [p for group in itertools.zip_longest(*by_category.values()) for p in group if p]
-    if not interleaved:
+            prompts.append(Prompt(row["id"], row["prompt_ids"], row["category"] or "uncategorized"))
+    if not prompts:
         raise PromptError(
             f"no usable Spec-Bench question in {source.location!r} (dropped: {dict(dropped)}); "
             f"raise data.max_prompt_len (now {max_prompt_len}) if they are too long"
         )
-    return PromptSet(interleaved[:limit], "spec-bench", source.location, dict(dropped))
+    return PromptSet(interleaved(prompts)[:limit], "spec-bench", source.location, dict(dropped))
 
 
 def load_prompts(cfg: Config, continuations_dir: str | Path | None, prompts: str) -> PromptSet:

@@ -19,12 +19,11 @@ prompts (median over repeats; at B > 1 over the first `timing.sweep_repeats`), s
 arms' per-prompt tok/s it counts rows in parallel.
 
 Acceptance carries its own interval (version 4): tokens per round (the engine's `mean_accepted`,
-bonus included) with its 95% bootstrap interval over the prompts (`noise.acceptance_interval`) per
-speculative arm and per category, beside each category's position-1 acceptance and rounds; the
-std over repeats alone (0 for one repeat, and for greedy repeats, which decode the same rounds)
+bonus included, the prompts pooled) with its 95% interval over the prompts (`noise`) per
+speculative arm and per category, beside each category's position-1 acceptance and rounds, and
+per arm the categories' equal-weight mix; the std over repeats (0 for one or greedy repeats)
 says nothing about how far acceptance would move on other prompts. Version 3 files are refused.
-Fields added after version 3 first shipped (`Arm.stage`, `Arm.floor`, `MeasuredOn.floor`) keep
-their defaults.
+Fields added since (`Arm.stage`, `.floor`, `.mix_accepted*`, `MeasuredOn.floor`) keep defaults.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ ORACLE_TARGETS: tuple[str, ...] = (FASTMTP, AR)
 paper's: FastMTP and greedy AR)."""
 
 Interval = tuple[float, float]
-"""A 95% bootstrap interval over the prompts (`peftbd.benchmarking.noise`): (low, high)."""
+"""A 95% interval over the prompts (`peftbd.intervals`, studentized bootstrap): (low, high)."""
 
 
 class Record(BaseModel):
@@ -247,6 +246,8 @@ class Arm(Record):
     tokens_per_s: Throughput
     mean_accepted: Stat  # tokens per round (bonus included), over the repeats
     mean_accepted_ci95: Interval | None  # its interval over the prompts (None: AR, under 2 prompts)
+    mix_accepted: float | None = None  # the categories' tokens per round weighted equally (None:
+    mix_accepted_ci95: Interval | None = None  # AR, no categories) and its interval over prompts
     speedup_vs_ar: Speedup | None
     mean_accepted_prefix: float | None  # accepted draft tokens / round, bonus excluded
     token_acceptance: float | None

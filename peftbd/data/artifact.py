@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,20 +121,43 @@ def split_sizes(available: int, train: int, val: int, test: int) -> dict[str, in
     return {"train": train_n, "val": val_n, "test": test_n}
 
 
+def balanced(total: int, available: Mapping[str | None, int]) -> dict[str | None, int]:
+    """`total` rows shared as equally as `available` (rows per stratum) allows: round-robin over
+    the strata that have rows left, in sorted order (None first)."""
+    share = dict.fromkeys(available, 0)
+    order = sorted(available, key=lambda c: (c is not None, c or ""))
+    while total > 0:
+        open_ = [c for c in order if share[c] < available[c]]
+        if not open_:
+            break
+        for c in open_[:total]:
+            share[c] += 1
+        total -= min(total, len(open_))
+    return share
+
+
 def assign_splits(
-    row_ids: Iterable[str], train: int, val: int, test: int, seed: int
+    row_ids: Iterable[str], train: int, val: int, test: int, seed: int,
+    categories: Mapping[str, str | None] | None = None,
 ) -> dict[str, str]:
-    """Map row id -> split, deterministically from the ids: rows sorted by `split_key`, the first
-    go to val, the next to test, the next to train (sizes from `split_sizes`); the rest are unused.
-    """
+    """Map row id -> split, deterministically from the ids, stratified by `categories` (id ->
+    category; rows without one form one stratum): rows sorted by `split_key`; val, then test,
+    take the first rows of each category, as many per category as `balanced` gives (equal
+    shares: a held-out set weighs every category alike); train takes the next rows over all
+    categories (sizes from `split_sizes`); the rest are unused."""
     ids = sorted(set(row_ids), key=lambda i: split_key(i, seed))
     sizes = split_sizes(len(ids), train, val, test)
+    strata: dict[str | None, list[str]] = {}
+    for row_id in ids:
+        strata.setdefault((categories or {}).get(row_id), []).append(row_id)
     out: dict[str, str] = {}
-    start = 0
-    for split in ("val", "test", "train"):
-        for row_id in ids[start : start + sizes[split]]:
-            out[row_id] = split
-        start += sizes[split]
+    for split in ("val", "test"):
+        share = balanced(sizes[split], {c: len(rows) for c, rows in strata.items()})
+        for c, rows in strata.items():
+            out.update(dict.fromkeys(rows[: share[c]], split))
+            strata[c] = rows[share[c]:]
+    rest = [row_id for row_id in ids if row_id not in out]
+    out.update(dict.fromkeys(rest[: sizes["train"]], "train"))
     return out
 
 
@@ -150,10 +173,10 @@ class SplitPlan:
 
 def plan_splits(
     ids: Sequence[str | None], drop_reasons: Sequence[str | None],
-    train: int, val: int, test: int, seed: int,
+    train: int, val: int, test: int, seed: int, categories: Sequence[str | None] | None = None,
 ) -> SplitPlan:
     """Count dropped rows by reason, drop every row of a duplicated id (`duplicate_id`), and
-    assign the rest with `assign_splits`."""
+    assign the rest with `assign_splits`, stratified by `categories` (one per row, or none)."""
     dropped = Counter(r for r in drop_reasons if r is not None)
     counts: Counter[str] = Counter()
     for i, r in zip(ids, drop_reasons):
@@ -164,5 +187,7 @@ def plan_splits(
     if duplicated:
         dropped["duplicate_id"] += duplicated
     unique = [i for i, n in counts.items() if n == 1]
-    splits = assign_splits(unique, train, val, test, seed)
+    category_of = (None if categories is None
+                   else {i: c for i, c in zip(ids, categories) if i is not None})
+    splits = assign_splits(unique, train, val, test, seed, category_of)
     return SplitPlan(splits, len(ids), len(unique), dict(sorted(dropped.items())))

@@ -9,7 +9,7 @@ Eval metrics: `eval_loss` (the objective at the eval epoch's offsets), `eval_mas
 positions per training block), and, over the engine's rounds replayed on the rows,
 `eval_target_token_accuracy` and `eval_accepted_prefix_mean` (the offline estimate the benchmark
 compares with the engine's `mean_accepted_prefix`) with `eval_accepted_prefix_ci95`, its 95%
-interval over the rows (`peftbd.training.rounds.ratio_ci95`).
+interval over the rows (`peftbd.training.rounds.accepted_prefix_ci95`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from peftbd.training.block_diffusion import (
 )
 from peftbd.training.deepspeed_config import BatchPlan, training_dtype
 from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, ratio
+from peftbd.training.evaluate import ROWS
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.head_objective import head_block_stats, head_drafts
-from peftbd.training.rounds import accepted_prefix_ci95, replay_rounds, round_sums
+from peftbd.training.rounds import accepted_prefix_ci95, replay_rounds, round_sums, row_values
 
 
 class HeadTask:
@@ -82,7 +83,7 @@ class HeadTask:
         drafts = head_drafts(_bd_head(module), self.verifier, batch, block_size=d, pad_id=self.pad_id)
         rounds = replay_rounds(drafts, batch, budget=self.cfg.data.max_new_tokens, block_size=d)
         return {
-            **round_sums(rounds),
+            **round_sums(rounds), ROWS: row_values(rounds),
             "weighted_loss": blocks.weighted_loss, "weight": blocks.weight,
             "correct": blocks.correct, "labelled": blocks.labelled,
             "prefix_correct": blocks.prefix_correct, "blocks": blocks.blocks,
@@ -94,7 +95,7 @@ class HeadTask:
             "eval_masked_token_accuracy": ratio(sums["correct"], sums["labelled"]),
             "eval_target_token_accuracy": ratio(sums["round_accepted"], sums["round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["round_accepted"], sums["rounds"]),
-            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums[ROWS]),
             "eval_target_tokens": int(sums["round_proposed"]),
             "eval_rounds": int(sums["rounds"]),
             "eval_block_accepted_prefix_mean": ratio(sums["prefix_correct"], sums["blocks"]),

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from peft import PeftModel
 
+from peftbd.intervals import ratio_interval
 from peftbd.models.peft_bd import adapted_logits
 from peftbd.training.block_diffusion import (
     DraftBatch,
@@ -100,21 +101,10 @@ def replay_rounds(drafts: Drafts, batch: SequenceBatch, *, budget: int,
     return rounds
 
 
-Z95 = 1.959963984540054
-"""The standard normal's 97.5% quantile: a two-sided 95% interval is the estimate ± Z95 sd."""
-
-ROW_MOMENTS = ("rows", "row_accepted_sq", "row_rounds_sq", "row_accepted_rounds")
-"""The per-row second moments `round_sums` adds (see `ratio_ci95`)."""
-
-
 def round_sums(rounds: list[list[Round]]) -> dict[str, torch.Tensor]:
-    """`rounds`, `round_proposed` and `round_accepted` over every row, and the per-row moments of
-    the accepted prefix's interval (`ratio_ci95`): over the rows i with at least one round
-    (r_i rounds, a_i accepted draft tokens), `rows` = n, `row_accepted_sq` = Σ a_i²,
-    `row_rounds_sq` = Σ r_i², `row_accepted_rounds` = Σ a_i r_i. All are sums, so batches and
+    """`rounds`, `round_proposed` and `round_accepted` over every row: sums, so batches and
     workers add them up (`peftbd.training.evaluate`)."""
     flat = [x for row in rounds for x in row]
-    per_row = [(sum(x.accepted for x in row), len(row)) for row in rounds if row]
 
     def total(value: float) -> torch.Tensor:
         return torch.tensor(float(value), dtype=torch.float64)
@@ -123,36 +113,21 @@ def round_sums(rounds: list[list[Round]]) -> dict[str, torch.Tensor]:
         "rounds": total(len(flat)),
         "round_proposed": total(sum(x.proposed for x in flat)),
         "round_accepted": total(sum(x.accepted for x in flat)),
-        "rows": total(len(per_row)),
-        "row_accepted_sq": total(sum(a * a for a, _ in per_row)),
-        "row_rounds_sq": total(sum(r * r for _, r in per_row)),
-        "row_accepted_rounds": total(sum(a * r for a, r in per_row)),
     }
 
 
-def ratio_ci95(n: float, sum_a: float, sum_r: float, sum_aa: float, sum_rr: float,
-               sum_ar: float) -> tuple[float, float] | None:
-    """The 95% interval of the ratio estimator R = Σa / Σr over n rows (row i: a_i, r_i) by the
-    delta method, rows drawn independently (rounds of one row are not: they are its cluster).
-
-    Linearized, R - ρ ≈ (ā - ρ r̄) / r̄ with ā, r̄ the row means, so Var R ≈ Var(d) / (n r̄²)
-    with d_i = a_i - R r_i (mean exactly 0 at the estimated R), estimated by
-    s² = Σ d_i² / (n - 1). Hence Var R ≈ Σ (a_i - R r_i)² / (n (n - 1) r̄²), and
-    Σ (a_i - R r_i)² = Σ a² - 2 R Σ ar + R² Σ r² comes from the summed moments. The interval
-    is R ± Z95 sqrt(Var R) (symmetric, not clipped). None: fewer than two rows or no round."""
-    if n < 2 or sum_r <= 0:
-        return None
-    r = sum_a / sum_r
-    residual = max(sum_aa - 2 * r * sum_ar + r * r * sum_rr, 0.0)  # rounding can dip below 0
-    mean_r = sum_r / n
-    h = Z95 * math.sqrt(residual / (n * (n - 1) * mean_r * mean_r))
-    return r - h, r + h
+def row_values(rounds: list[list[Round]]) -> torch.Tensor:
+    """Long (n, 2): each row's accepted draft tokens and rounds, in the batch's order ((0, 0)
+    for a row without a round). A task's eval sums carry it under `evaluate.ROWS`, which
+    gathers the rows (not their sums) over batches and workers."""
+    values = [(sum(x.accepted for x in row), len(row)) for row in rounds]
+    return torch.tensor(values, dtype=torch.long).reshape(len(values), 2)
 
 
-def accepted_prefix_ci95(sums: dict[str, torch.Tensor], prefix: str = "") -> list[float] | None:
-    """`eval_accepted_prefix_ci95`: `ratio_ci95` of `round_sums`' totals (keys under `prefix`)
-    as [lo, hi], or None."""
-    ci = ratio_ci95(*(float(sums[prefix + k]) for k in (
-        "rows", "round_accepted", "rounds", "row_accepted_sq", "row_rounds_sq",
-        "row_accepted_rounds")))
-    return None if ci is None else [ci[0], ci[1]]
+def accepted_prefix_ci95(rows: torch.Tensor) -> list[float] | None:
+    """`eval_accepted_prefix_ci95`: the 95% interval of the accepted prefix Σa / Σr over the
+    rows with a round (`row_values`; rows are the independent units, a row's rounds are not),
+    by `peftbd.intervals.ratio_interval`, as [lo, hi]; None: too few rows for an interval."""
+    kept = [(a, r) for a, r in rows.tolist() if r > 0]
+    ci = ratio_interval([a for a, _ in kept], [r for _, r in kept]) if kept else None
+    return None if ci is None else [float(ci[0]), float(ci[1])]

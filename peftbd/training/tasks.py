@@ -48,10 +48,17 @@ from peftbd.training.block_diffusion import (
 )
 from peftbd.training.deepspeed_config import BatchPlan, training_dtype
 from peftbd.training.distill_task import EVAL_EPOCH, head_parameter_counts, ratio
+from peftbd.training.evaluate import ROWS
 from peftbd.training.examples import SequenceBatch
 from peftbd.training.memory import StepMemory, step_memory
 from peftbd.training.mtp_objective import mtp_drafts, mtp_stats
-from peftbd.training.rounds import accepted_prefix_ci95, peftbd_drafts, replay_rounds, round_sums
+from peftbd.training.rounds import (
+    accepted_prefix_ci95,
+    peftbd_drafts,
+    replay_rounds,
+    round_sums,
+    row_values,
+)
 
 
 class PeftBDTask:
@@ -102,7 +109,7 @@ class PeftBDTask:
         rounds = replay_rounds(drafts, batch, budget=self.cfg.data.max_new_tokens,
                                block_size=d.block_size)
         return {
-            **round_sums(rounds),
+            **round_sums(rounds), ROWS: row_values(rounds),
             "weighted_loss": noised.weighted_loss, "weight": noised.weight,
             "correct": noised.correct, "labelled": noised.labelled,
             "weighted_loss_t1": full.weighted_loss, "weight_t1": full.weight,
@@ -118,7 +125,7 @@ class PeftBDTask:
             "eval_masked_token_accuracy_t1": ratio(sums["correct_t1"], sums["labelled_t1"]),
             "eval_target_token_accuracy": ratio(sums["round_accepted"], sums["round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["round_accepted"], sums["rounds"]),
-            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums[ROWS]),
             "eval_target_tokens": int(sums["round_proposed"]),
             "eval_rounds": int(sums["rounds"]),
             "eval_block_target_token_accuracy": ratio(sums["prefix_correct_t1"], sums["labelled_t1"]),
@@ -167,7 +174,8 @@ class MTPTask:
         k = self.cfg.fastmtp.num_steps
         rounds = replay_rounds(mtp_drafts(_mtp_head(module), self.verifier, batch, k), batch,
                                budget=self.cfg.data.max_new_tokens, block_size=k)
-        return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()}}
+        return {**sums, **{f"replayed_{key}": value for key, value in round_sums(rounds).items()},
+                ROWS: row_values(rounds)}
 
     def eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float | list[float] | None]:
         per_step = sums["ce_sum"] / sums["targets"].clamp_min(1)
@@ -180,7 +188,7 @@ class MTPTask:
                                                 sums["replayed_round_proposed"]),
             "eval_accepted_prefix_mean": ratio(sums["replayed_round_accepted"],
                                                sums["replayed_rounds"]),
-            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums, "replayed_"),
+            "eval_accepted_prefix_ci95": accepted_prefix_ci95(sums[ROWS]),
             "eval_target_tokens": int(sums["replayed_round_proposed"]),
             "eval_rounds": int(sums["replayed_rounds"]),
             "eval_teacher_forced_target_token_accuracy": ratio(sums["prefix_correct"],

@@ -140,7 +140,19 @@ def test_peftbd_loss_falls_and_the_adapter_decodes_exactly(peftbd_run, cfg, arti
     lo, hi = curve[-1]["ci95"]
     assert lo < curve[-1]["accepted_prefix_mean"] == metrics["eval_accepted_prefix_mean"] < hi
     assert metrics["eval_accepted_prefix_ci95"] == [lo, hi]
-    assert isinstance(manifest["still_rising"], bool)
+    # each val row's (accepted, rounds), gathered over both workers, kept at the budget marks:
+    # one eval batch of 8 rows, the same rows at the half and the end
+    assert [len(p["rows"]) for p in curve] == [8, 8, 0, 8]
+    assert [r > 0 for _, r in curve[1]["rows"]] == [r > 0 for _, r in curve[3]["rows"]]
+    end_rows = curve[3]["rows"]
+    assert sum(a for a, _ in end_rows) / sum(r for _, r in end_rows) == pytest.approx(
+        metrics["eval_accepted_prefix_mean"])
+    assert "eval_row_values" not in metrics  # the curve has them
+    assert manifest["still_rising"] in ("yes", "no", "undecided")
+    rising = manifest["rising"]
+    assert rising["rows"] == sum(r > 0 for _, r in end_rows)
+    assert rising["gain"] == pytest.approx(
+        curve[3]["accepted_prefix_mean"] - curve[1]["accepted_prefix_mean"])
     adapter = peftbd_run / "adapter"
     weights = load_file(str(adapter / "adapter_model.safetensors"))
     assert any("trainable_tokens_delta" in k for k in weights)  # the mask row is in the adapter

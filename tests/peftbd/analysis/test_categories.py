@@ -78,6 +78,40 @@ def test_the_sentences_say_which_drafters_are_resolved_apart_and_the_best_one_s_
         "are disjoint.")
 
 
+def _with_mix(results: Results) -> Results:
+    """The equal-weight mix on each drafter: A (1.20-1.30) now apart from B (1.35-1.50) and C
+    (1.45-1.60), which overlap, the other way round from their pooled intervals."""
+    for arm_id, (mix, ci) in {"a": (1.25, (1.20, 1.30)), "b": (1.42, (1.35, 1.50)),
+                              "c": (1.52, (1.45, 1.60)), "a_synthetic": (1.4, (1.38, 1.42))}.items():
+        results.arms[arm_id].mix_accepted, results.arms[arm_id].mix_accepted_ci95 = mix, ci
+    return results
+
+
+def test_the_mix_is_the_table_s_last_column_and_decides_what_is_resolved_apart(
+        tmp_path: Path, arm, results_of) -> None:
+    results = _with_mix(_results(arm, results_of))
+    report = build_report(results, {}, tmp_path).read_text()
+    assert "| 1.50 (1.40-1.60), p1 0.61 | 1.25 (1.20-1.30) |" in report.split(categories.TITLE)[1]
+    lines = categories.acceptance_table(results).splitlines()
+    assert lines[0] == ("| arm | formulaic (8 prompts) | recall (8 prompts) | "
+                        f"{categories.MIX_COLUMN} |")
+    assert lines[2].endswith("| 1.50 (1.40-1.60), p1 0.61 | 1.25 (1.20-1.30) |")  # Drafter A
+    assert lines[4].endswith("| 1.52 (1.45-1.60) |")  # Drafter C
+    assert categories.mix_interval(results.arms["a"]) == (1.20, 1.30)
+    apart, together = categories.resolution(results)
+    assert apart == [("Drafter A", "Drafter B"), ("Drafter A", "Drafter C")]
+    assert together == [("Drafter B", "Drafter C")]
+    results.arms["b"].mix_accepted_ci95 = None  # a category of B's under 2 prompts
+    assert categories.resolution(results) == ([("Drafter A", "Drafter C")], [])
+
+
+def test_without_the_mix_the_table_has_no_mix_column_and_the_pooled_intervals_resolve(
+        arm, results_of) -> None:
+    results = _results(arm, results_of)
+    assert categories.MIX_COLUMN not in categories.acceptance_table(results)
+    assert categories.mix_interval(results.arms["a"]) == (1.30, 1.45)  # mean_accepted_ci95
+
+
 def test_drafters_all_apart_or_without_intervals(arm, results_of) -> None:
     results = _results(arm, results_of)
     results.arms["b"].mean_accepted_ci95 = (1.46, 1.50)  # now apart from A and C too

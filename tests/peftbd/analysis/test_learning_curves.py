@@ -26,7 +26,7 @@ def _point(step: int, max_steps: int, mean: float, half: float | None) -> dict:
 
 
 def _training(stage: str, max_steps: int, means: dict[int, float], half: float | None,
-              still_rising: bool | None) -> dict:
+              still_rising: str | bool | None, rising: dict | None = None) -> dict:
     curve = [_point(s, max_steps, m, half) for s, m in sorted(means.items())]
     return {"stage": stage, "wall_seconds": 10.0,
             "metrics": {"eval_accepted_prefix_mean": curve[-1]["accepted_prefix_mean"],
@@ -34,14 +34,23 @@ def _training(stage: str, max_steps: int, means: dict[int, float], half: float |
             "training": {"steps": max_steps, "max_steps": max_steps,
                          "train_tokens": 512 * max_steps,
                          "train_tokens_counted": "sequence tokens (test)"},
-            "learning_curve": curve, "still_rising": still_rising}
+            "learning_curve": curve, "still_rising": still_rising, "rising": rising}
+
+
+def _rising(gain: float, ci: list[float] | None, detectable: float | None) -> dict:
+    return {"gain": gain, "ci95": ci, "detectable_gain": detectable, "min_gain": 0.06, "rows": 16}
 
 
 MANIFESTS = {
     "generate continuations": {"stage": "generate", "wall_seconds": 5.0},
     "train PEFT-BD adapter": _training("train_peftbd", 200, {50: 0.8, 100: 1.2, 150: 1.4, 200: 1.9},
-                                       0.1, True),
-    "train FastMTP head": _training("train_mtp", 40, {10: 0.3, 20: 0.61, 40: 0.64}, 0.05, False),
+                                       0.1, "yes", _rising(0.7, [0.5, 0.9], 0.28)),
+    "train FastMTP head": _training("train_mtp", 40, {10: 0.3, 20: 0.61, 40: 0.64}, 0.05,
+                                    "undecided", _rising(0.03, [-0.05, 0.11], 0.11)),
+    "train PEFT-BD head": _training("train_head", 40, {10: 0.3, 20: 0.61, 40: 0.62}, 0.05, "no",
+                                    _rising(0.01, [-0.01, 0.03], 0.03)),
+    # a manifest from before the paired comparison: a bool verdict, no detail
+    "train early-exit PEFT-BD": _training("train_peftbd_early", 40, {20: 0.5, 40: 0.9}, 0.05, True),
     # an old manifest: no curve
     "train DFlash head": {"stage": "train_dflash", "training": {"steps": 8}, "metrics": {}},
 }
@@ -53,11 +62,24 @@ def test_the_table_has_each_drafters_quarter_half_and_end_with_intervals():
     assert "sequence tokens (test)" in text
     lines = text.splitlines()
     assert ("| train PEFT-BD adapter | 0.80 [0.70, 0.90] (step 50) | 1.20 [1.10, 1.30] "
-            "(step 100) | 1.90 [1.80, 2.00] (step 200) | 102,400 | **yes** |") in lines
+            "(step 100) | 1.90 [1.80, 2.00] (step 200) | 102,400 | "
+            "**yes**: +0.70 [+0.50, +0.90]; detects 0.28 |") in lines
     assert ("| train FastMTP head | 0.30 [0.25, 0.35] (step 10) | 0.61 [0.56, 0.66] "
-            "(step 20) | 0.64 [0.59, 0.69] (step 40) | 20,480 | no |") in lines
+            "(step 20) | 0.64 [0.59, 0.69] (step 40) | 20,480 | "
+            "undecided: +0.03 [-0.05, +0.11]; detects 0.11 |") in lines
     assert "| train DFlash head | n/a | n/a | n/a | n/a | n/a |" in lines
     assert not any("generate" in line for line in lines if line.startswith("|"))
+
+
+def test_the_still_rising_cell_shows_the_verdict_gain_interval_and_detectable_gain():
+    rows = {row[0]: row[-1] for row in learning_curves.curve_rows(MANIFESTS)}
+    assert rows["train PEFT-BD head"] == "no: +0.01 [-0.01, +0.03]; detects 0.03"
+    assert rows["train early-exit PEFT-BD"] == "n/a"  # the old rule's bool is no verdict
+    assert rows["train DFlash head"] == "n/a"
+    assert learning_curves.rising_cell("undecided", _rising(0.2, None, None)) == (
+        "undecided: +0.20 (no interval)")
+    assert learning_curves.rising_cell("yes", None) == "**yes**"
+    assert learning_curves.rising_cell(None, None) == "n/a"
 
 
 def test_no_training_manifest_no_section():

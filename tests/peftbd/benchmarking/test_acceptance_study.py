@@ -10,11 +10,11 @@ from peftbd.benchmarking.acceptance_study import (
     Variant,
     VariantFacts,
     cell,
-    ratio_interval,
     variants,
 )
 from peftbd.benchmarking.replay import RowReplay
 from peftbd.config import ConfigError, load_config
+from peftbd.intervals import ratio_interval
 from peftbd.methods import method
 
 
@@ -51,15 +51,21 @@ def test_depth_shapes_keep_the_default_non_embedding_parameters_within_ten_perce
         assert abs(other / base - 1) < 0.1, variant.name
 
 
-def test_ratio_interval_contains_the_estimate_and_narrows_with_rows():
+def test_a_cell_s_interval_is_the_project_s_ratio_interval_of_its_rows_emitted_tokens():
+    """Tokens per round = 1 + accepted / rounds: the interval of each row's emitted tokens
+    (accepted + a bonus a round) over its rounds (`peftbd.intervals`), rounded as the cell."""
     accepted, rounds = [1, 3, 0, 5, 2, 2, 4, 1], [4, 5, 3, 6, 4, 5, 6, 3]
-    point = 1 + sum(accepted) / sum(rounds)
-    lo, hi = ratio_interval(accepted, rounds, offset=1.0)
-    assert lo <= point <= hi
-    assert ratio_interval(accepted, rounds, offset=1.0) == (lo, hi)  # deterministic
-    lo4, hi4 = ratio_interval(accepted * 4, rounds * 4, offset=1.0)
-    assert hi4 - lo4 < hi - lo
-    assert ratio_interval([2, 2, 2], [4, 4, 4]) == (0.5, 0.5)  # every row alike: no width
+    rows = [RowReplay(rounds=r, proposed=4 * r, accepted=a, first_accepted=min(a, r))
+            for a, r in zip(accepted, rounds)]
+    c = cell("base", "peftbd", MIX, rows)
+    expected = ratio_interval([a + r for a, r in zip(accepted, rounds)], rounds)
+    assert expected is not None and c.ci95 == pytest.approx(expected, abs=1e-4)
+    assert c.ci95[0] <= c.tokens_per_round == round(1 + sum(accepted) / sum(rounds), 4) <= c.ci95[1]
+    assert cell("base", "peftbd", MIX, rows * 4).ci95[1] - cell(
+        "base", "peftbd", MIX, rows * 4).ci95[0] < c.ci95[1] - c.ci95[0]  # narrows with rows
+    alike = [RowReplay(rounds=4, proposed=16, accepted=2, first_accepted=2)] * 3
+    assert cell("base", "peftbd", MIX, alike).ci95 == (1.5, 1.5)  # every row alike: no width
+    assert cell("base", "peftbd", MIX, alike[:1]).ci95 == (1.5, 1.5)  # one row: no width
 
 
 def test_cell_counts_tokens_per_round_with_the_bonus_and_position_one():

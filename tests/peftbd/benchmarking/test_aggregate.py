@@ -8,7 +8,7 @@ import random
 import pytest
 
 from peftbd.benchmarking.aggregate import arm_entry, category_entry
-from peftbd.benchmarking.noise import acceptance_interval
+from peftbd.benchmarking.noise import acceptance_interval, acceptance_mix
 from peftbd.decoding import DecodeResult, summarize
 from peftbd.decoding.state import RoundMetrics
 from peftbd.methods.arm import AR, ArmSpec
@@ -49,12 +49,30 @@ def test_each_category_has_its_interval_position_1_and_rounds() -> None:
         assert c.mean_accepted_ci95[0] <= c.mean_accepted.mean <= c.mean_accepted_ci95[1]
     assert (arm.by_category["recall"].mean_accepted_ci95[0]
             > arm.by_category["formulaic"].mean_accepted_ci95[1])
+    # the equal-weight mix: the mean of the categories' tokens per round, with its interval
+    recall, formulaic = (arm.by_category[c].mean_accepted.mean for c in ("recall", "formulaic"))
+    assert arm.mix_accepted == pytest.approx((recall + formulaic) / 2)
+    assert (arm.mix_accepted, arm.mix_accepted_ci95) == acceptance_mix(
+        [[hard, hard], [easy, easy]])  # categories in sorted order
+    assert arm.mix_accepted_ci95[0] < arm.mix_accepted < arm.mix_accepted_ci95[1]
+
+
+def test_the_mix_weighs_a_small_category_as_much_as_a_large_one() -> None:
+    easy, hard = _runs(True, 3, 3), _runs(False, 12, 4)
+    spec = ArmSpec(id="peftbd", label="PEFT-BD 1 step", method="peftbd", stage="train_peftbd")
+    arm = arm_entry(spec, [easy + hard], ["recall"] * 3 + ["formulaic"] * 12, [])
+    recall, formulaic = (summarize(d)["mean_accepted"] for d in (easy, hard))
+    assert arm.mix_accepted == pytest.approx((recall + formulaic) / 2)
+    assert arm.mean_accepted.mean == pytest.approx(summarize(easy + hard)["mean_accepted"])
+    assert arm.mix_accepted > arm.mean_accepted.mean  # the pooled prompts lean to the large one
+    assert arm_entry(spec, [easy + hard], [None] * 15, []).mix_accepted is None  # no categories
 
 
 def test_ar_has_no_acceptance_interval_and_no_position_1() -> None:
     run = [_decode([0] * 5, proposed=0) for _ in range(4)]
     arm = arm_entry(ArmSpec(id=AR, label="AR", method=AR), [run], ["qa"] * 4, [])
     assert arm.mean_accepted.mean == 1.0 and arm.mean_accepted_ci95 is None
+    assert arm.mix_accepted is None and arm.mix_accepted_ci95 is None
     c = arm.by_category["qa"]
     assert c.mean_accepted_ci95 is None and c.position1_acceptance is None and c.rounds == 20
 

@@ -1,4 +1,5 @@
-"""Bootstrap intervals over the prompts for batch-1 throughput, speedup and tokens per round."""
+"""Intervals over the prompts (`peftbd.intervals`) for batch-1 throughput, speedup, tokens per round
+and its equal-weight mix over categories."""
 
 from __future__ import annotations
 
@@ -6,9 +7,16 @@ import random
 
 import pytest
 
-from peftbd.benchmarking.noise import acceptance_interval, speedup_interval, throughput_interval
+from peftbd.benchmarking.noise import (
+    acceptance_interval,
+    acceptance_mix,
+    round_totals,
+    speedup_interval,
+    throughput_interval,
+)
 from peftbd.decoding import DecodeResult, summarize
 from peftbd.decoding.state import RoundMetrics
+from peftbd.intervals import equal_weight_interval, ratio_interval, ratio_of_ratios_interval
 
 
 def _run(seconds: list[float], tokens: int = 100) -> list[DecodeResult]:
@@ -99,3 +107,42 @@ def test_acceptance_repeats_are_pooled_and_prompts_without_a_round_left_out() ->
     assert acceptance_interval([[*run, ended_at_prefill]]) == once
     assert acceptance_interval([[run[0], ended_at_prefill]]) is None  # one prompt with rounds
     assert acceptance_interval([run[:1]]) is None
+
+
+def test_the_intervals_are_the_project_s_over_each_prompt_s_pooled_totals() -> None:
+    rng = random.Random(6)
+    ar_seconds = [rng.uniform(0.2, 1.0) for _ in range(12)]
+    arm = [_run([s / rng.uniform(1.5, 2.5) for s in ar_seconds])]
+    tokens, seconds = [100.0] * 12, [r.decode_s for r in arm[0]]
+    assert throughput_interval(arm) == ratio_interval(tokens, seconds)
+    assert speedup_interval(arm, [_run(ar_seconds)]) == ratio_of_ratios_interval(
+        tokens, seconds, tokens, [r.decode_s for r in _run(ar_seconds)])
+    run = _prompts(12, 7)
+    emitted = [sum(r.emitted for r in res.rounds) for res in run]
+    assert acceptance_interval([run]) == ratio_interval(emitted, [len(res.rounds) for res in run])
+
+
+def test_the_mix_weighs_each_category_equally() -> None:
+    """A category of 4 easy prompts and one of 20 hard ones: the mix is the mean of the two
+    categories' tokens per round, not the pooled prompts' (which the hard ones dominate)."""
+    rng = random.Random(8)
+    easy = [_decode([4] * 10) for _ in range(3)] + [_decode([3] * 10)]
+    hard = [_decode([rng.choice([1, 1, 2]) for _ in range(rng.randint(20, 40))])
+            for _ in range(20)]
+    mix, interval = acceptance_mix([[easy], [hard]])
+    per_category = [summarize(easy)["mean_accepted"], summarize(hard)["mean_accepted"]]
+    assert mix == pytest.approx(sum(per_category) / 2)
+    assert mix > summarize(easy + hard)["mean_accepted"] + 0.5
+    assert interval == equal_weight_interval([round_totals([easy]), round_totals([hard])])[1]
+    assert interval is not None and interval[0] < mix < interval[1]
+    again, twice = acceptance_mix([[easy, easy], [hard, hard]]) or (None, None)
+    assert again == pytest.approx(mix) and twice == pytest.approx(interval)  # repeats pooled
+
+
+def test_no_mix_without_categories_or_rounds_and_no_interval_from_a_one_prompt_category() -> None:
+    hard, ended_at_prefill = _prompts(6, 9), DecodeResult(tokens=[7], rounds=[], prefill_s=0.01)
+    assert acceptance_mix([]) is None
+    assert acceptance_mix([[hard], [[ended_at_prefill]]]) is None
+    mix, interval = acceptance_mix([[hard], [hard[:1]]]) or (None, None)
+    assert interval is None and mix == pytest.approx(
+        (summarize(hard)["mean_accepted"] + summarize(hard[:1])["mean_accepted"]) / 2)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 import pytest
 
 from peftbd.data.artifact import (
     ARTIFACT_SCHEMA,
     ArtifactError,
     assign_splits,
+    balanced,
     plan_splits,
     read_split,
     split_sizes,
@@ -63,6 +67,30 @@ def test_assign_splits_exact_sizes_deterministic_and_order_free():
     counts = {s: sum(v == s for v in a.values()) for s in ("train", "val", "test")}
     assert counts == {"train": 50, "val": 10, "test": 5}
     assert assign_splits(ids, 50, 10, 5, seed=1) != a
+
+
+def test_held_out_splits_are_stratified_with_equal_shares_per_category():
+    cats = ["recall"] * 150 + ["grounded"] * 149 + ["formulaic"] * 149
+    ids = [f"row-{i}" for i in range(len(cats))]
+    category_of = dict(zip(ids, cats))
+    a = assign_splits(ids, train=328, val=48, test=72, seed=0, categories=category_of)
+    for split, each in (("val", 16), ("test", 24)):
+        counts = Counter(category_of[i] for i, s in a.items() if s == split)
+        assert counts == {"recall": each, "grounded": each, "formulaic": each}
+    assert Counter(a.values()) == {"train": 328, "val": 48, "test": 72}
+    assert a == assign_splits(list(reversed(ids)), 328, 48, 72, 0, category_of)  # order-free
+    # a category too small for its share gives the rest to the others
+    small = {**{f"s-{i}": "small" for i in range(5)}, **{f"b-{i}": "big" for i in range(50)}}
+    b = assign_splits(small, train=0, val=0, test=20, seed=0, categories=small)
+    assert Counter(small[i] for i in b) == {"small": 5, "big": 15}
+    # without categories: one stratum, the unstratified assignment
+    assert assign_splits(ids, 50, 10, 5, 0, None) == assign_splits(ids, 50, 10, 5, 0, {})
+
+
+def test_balanced_shares_round_robin_within_what_each_stratum_has():
+    assert balanced(10, {"a": 100, "b": 100, "c": 100}) == {"a": 4, "b": 3, "c": 3}
+    assert balanced(10, {"a": 1, "b": 100}) == {"a": 1, "b": 9}
+    assert balanced(10, {"a": 2, "b": 3}) == {"a": 2, "b": 3}
 
 
 def test_split_sizes_scale_down_proportionally():

@@ -149,6 +149,11 @@ def test_a_few_steps_of_the_dflash_task_through_the_schedule(ds_engine, tiny_wor
     assert [p.step for p in trained.state.curve] == [1, 3]
     lo, hi = trained.metrics["eval_accepted_prefix_ci95"]
     assert trained.state.curve[-1].ci95 == (lo, hi)
+    half, end = trained.state.curve  # both budget marks keep each val row's (accepted, rounds)
+    assert len(half.rows) == len(end.rows) == 16
+    assert [r > 0 for _, r in half.rows] == [r > 0 for _, r in end.rows]
+    assert math.isclose(sum(a for a, _ in end.rows) / sum(r for _, r in end.rows),
+                        end.accepted_prefix_mean)
     assert lo <= trained.metrics["eval_accepted_prefix_mean"] <= hi
     after = dict(engine.module.named_parameters())
     assert any(not torch.equal(after[n], p) for n, p in before.items())  # it trains

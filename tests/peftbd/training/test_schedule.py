@@ -93,6 +93,8 @@ def test_a_run_resumed_mid_epoch_ends_as_one_never_interrupted(ds_engine, tiny_w
     assert [r[1]["train_tokens"] for r in straight_reports] == [64, 192, 256, 384]
     assert curve[-1].accepted_prefix_mean == straight.metrics["eval_accepted_prefix_mean"]
     assert all(p.ci95 is None for p in curve)  # one val row: no interval
+    # the budget marks (1, 3, 7) keep the val row's values, through the checkpoint as well
+    assert [len(p.rows) for p in curve] == [1, 1, 0, 1]
     assert sorted(first_losses) == [1, 2, 3, 4] and sorted(rest_losses) == [5, 6, 7]
     assert torch.equal(torch.tensor([straight_losses[s] for s in range(1, 8)]),
                        torch.tensor([{**first_losses, **rest_losses}[s] for s in range(1, 8)]))
