@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peftbd.benchmarking.acceptance_study import MIX, Cell, Study
+from peftbd.intervals import METHOD
 
 
 def _cell(c: Cell | None, p1: bool = False) -> str:
@@ -117,8 +118,8 @@ def variants_table(study: Study) -> str:
 
 
 HOW = ("Tokens per round (accepted draft tokens + the bonus) of each drafter's greedy rounds "
-       "replayed on the held-out val + test rows at the artifact's budget, with 95% bootstrap "
-       "intervals over rows; p1: position-1 acceptance.")
+       f"replayed on the held-out val + test rows at the artifact's budget, with 95% intervals "
+       f"over rows ({METHOD}); p1: position-1 acceptance.")
 
 
 def study_markdown(study: Study) -> str:

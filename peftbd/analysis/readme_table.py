@@ -26,6 +26,7 @@ from peftbd.benchmarking.schema import Arm, Results
 from peftbd.methods.arm import AR
 from peftbd.errors import UserError, error_line, user_error
 from peftbd.layout import benchmark_stage
+from peftbd.intervals import METHOD
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -67,7 +68,7 @@ def caption(results: Results, pipeline_manifest: dict[str, Any] | None = None) -
              f"{pr.count} {pr.source} prompts x {pr.max_new_tokens} new tokens, greedy"
              + (f", {repeats} timed repeat{'s' if repeats != 1 else ''} per arm" if repeats else ""),
              f"{mo.hardware} ({mo.device}, {mo.dtype})",
-             *(["in parentheses: 95% bootstrap intervals over the prompts"]
+             *([f"in parentheses: 95% intervals over the prompts ({METHOD})"]
                if any(arm.tokens_per_s.ci95 for _, arm in results.arm_items()) else []),
              f"run of {results.created[:10]}"]
     m = pipeline_manifest

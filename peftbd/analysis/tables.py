@@ -22,6 +22,7 @@ from peftbd.benchmarking.schema import (
 from peftbd.methods import methods
 from peftbd.methods.arm import AR
 from peftbd.methods.fastmtp import ID as FASTMTP
+from peftbd.intervals import METHOD
 
 NA = "n/a"
 
@@ -58,7 +59,7 @@ def fmt_stat(s: Stat | None, digits: int = 2, *, repeats: int) -> str | None:
 
 
 def fmt_tokens_per_s(tps: Throughput, repeats: int) -> str:
-    """Mean tok/s (1 decimal) with its 95% bootstrap interval over the prompts when it has one,
+    """Mean tok/s (1 decimal) with its 95% interval over the prompts when it has one,
     else ± the std over more than one repeat, else the mean alone."""
     if tps.ci95:
         return fmt_ci(tps.mean, tps.ci95, 1) or NA
@@ -106,7 +107,7 @@ def forward_table(results: Results) -> str:
 
 
 def acceptance_table(results: Results) -> str:
-    """Table 2: accepted tokens per round (bonus included) with its 95% bootstrap interval over
+    """Table 2: accepted tokens per round (bonus included) with its 95% interval over
     the prompts, token and block acceptance, greedy audit and throughput per arm."""
     rows = []
     for _, arm in results.arm_items():
@@ -126,7 +127,7 @@ def acceptance_table(results: Results) -> str:
 
 
 def fmt_interval(interval: Sequence[float] | None, digits: int = 2) -> str | None:
-    """`[low, high]` of a bootstrap interval, None stays None."""
+    """`[low, high]` of an interval, None stays None."""
     return None if not interval else f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
 
 
@@ -138,7 +139,7 @@ def timing_noise(results: Results) -> str:
             if widths else "")
     repeats = results.timing.repeats
     return (f"Timing noise: {repeats} timed repeat(s) of every prompt per arm; the intervals are "
-            f"95% bootstrap intervals over the prompts (speedups paired prompt by prompt with "
+            f"95% intervals over the prompts ({METHOD}; speedups paired prompt by prompt with "
             f"AR){span}.")
 
 
@@ -153,7 +154,7 @@ def _runs(arm: Arm, n: int) -> list[str | None]:
 
 def repeats_table(results: Results) -> str:
     """Table 3a: with more than one repeated run, each run's throughput and mean ± std per arm;
-    the mean tok/s with its bootstrap interval over the prompts, and the speedup vs AR with its
+    the mean tok/s with its interval over the prompts, and the speedup vs AR with its
     paired one. Accepted tokens per round without a spread: greedy repeats decode the same rounds
     (Table 2 gives its interval over the prompts)."""
     arms = results.arm_items()

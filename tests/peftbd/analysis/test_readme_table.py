@@ -159,4 +159,4 @@ def test_bootstrap_intervals_and_the_paired_speedup_are_shown_when_recorded(samp
     assert lines[3] == ("| PEFT-BD 1 step | 1.37 (1.32-1.41) | 122.5 (118.0-127.2) "
                         "| 0.30 (0.29-0.32) | 16/16 |")
     assert lines[4] == "| FastMTP | 1.81 (1.76-1.85) | 310.0 ± 1.0 | 0.77 | 16/16 |"  # none
-    assert "95% bootstrap intervals over the prompts" in caption
+    assert "95% intervals over the prompts (studentized bootstrap)" in caption
